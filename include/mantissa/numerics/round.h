@@ -1,0 +1,177 @@
+// Exact conversions between IEEE binary floats (float, double) and the formats of format.h.
+//
+// One generic algorithm serves every format: it works on the source's bits, so it is exact for
+// subnormals, signed zero, inf and NaN, and it is constexpr so the scalar types of types.h inline
+// it with the format fixed at compile time. The vectorized bulk paths (convert.h) are tested
+// bit-for-bit against it.
+//
+// NaN: a NaN converts to a quiet NaN of the same sign (the only NaN for fp8_e4m3), carrying the
+// top payload bits that fit — what F16C and AVX512-BF16 hardware produce.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+#include "mantissa/numerics/format.h"
+
+namespace mantissa {
+namespace detail {
+
+template <typename Float>
+struct FloatLayout;
+template <>
+struct FloatLayout<float> {
+  using Bits = uint32_t;
+  static constexpr int exponent_bits = 8, mantissa_bits = 23;
+};
+template <>
+struct FloatLayout<double> {
+  using Bits = uint64_t;
+  static constexpr int exponent_bits = 11, mantissa_bits = 52;
+};
+
+// Rounds |x| (an IEEE float or double, given as bits) into format `t` and returns the format's
+// bit pattern, right-aligned (tf32: 19 bits). `random_bits` is used only by Stochastic: the
+// value rounds away from zero when random_bits < fraction * 2^32, so its expectation is x.
+template <typename Float>
+constexpr uint32_t encode_bits(typename FloatLayout<Float>::Bits x, FormatSpec t, RoundingMode mode,
+                               Overflow overflow, uint32_t random_bits) {
+  using Bits = typename FloatLayout<Float>::Bits;
+  constexpr int kSrcE = FloatLayout<Float>::exponent_bits;
+  constexpr int kSrcM = FloatLayout<Float>::mantissa_bits;
+  constexpr int kWidth = 8 * sizeof(Bits);
+  constexpr Bits kAbsMask = (Bits(1) << (kSrcE + kSrcM)) - 1;
+  constexpr Bits kSrcInf = ((Bits(1) << kSrcE) - 1) << kSrcM;
+
+  const uint32_t sign = (x >> (kSrcE + kSrcM)) ? t.sign_bit() : 0u;
+  const Bits a = x & kAbsMask;
+  const int m = t.mantissa_bits;
+
+  if (a > kSrcInf) {  // NaN
+    if (!t.has_inf()) return sign | t.quiet_nan_bits();
+    const uint32_t payload = uint32_t(a >> (kSrcM - m)) & t.mantissa_mask();
+    return sign | t.quiet_nan_bits() | payload;
+  }
+  if (a == kSrcInf) {
+    return sign | (overflow == Overflow::Saturate ? t.max_finite_bits() : t.inf_bits());
+  }
+  if (a == 0) return sign;
+
+  // |x| = sig * 2^(e - kSrcM), with the implicit bit in sig for normal numbers.
+  constexpr int kSrcBias = (1 << (kSrcE - 1)) - 1;
+  const int e_field = int(a >> kSrcM);
+  Bits sig = a & ((Bits(1) << kSrcM) - 1);
+  int e = 1 - kSrcBias;
+  if (e_field != 0) {
+    e = e_field - kSrcBias;
+    sig |= Bits(1) << kSrcM;
+  }
+
+  // Below the format's normal range the grid spacing stays that of emin (subnormals).
+  const int emin = t.emin();
+  const int scale_e = e < emin ? emin : e;
+  const int shift = kSrcM - m + (scale_e - e);
+
+  uint64_t keep;
+  if (shift <= 0) {
+    keep = uint64_t(sig) << -shift;  // the format is wider than the source: exact
+  } else {
+    keep = shift >= kWidth ? 0 : uint64_t(sig >> shift);
+    const Bits rem = shift >= kWidth ? sig : sig & ((Bits(1) << shift) - 1);
+    switch (mode) {
+      case RoundingMode::NearestEven:
+        if (shift <= kWidth) {
+          const Bits half = Bits(1) << (shift - 1);
+          if (rem > half || (rem == half && (keep & 1))) ++keep;
+        }
+        break;
+      case RoundingMode::TowardZero:
+        break;
+      case RoundingMode::Stochastic: {
+        // threshold = rem / 2^shift scaled to 32 bits.
+        uint64_t threshold;
+        if (shift <= 32) {
+          threshold = uint64_t(rem) << (32 - shift);
+        } else {
+          const int down = shift - 32;
+          threshold = down >= kWidth ? 0 : uint64_t(rem >> down);
+        }
+        if (random_bits < threshold) ++keep;
+        break;
+      }
+    }
+  }
+
+  // For normal results keep carries the implicit bit, which lands in the exponent field; a
+  // carry out of the mantissa bumps the exponent, as it should.
+  const uint64_t result = (uint64_t(scale_e + t.bias() - 1) << m) + keep;
+  if (result > t.max_finite_bits()) {
+    // IEEE: rounding toward zero never produces inf from a finite number.
+    if (overflow == Overflow::Saturate || mode == RoundingMode::TowardZero) {
+      return sign | t.max_finite_bits();
+    }
+    return sign | t.inf_bits();
+  }
+  return sign | uint32_t(result);
+}
+
+// The exact float value of a format's bit pattern. NaN decodes to a NaN of the same sign; for
+// formats with fp32's exponent range (tf32, bf16) decoding is the plain bit shift, for the others
+// the quiet bit is set (as F16C's vcvtph2ps does).
+constexpr float decode_bits(uint32_t b, FormatSpec t) {
+  const int m = t.mantissa_bits;
+  const uint32_t sign = (b & t.sign_bit()) ? 0x80000000u : 0u;
+  if (t.exponent_bits == 8)
+    return std::bit_cast<float>(sign | ((b & (t.sign_bit() - 1)) << (23 - m)));
+
+  const uint32_t e_field = (b >> m) & t.exponent_mask();
+  uint32_t mant = b & t.mantissa_mask();
+  if (!t.has_inf() && e_field == t.exponent_mask() && mant == t.mantissa_mask()) {
+    return std::bit_cast<float>(sign | 0x7fc00000u);
+  }
+  if (t.has_inf() && e_field == t.exponent_mask()) {
+    const uint32_t nan = mant ? 0x00400000u | (mant << (23 - m)) : 0u;
+    return std::bit_cast<float>(sign | 0x7f800000u | nan);
+  }
+  int e = int(e_field) - t.bias();
+  if (e_field == 0) {
+    if (mant == 0) return std::bit_cast<float>(sign);
+    // Normalize the subnormal: every format here has a range well inside fp32's normal range.
+    e = t.emin();
+    while (!(mant & (1u << m))) {
+      mant <<= 1;
+      --e;
+    }
+    mant &= t.mantissa_mask();
+  }
+  return std::bit_cast<float>(sign | (uint32_t(e + 127) << 23) | (mant << (23 - m)));
+}
+
+}  // namespace detail
+
+// Rounds x into format f; returns the format's bits, right-aligned (tf32: 19 bits).
+constexpr uint32_t encode(Format f, float x, RoundingMode mode = RoundingMode::NearestEven,
+                          Overflow overflow = Overflow::Infinity, uint32_t random_bits = 0) {
+  return detail::encode_bits<float>(std::bit_cast<uint32_t>(x), format_spec(f), mode, overflow,
+                                    random_bits);
+}
+
+// The same from a double, rounded once (no double rounding through float).
+constexpr uint32_t encode(Format f, double x, RoundingMode mode = RoundingMode::NearestEven,
+                          Overflow overflow = Overflow::Infinity, uint32_t random_bits = 0) {
+  return detail::encode_bits<double>(std::bit_cast<uint64_t>(x), format_spec(f), mode, overflow,
+                                     random_bits);
+}
+
+// The exact value of a format's bits.
+constexpr float decode(Format f, uint32_t bits) {
+  return detail::decode_bits(bits, format_spec(f));
+}
+
+// x moved onto the format's grid, as an fp32 value (the emulation primitive).
+constexpr float round_to(Format f, float x, RoundingMode mode = RoundingMode::NearestEven,
+                         Overflow overflow = Overflow::Infinity, uint32_t random_bits = 0) {
+  return decode(f, encode(f, x, mode, overflow, random_bits));
+}
+
+}  // namespace mantissa

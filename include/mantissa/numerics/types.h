@@ -1,0 +1,48 @@
+// Scalar storage types for the half and fp8 formats. Each is a trivially copyable wrapper of
+// its bits, aligned to its size, converted explicitly from and to float (round to nearest even,
+// overflow as the format defines: inf, or NaN for fp8_e4m3 — as ml_dtypes and PyTorch do).
+// Other rounding modes: encode()/round_to() in round.h and the bulk functions in convert.h.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "mantissa/numerics/round.h"
+
+namespace mantissa {
+
+namespace detail {
+
+template <Format F, typename Bits>
+struct alignas(sizeof(Bits)) SmallFloat {
+  using bits_type = Bits;
+  static constexpr Format format = F;
+
+  Bits bits;
+
+  SmallFloat() = default;
+  constexpr explicit SmallFloat(float x) : bits(static_cast<Bits>(encode(F, x))) {}
+  constexpr explicit operator float() const { return decode(F, bits); }
+
+  static constexpr SmallFloat from_bits(Bits b) {
+    SmallFloat r;
+    r.bits = b;
+    return r;
+  }
+  // Bitwise equality (NaN == NaN here, +0 != -0): what tests and checkpoints need.
+  friend constexpr bool same_bits(SmallFloat a, SmallFloat b) { return a.bits == b.bits; }
+};
+
+}  // namespace detail
+
+using half = detail::SmallFloat<Format::FP16, uint16_t>;
+using bfloat16 = detail::SmallFloat<Format::BF16, uint16_t>;
+using float8_e4m3 = detail::SmallFloat<Format::FP8_E4M3, uint8_t>;
+using float8_e5m2 = detail::SmallFloat<Format::FP8_E5M2, uint8_t>;
+
+static_assert(std::is_trivially_copyable_v<half> && sizeof(half) == 2 && alignof(half) == 2);
+static_assert(std::is_trivially_copyable_v<bfloat16> && sizeof(bfloat16) == 2);
+static_assert(std::is_trivially_copyable_v<float8_e4m3> && sizeof(float8_e4m3) == 1);
+static_assert(std::is_trivially_copyable_v<float8_e5m2> && sizeof(float8_e5m2) == 1);
+
+}  // namespace mantissa

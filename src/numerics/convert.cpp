@@ -1,0 +1,130 @@
+#include "mantissa/numerics/convert.h"
+
+#include <array>
+#include <bit>
+#include <type_traits>
+
+#include "kernels.h"
+#include "mantissa/numerics/philox.h"
+#include "mantissa/numerics/round.h"
+
+namespace mantissa {
+namespace {
+
+// Whether the vector kernels implement these options (they cover the common case: RNE or
+// truncation with the format's own overflow).
+bool vectorizable(const RoundingOptions& o) {
+  return o.mode != RoundingMode::Stochastic && o.overflow == Overflow::Infinity;
+}
+
+// The scalar definition for any format and options; element i draws random_bits(seed, offset, i).
+template <Format F, typename Out>
+void encode_generic(const float* src, Out* dst, size_t n, const RoundingOptions& o) {
+  constexpr FormatSpec spec = format_spec(F);
+  auto put = [&](size_t i, uint32_t rnd) {
+    const uint32_t bits =
+        detail::encode_bits<float>(std::bit_cast<uint32_t>(src[i]), spec, o.mode, o.overflow, rnd);
+    if constexpr (std::is_same_v<Out, float>) {
+      dst[i] = detail::decode_bits(bits, spec);
+    } else {
+      dst[i] = Out::from_bits(static_cast<typename Out::bits_type>(bits));
+    }
+  };
+  if (o.mode != RoundingMode::Stochastic) {
+    for (size_t i = 0; i < n; ++i)
+      put(i, 0);
+    return;
+  }
+  const std::array<uint32_t, 2> key = {uint32_t(o.seed), uint32_t(o.seed >> 32)};
+  for (size_t i = 0; i < n; i += 4) {
+    const uint64_t block = i >> 2;
+    const PhiloxBlock r = philox4x32_10(
+        {uint32_t(block), uint32_t(block >> 32), uint32_t(o.offset), uint32_t(o.offset >> 32)},
+        key);
+    for (size_t j = 0; j < 4 && i + j < n; ++j)
+      put(i + j, r[j]);
+  }
+}
+
+template <typename T>
+uint16_t* bits_of(T* p) {
+  return reinterpret_cast<uint16_t*>(p);
+}
+template <typename T>
+const uint16_t* bits_of(const T* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+
+template <Format F>
+constexpr std::array<float, 256> make_decode_table() {
+  std::array<float, 256> t{};
+  for (uint32_t b = 0; b < 256; ++b)
+    t[b] = decode(F, b);
+  return t;
+}
+
+template <Format F, typename T>
+void decode_fp8(const T* src, float* dst, size_t n) {
+  static constexpr std::array<float, 256> kTable = make_decode_table<F>();
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = kTable[src[i].bits];
+}
+
+}  // namespace
+
+void convert(const float* src, bfloat16* dst, size_t n, const RoundingOptions& o) {
+  if (vectorizable(o)) return detail::f32_to_bf16(src, bits_of(dst), n, o.mode, detail::best_isa());
+  encode_generic<Format::BF16>(src, dst, n, o);
+}
+
+void convert(const float* src, half* dst, size_t n, const RoundingOptions& o) {
+  if (vectorizable(o)) return detail::f32_to_f16(src, bits_of(dst), n, o.mode, detail::best_isa());
+  encode_generic<Format::FP16>(src, dst, n, o);
+}
+
+void convert(const float* src, float8_e4m3* dst, size_t n, const RoundingOptions& o) {
+  encode_generic<Format::FP8_E4M3>(src, dst, n, o);
+}
+
+void convert(const float* src, float8_e5m2* dst, size_t n, const RoundingOptions& o) {
+  encode_generic<Format::FP8_E5M2>(src, dst, n, o);
+}
+
+void convert(const bfloat16* src, float* dst, size_t n) {
+  detail::bf16_to_f32(bits_of(src), dst, n, detail::best_isa());
+}
+
+void convert(const half* src, float* dst, size_t n) {
+  detail::f16_to_f32(bits_of(src), dst, n, detail::best_isa());
+}
+
+void convert(const float8_e4m3* src, float* dst, size_t n) {
+  decode_fp8<Format::FP8_E4M3>(src, dst, n);
+}
+
+void convert(const float8_e5m2* src, float* dst, size_t n) {
+  decode_fp8<Format::FP8_E5M2>(src, dst, n);
+}
+
+void round_in_place(Format f, float* data, size_t n, const RoundingOptions& o) {
+  const bool has_kernel = f == Format::TF32 || f == Format::BF16 || f == Format::FP16;
+  if (has_kernel && vectorizable(o)) {
+    return detail::round_in_place_fast(f, data, n, o.mode, detail::best_isa());
+  }
+  switch (f) {
+    case Format::FP32:
+      return;
+    case Format::TF32:
+      return encode_generic<Format::TF32>(data, data, n, o);
+    case Format::FP16:
+      return encode_generic<Format::FP16>(data, data, n, o);
+    case Format::BF16:
+      return encode_generic<Format::BF16>(data, data, n, o);
+    case Format::FP8_E4M3:
+      return encode_generic<Format::FP8_E4M3>(data, data, n, o);
+    case Format::FP8_E5M2:
+      return encode_generic<Format::FP8_E5M2>(data, data, n, o);
+  }
+}
+
+}  // namespace mantissa

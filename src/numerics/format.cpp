@@ -1,0 +1,65 @@
+#include "mantissa/numerics/format.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <string>
+#include <utility>
+
+namespace mantissa {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  std::transform(r.begin(), r.end(), r.begin(), [](unsigned char c) { return std::tolower(c); });
+  return r;
+}
+
+}  // namespace
+
+std::optional<Format> parse_format(std::string_view name) {
+  const std::string s = lower(name);
+  for (const auto& info : kFormatTable) {
+    if (s == info.name) return info.format;
+  }
+  static constexpr std::array<std::pair<std::string_view, Format>, 12> kAliases = {{
+      {"f32", Format::FP32},
+      {"float32", Format::FP32},
+      {"float", Format::FP32},
+      {"f16", Format::FP16},
+      {"float16", Format::FP16},
+      {"half", Format::FP16},
+      {"bfloat16", Format::BF16},
+      {"e4m3", Format::FP8_E4M3},
+      {"float8_e4m3fn", Format::FP8_E4M3},
+      {"e5m2", Format::FP8_E5M2},
+      {"float8_e5m2", Format::FP8_E5M2},
+      {"tensorfloat32", Format::TF32},
+  }};
+  for (const auto& [alias, f] : kAliases) {
+    if (s == alias) return f;
+  }
+  return std::nullopt;
+}
+
+std::string_view rounding_name(RoundingMode mode) {
+  switch (mode) {
+    case RoundingMode::NearestEven:
+      return "nearest";
+    case RoundingMode::TowardZero:
+      return "truncate";
+    case RoundingMode::Stochastic:
+      return "stochastic";
+  }
+  return "?";
+}
+
+std::optional<RoundingMode> parse_rounding(std::string_view name) {
+  const std::string s = lower(name);
+  if (s == "nearest" || s == "nearest-even" || s == "rne") return RoundingMode::NearestEven;
+  if (s == "truncate" || s == "toward-zero" || s == "rtz") return RoundingMode::TowardZero;
+  if (s == "stochastic" || s == "sr") return RoundingMode::Stochastic;
+  return std::nullopt;
+}
+
+}  // namespace mantissa

@@ -1,0 +1,18 @@
+// Each subcommand registers its options on the app and returns the function that runs it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace mantissa::cli {
+
+// Returns the process exit code: 0 success, 2 a user's mistake.
+using Command = std::function<int()>;
+
+Command add_formats_command(CLI::App& app);
+Command add_info_command(CLI::App& app);
+
+// Exit code for a user's mistake (bad flag, bad number, bad file).
+inline constexpr int kUsageError = 2;
+
+}  // namespace mantissa::cli

@@ -1,0 +1,73 @@
+// The `mantissa` command line.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "mantissa/core/error.h"
+
+namespace {
+
+// CLI11 reads "-inf" and "-nan" as bundles of short flags; a leading space makes them plain
+// arguments again (parse_number trims it). Negative decimals like -1.5 it already accepts.
+std::vector<std::string> protect_negative_words(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string lower = args[i];
+    for (auto& c : lower)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "-inf" || lower == "-infinity" || lower == "-nan") args[i] = " " + args[i];
+  }
+  return args;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace cli = mantissa::cli;
+  CLI::App app{"Mantissa: mixed-precision training engine", "mantissa"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "mantissa 0.1.0");
+
+  std::map<const CLI::App*, cli::Command> commands;
+  auto add = [&](cli::Command (*adder)(CLI::App&)) {
+    cli::Command run = adder(app);
+    commands[app.get_subcommands({}).back()] = std::move(run);
+  };
+  add(cli::add_formats_command);
+  add(cli::add_info_command);
+
+  std::vector<std::string> args = protect_negative_words(argc, argv);
+  std::vector<char*> argp;
+  for (auto& a : args)
+    argp.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(argp.size()), argp.data());
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "mantissa: %s\nRun 'mantissa --help' for the commands and options.\n",
+                 e.what());
+    return cli::kUsageError;
+  }
+
+  for (const CLI::App* sub : app.get_subcommands()) {
+    try {
+      return commands.at(sub)();
+    } catch (const mantissa::Error& e) {
+      std::fprintf(stderr, "mantissa %s: %s\n", sub->get_name().c_str(), e.message().c_str());
+      return e.internal() ? 1 : cli::kUsageError;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "mantissa %s: %s\n", sub->get_name().c_str(), e.what());
+      return 1;
+    }
+  }
+  return 0;
+}
