@@ -23,7 +23,7 @@ struct FormatsOptions {
 };
 
 // JSON has no inf/nan literals: those become the strings "inf", "-inf", "nan".
-nlohmann::json number(double v) {
+nlohmann::ordered_json number(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   return v;
@@ -73,9 +73,9 @@ void print_human(const ParsedNumber& x, RoundingMode mode, const std::vector<For
   }
 }
 
-nlohmann::json to_json(const ParsedNumber& x, RoundingMode mode,
-                       const std::vector<FormatReport>& rows) {
-  nlohmann::json formats = nlohmann::json::array();
+nlohmann::ordered_json to_json(const ParsedNumber& x, RoundingMode mode,
+                               const std::vector<FormatReport>& rows) {
+  nlohmann::ordered_json formats = nlohmann::ordered_json::array();
   for (const auto& r : rows) {
     formats.push_back({{"name", format_name(r.format)},
                        {"bits", r.sign_bits + " " + r.exponent_bits + " " + r.mantissa_bits},
@@ -97,7 +97,7 @@ std::string encoding_hex(uint32_t bits, const FormatInfo& info) {
 }
 
 int print_table(bool json, const std::vector<Format>& formats) {
-  nlohmann::json out = nlohmann::json::array();
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   if (!json) {
     fmt::print("{:<9} {:<8} {:>4}  {:<15} {:<15} {:<15} {:<13} {:>6}  {:<21} {}\n", "format",
                "s-e-m", "bias", "max finite", "min normal", "min subnormal", "epsilon", "digits",
@@ -116,19 +116,20 @@ int print_table(bool json, const std::vector<Format>& formats) {
             : "only S.1111.111: " + encoding_hex(s.quiet_nan_bits(), i) + " / " +
                   encoding_hex(s.quiet_nan_bits() | s.sign_bit(), i);
     if (json) {
-      out.push_back({{"name", i.name},
-                     {"exponent_bits", s.exponent_bits},
-                     {"mantissa_bits", s.mantissa_bits},
-                     {"bias", s.bias()},
-                     {"storage_bytes", i.storage_bytes},
-                     {"max_finite", i.max_finite},
-                     {"min_normal", i.min_normal},
-                     {"min_subnormal", i.min_subnormal},
-                     {"epsilon", i.epsilon},
-                     {"decimal_digits", i.decimal_digits},
-                     {"has_inf", s.has_inf()},
-                     {"inf", s.has_inf() ? nlohmann::json(encoding_hex(s.inf_bits(), i)) : nullptr},
-                     {"nan", encoding_hex(s.quiet_nan_bits(), i)}});
+      out.push_back(
+          {{"name", i.name},
+           {"exponent_bits", s.exponent_bits},
+           {"mantissa_bits", s.mantissa_bits},
+           {"bias", s.bias()},
+           {"storage_bytes", i.storage_bytes},
+           {"max_finite", i.max_finite},
+           {"min_normal", i.min_normal},
+           {"min_subnormal", i.min_subnormal},
+           {"epsilon", i.epsilon},
+           {"decimal_digits", i.decimal_digits},
+           {"has_inf", s.has_inf()},
+           {"inf", s.has_inf() ? nlohmann::ordered_json(encoding_hex(s.inf_bits(), i)) : nullptr},
+           {"nan", encoding_hex(s.quiet_nan_bits(), i)}});
     } else {
       fmt::print("{:<9} {:<8} {:>4}  {:<15.9g} {:<15.9g} {:<15.9g} {:<13.7g} {:>6.2f}  {:<21} {}\n",
                  i.name, layout, s.bias(), i.max_finite, i.min_normal, i.min_subnormal, i.epsilon,
@@ -158,7 +159,7 @@ int run(const FormatsOptions& o) {
     inputs.push_back(*x);
   }
 
-  nlohmann::json docs = nlohmann::json::array();
+  nlohmann::ordered_json docs = nlohmann::ordered_json::array();
   for (size_t k = 0; k < inputs.size(); ++k) {
     std::vector<FormatReport> rows;
     for (Format f : formats)
