@@ -1,0 +1,174 @@
+// The public op functions. Each checks its arguments (a mistake gets a message naming shapes and
+// dtypes), promotes dtypes, runs the device's kernel and records autograd.
+//
+// Dtype rules: floating inputs of different dtypes promote to the wider (f64 > f32 > bf16/f16;
+// bf16 with f16 gives f32); an integer tensor with a floating one takes the floating dtype;
+// Python-style scalars (double) never change a tensor's dtype.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "mantissa/tensor/tensor.h"
+
+namespace mantissa {
+
+// The dtype two tensors compute in; throws naming both if they cannot be combined.
+DType promote_types(DType a, DType b);
+
+// ---- casts ---------------------------------------------------------------------------------------
+// Differentiable: the gradient comes back in x's dtype. Narrowing float casts round to nearest even.
+Tensor cast(const Tensor& x, DType dtype);
+
+// ---- elementwise ---------------------------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);
+Tensor rsub(const Tensor& a, double b);  // b - a
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+enum class GeluApproximation { None, Tanh };
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::None);
+Tensor silu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+
+// Comparisons give Bool tensors and no gradient.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator-(const Tensor& x);
+
+// ---- reductions (fp32 accumulation for half types) ------------------------------------------------
+Tensor sum(const Tensor& x);  // all elements
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+// Variance with `correction` (1: unbiased, as torch.var's default).
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction = 1,
+           bool keepdim = false);
+Tensor max(const Tensor& x);  // all elements
+struct ValuesIndices {
+  Tensor values;
+  Tensor indices;  // I64
+};
+ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+// Sums a broadcast gradient back to `shape` (the inverse of broadcasting).
+Tensor sum_to_shape(const Tensor& x, const Shape& shape);
+
+// ---- linear algebra ------------------------------------------------------------------------------
+// torch.matmul semantics: 1-D, 2-D and batched with broadcast batch dims.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x (..., in) @ weight(out, in)^T + bias(out)
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- convolution and pooling (NCHW) --------------------------------------------------------------
+struct Conv2dOptions {
+  std::vector<int64_t> stride = {1, 1};
+  std::vector<int64_t> padding = {0, 0};
+  std::vector<int64_t> dilation = {1, 1};
+  int64_t groups = 1;
+};
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              const Conv2dOptions& options = {});
+
+struct Pool2dOptions {
+  std::vector<int64_t> kernel_size;
+  std::vector<int64_t> stride;  // empty: = kernel_size
+  std::vector<int64_t> padding = {0, 0};
+  bool count_include_pad = true;  // avg_pool2d
+};
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options);
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
+Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size);
+
+// ---- normalization, softmax, losses --------------------------------------------------------------
+// x (N, C, ...). Training mode uses batch statistics and updates the running ones in place.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum = 0.1, double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
+                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                  double eps = 1e-5);
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+enum class Reduction { Mean, Sum, None };
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  Reduction reduction = Reduction::Mean;
+};
+// logits (N, C) or (N, C, d1, ...) with I64 targets (N) or (N, d1, ...). The loss is F32 for
+// half inputs (computed in fp32), F64 for f64.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                     const CrossEntropyOptions& options = {});
+
+// ---- embedding, dropout, indexing, joining -------------------------------------------------------
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Seeded from the default generator unless `seed` is given; identity when !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training = true,
+               std::optional<uint64_t> seed = std::nullopt);
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+
+// ---- attention -----------------------------------------------------------------------------------
+// softmax(q k^T * scale + mask) v over (..., T, D); mask is additive (float) or Bool (true =
+// keep), broadcast to (..., Tq, Tk); causal masks keys after each query. scale defaults to
+// 1/sqrt(D).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& mask = Tensor(), bool causal = false,
+                                    std::optional<double> scale = std::nullopt);
+
+// ---- threads and random numbers ------------------------------------------------------------------
+void set_num_threads(int n);
+int get_num_threads();
+// The default generator behind dropout and other unseeded randomness.
+void manual_seed(uint64_t seed);
+struct GeneratorState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+GeneratorState generator_state();
+void set_generator_state(const GeneratorState& state);
+
+}  // namespace mantissa

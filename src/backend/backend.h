@@ -1,0 +1,161 @@
+// Internal: the kernels a device provides. The op layer (src/tensor/) checks arguments, picks
+// dtypes, allocates outputs and records autograd; a Backend only computes. Outputs are passed in
+// allocated (and contiguous unless said otherwise); inputs may be any strided view, and all
+// floating inputs of one call share one dtype unless said otherwise.
+//
+// Storage and compute types are separate: kernels load any float dtype to float (double for
+// f64), compute, and round on store (RNE). Reductions and GEMM accumulate in fp32 (f64 in f64).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "mantissa/core/device.h"
+#include "mantissa/tensor/tensor.h"
+
+namespace mantissa::backend {
+
+enum class UnaryOp : uint8_t {
+  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Sign, Reciprocal, Square,
+  Relu, Gelu, GeluTanh, Silu, Sigmoid, Tanh,
+  PowScalar,    // x ^ a
+  ClampScalar,  // min(max(x, a), b)
+  AddScalar,    // x + a
+  MulScalar,    // x * a
+  RsubScalar,   // a - x
+};
+
+enum class BinaryOp : uint8_t {
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
+  // comparisons: out is Bool
+  Eq, Ne, Lt, Le, Gt, Ge,
+};
+
+struct Scalars {
+  double a = 0, b = 0;
+};
+
+enum class ReduceOp : uint8_t { Sum, Mean, Max, Min, Var, ArgMax, ArgMin };
+
+struct MatmulOptions {
+  // Round fp32 inputs to this format first (TF32 for set_matmul_precision("high")); FP32 = none.
+  Format input_rounding = Format::FP32;
+};
+
+struct Conv2dParams {
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  int64_t dilation[2] = {1, 1};
+  int64_t groups = 1;
+};
+
+struct Pool2dParams {
+  int64_t kernel[2] = {1, 1};
+  int64_t stride[2] = {1, 1};
+  int64_t padding[2] = {0, 0};
+  bool count_include_pad = true;  // avg pool
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- data movement -----------------------------------------------------------------------
+  // dst = src, any strides on both sides, converting dtype (RNE into narrower floats).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  virtual void fill(Tensor& dst, double value) = 0;
+  // Uniform in [a, b) or normal(a, b), from Philox(seed) element by element.
+  virtual void uniform(Tensor& dst, double a, double b, uint64_t seed, uint64_t offset) = 0;
+  virtual void normal(Tensor& dst, double mean, double stddev, uint64_t seed,
+                      uint64_t offset) = 0;
+  // Round every value of a float tensor onto `format`'s grid, in place.
+  virtual void round_to_format(Tensor& t, Format format) = 0;
+
+  // ---- elementwise (inputs broadcast to out's shape) -----------------------------------------
+  virtual void unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) = 0;
+  // gx = grad * d op(x)/dx, given x and y = op(x).
+  virtual void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
+                              Tensor& gx, Scalars s) = 0;
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // out = cond ? a : b (cond is Bool)
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // out = x * mask * scale, mask ~ Bernoulli(1 - p) drawn from Philox; mask written as Bool.
+  virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out,
+                       Tensor& mask) = 0;
+
+  // ---- reductions over `dims` (sorted, unique); out has the kept dims (keepdim shape) --------
+  // Var uses `correction` (1 = unbiased). ArgMax/ArgMin write I64. Max/Min may also write the
+  // I64 index of the winner into `indices` when it is defined.
+  virtual void reduce(ReduceOp op, const Tensor& x, std::span<const int> dims, Tensor& out,
+                      Tensor* indices, int64_t correction) = 0;
+
+  // ---- linear algebra ------------------------------------------------------------------------
+  // out(B, M, N) = a(B, M, K) @ b(B, K, N) [+ bias(N)]; any strides; B may be 1.
+  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out,
+                      const MatmulOptions& options) = 0;
+
+  // ---- convolution and pooling (NCHW) --------------------------------------------------------
+  virtual void conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
+                      const Conv2dParams& p, const MatmulOptions& options) = 0;
+  virtual void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& w,
+                               Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias,
+                               const Conv2dParams& p, const MatmulOptions& options) = 0;
+  virtual void max_pool2d(const Tensor& x, Tensor& out, Tensor& indices,
+                          const Pool2dParams& p) = 0;
+  virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices,
+                                   Tensor& grad_x) = 0;
+  virtual void avg_pool2d(const Tensor& x, Tensor& out, const Pool2dParams& p) = 0;
+  virtual void avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x,
+                                   const Pool2dParams& p) = 0;
+  // Adaptive average pooling to out's (OH, OW).
+  virtual void adaptive_avg_pool2d(const Tensor& x, Tensor& out) = 0;
+  virtual void adaptive_avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x) = 0;
+
+  // ---- normalization (statistics in fp32; mean/rstd are F32, or F64 for f64 inputs) ----------
+  // x viewed as (N, C, S): per-channel statistics over N and S. Training: batch statistics,
+  // written to save_mean/save_rstd, running stats updated with momentum (if defined).
+  // Eval: running stats used.
+  virtual void batch_norm(const Tensor& x, const Tensor* weight, const Tensor* bias,
+                          Tensor* running_mean, Tensor* running_var, bool training,
+                          double momentum, double eps, Tensor& out, Tensor& save_mean,
+                          Tensor& save_rstd) = 0;
+  virtual void batch_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                   const Tensor* weight, const Tensor& save_mean,
+                                   const Tensor& save_rstd, bool training, Tensor* grad_x,
+                                   Tensor* grad_weight, Tensor* grad_bias) = 0;
+  // x viewed as (M, N): statistics over the last N elements of each row.
+  virtual void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, double eps,
+                          Tensor& out, Tensor& mean, Tensor& rstd) = 0;
+  virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* weight,
+                                   const Tensor& mean, const Tensor& rstd, Tensor* grad_x,
+                                   Tensor* grad_weight, Tensor* grad_bias) = 0;
+
+  // ---- softmax and losses --------------------------------------------------------------------
+  virtual void softmax(const Tensor& x, int dim, bool log, Tensor& out) = 0;
+  // y is the forward output (softmax or log_softmax).
+  virtual void softmax_backward(const Tensor& grad_y, const Tensor& y, int dim, bool log,
+                                Tensor& grad_x) = 0;
+  // Per-sample loss of logits (N, C) against I64 targets (N): label-smoothed NLL of log_softmax.
+  // Writes loss (N) in F32 (F64 for f64) — 0 where target == ignore_index — and log-probs.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                             double label_smoothing, Tensor& loss, Tensor& log_probs) = 0;
+  // grad_logits = scale_n * (softmax - smoothed one-hot), scale_n = grad_loss[n] (0 if ignored).
+  virtual void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs,
+                                      const Tensor& target, int64_t ignore_index,
+                                      double label_smoothing, Tensor& grad_logits) = 0;
+
+  // ---- indexing ------------------------------------------------------------------------------
+  // out = x.index_select(dim, index) (index I64 1-D)
+  virtual void index_select(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
+  // grad_x (zeroed by the caller) += scatter of grad_out along dim at index
+  virtual void index_add(Tensor& grad_x, int dim, const Tensor& index,
+                         const Tensor& grad_out) = 0;
+  virtual void gather(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
+  virtual void scatter_add(Tensor& grad_x, int dim, const Tensor& index,
+                           const Tensor& grad_out) = 0;
+};
+
+Backend& backend_for(Device device);
+Backend& cpu_backend();
+
+}  // namespace mantissa::backend

@@ -1,0 +1,413 @@
+// CPU elementwise kernels: copies and casts, fills, random fills, unary/binary ops and their
+// derivatives, where, dropout. One templated loop per family (loops.h), instantiated per dtype.
+#include <cmath>
+#include <numbers>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+#include "mantissa/numerics/philox.h"
+
+namespace mantissa::backend::cpu {
+namespace {
+
+template <typename C>
+constexpr bool is_real_v = std::is_floating_point_v<C>;
+
+template <typename C>
+C sigmoid_of(C x) {
+  return C(1) / (C(1) + std::exp(-x));
+}
+
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
+
+template <typename C>
+void unary_loop(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
+  const C a = C(s.a), b = C(s.b);
+  switch (op) {
+    case UnaryOp::Neg: for (int64_t i = 0; i < n; ++i) y[i] = -x[i]; return;
+    case UnaryOp::Abs: for (int64_t i = 0; i < n; ++i) y[i] = x[i] < C(0) ? C(-x[i]) : x[i]; return;
+    case UnaryOp::Sign:
+      for (int64_t i = 0; i < n; ++i) y[i] = C((C(0) < x[i]) - (x[i] < C(0)));
+      return;
+    case UnaryOp::Square: for (int64_t i = 0; i < n; ++i) y[i] = x[i] * x[i]; return;
+    case UnaryOp::AddScalar: for (int64_t i = 0; i < n; ++i) y[i] = x[i] + a; return;
+    case UnaryOp::MulScalar: for (int64_t i = 0; i < n; ++i) y[i] = x[i] * a; return;
+    case UnaryOp::RsubScalar: for (int64_t i = 0; i < n; ++i) y[i] = a - x[i]; return;
+    case UnaryOp::ClampScalar:
+      for (int64_t i = 0; i < n; ++i) {
+        const C v = x[i];
+        y[i] = v != v ? v : (v < a ? a : (v > b ? b : v));  // NaN stays NaN
+      }
+      return;
+    case UnaryOp::Relu:
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] > C(0) ? x[i] : (x[i] != x[i] ? x[i] : C(0));
+      return;
+    default: break;
+  }
+  if constexpr (is_real_v<C>) {
+    switch (op) {
+      case UnaryOp::Exp: for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]); return;
+      case UnaryOp::Log: for (int64_t i = 0; i < n; ++i) y[i] = std::log(x[i]); return;
+      case UnaryOp::Sqrt: for (int64_t i = 0; i < n; ++i) y[i] = std::sqrt(x[i]); return;
+      case UnaryOp::Rsqrt: for (int64_t i = 0; i < n; ++i) y[i] = C(1) / std::sqrt(x[i]); return;
+      case UnaryOp::Reciprocal: for (int64_t i = 0; i < n; ++i) y[i] = C(1) / x[i]; return;
+      case UnaryOp::Gelu:
+        for (int64_t i = 0; i < n; ++i) {
+          y[i] = C(0.5) * x[i] * (C(1) + std::erf(x[i] * C(kInvSqrt2)));
+        }
+        return;
+      case UnaryOp::GeluTanh:
+        for (int64_t i = 0; i < n; ++i) {
+          const C v = x[i];
+          y[i] = C(0.5) * v * (C(1) + std::tanh(C(kSqrt2OverPi) * (v + C(0.044715) * v * v * v)));
+        }
+        return;
+      case UnaryOp::Silu: for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_of(x[i]); return;
+      case UnaryOp::Sigmoid: for (int64_t i = 0; i < n; ++i) y[i] = sigmoid_of(x[i]); return;
+      case UnaryOp::Tanh: for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]); return;
+      case UnaryOp::PowScalar:
+        if (s.a == 2.0) {
+          for (int64_t i = 0; i < n; ++i) y[i] = x[i] * x[i];
+        } else {
+          for (int64_t i = 0; i < n; ++i) y[i] = std::pow(x[i], a);
+        }
+        return;
+      default: break;
+    }
+  }
+  MT_ASSERT(false, "unary op ", int(op), " has no kernel for this dtype");
+}
+
+template <typename C>
+void unary_backward_loop(UnaryOp op, C* gx, const C* g, const C* x, const C* y, int64_t n,
+                         Scalars s) {
+  const C a = C(s.a), b = C(s.b);
+  switch (op) {
+    case UnaryOp::Neg: for (int64_t i = 0; i < n; ++i) gx[i] = -g[i]; return;
+    case UnaryOp::AddScalar: for (int64_t i = 0; i < n; ++i) gx[i] = g[i]; return;
+    case UnaryOp::MulScalar: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * a; return;
+    case UnaryOp::RsubScalar: for (int64_t i = 0; i < n; ++i) gx[i] = -g[i]; return;
+    case UnaryOp::Square: for (int64_t i = 0; i < n; ++i) gx[i] = C(2) * g[i] * x[i]; return;
+    case UnaryOp::Sign: for (int64_t i = 0; i < n; ++i) gx[i] = C(0); return;
+    case UnaryOp::Abs:
+      for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * C((C(0) < x[i]) - (x[i] < C(0)));
+      return;
+    case UnaryOp::Relu: for (int64_t i = 0; i < n; ++i) gx[i] = x[i] > C(0) ? g[i] : C(0); return;
+    case UnaryOp::ClampScalar:
+      for (int64_t i = 0; i < n; ++i) gx[i] = (x[i] >= a && x[i] <= b) ? g[i] : C(0);
+      return;
+    default: break;
+  }
+  if constexpr (is_real_v<C>) {
+    switch (op) {
+      case UnaryOp::Exp: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * y[i]; return;
+      case UnaryOp::Log: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] / x[i]; return;
+      case UnaryOp::Sqrt: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] / (C(2) * y[i]); return;
+      case UnaryOp::Rsqrt:
+        for (int64_t i = 0; i < n; ++i) gx[i] = C(-0.5) * g[i] * y[i] * y[i] * y[i];
+        return;
+      case UnaryOp::Reciprocal: for (int64_t i = 0; i < n; ++i) gx[i] = -g[i] * y[i] * y[i]; return;
+      case UnaryOp::Gelu:
+        for (int64_t i = 0; i < n; ++i) {
+          const C v = x[i];
+          const C cdf = C(0.5) * (C(1) + std::erf(v * C(kInvSqrt2)));
+          const C pdf = C(kInvSqrt2Pi) * std::exp(C(-0.5) * v * v);
+          gx[i] = g[i] * (cdf + v * pdf);
+        }
+        return;
+      case UnaryOp::GeluTanh:
+        for (int64_t i = 0; i < n; ++i) {
+          const C v = x[i];
+          const C inner = C(kSqrt2OverPi) * (v + C(0.044715) * v * v * v);
+          const C t = std::tanh(inner);
+          const C dinner = C(kSqrt2OverPi) * (C(1) + C(3 * 0.044715) * v * v);
+          gx[i] = g[i] * (C(0.5) * (C(1) + t) + C(0.5) * v * (C(1) - t * t) * dinner);
+        }
+        return;
+      case UnaryOp::Silu:
+        for (int64_t i = 0; i < n; ++i) {
+          const C sg = sigmoid_of(x[i]);
+          gx[i] = g[i] * sg * (C(1) + x[i] * (C(1) - sg));
+        }
+        return;
+      case UnaryOp::Sigmoid:
+        for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * y[i] * (C(1) - y[i]);
+        return;
+      case UnaryOp::Tanh: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * (C(1) - y[i] * y[i]); return;
+      case UnaryOp::PowScalar:
+        for (int64_t i = 0; i < n; ++i) {
+          gx[i] = a == C(0) ? C(0) : g[i] * a * std::pow(x[i], a - C(1));
+        }
+        return;
+      default: break;
+    }
+  }
+  (void)b;
+  MT_ASSERT(false, "unary op ", int(op), " has no derivative kernel for this dtype");
+}
+
+template <typename C>
+void binary_loop(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
+  switch (op) {
+    case BinaryOp::Add: for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i]; return;
+    case BinaryOp::Sub: for (int64_t i = 0; i < n; ++i) o[i] = a[i] - b[i]; return;
+    case BinaryOp::Mul: for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i]; return;
+    case BinaryOp::Div: for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b[i]; return;
+    case BinaryOp::Maximum:
+      for (int64_t i = 0; i < n; ++i) o[i] = (a[i] != a[i] || a[i] > b[i]) ? a[i] : b[i];
+      return;
+    case BinaryOp::Minimum:
+      for (int64_t i = 0; i < n; ++i) o[i] = (a[i] != a[i] || a[i] < b[i]) ? a[i] : b[i];
+      return;
+    case BinaryOp::Eq: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] == b[i]); return;
+    case BinaryOp::Ne: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] != b[i]); return;
+    case BinaryOp::Lt: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] < b[i]); return;
+    case BinaryOp::Le: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] <= b[i]); return;
+    case BinaryOp::Gt: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] > b[i]); return;
+    case BinaryOp::Ge: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] >= b[i]); return;
+    case BinaryOp::Pow:
+      if constexpr (is_real_v<C>) {
+        for (int64_t i = 0; i < n; ++i) o[i] = std::pow(a[i], b[i]);
+        return;
+      }
+      break;
+  }
+  MT_ASSERT(false, "binary op ", int(op), " has no kernel for this dtype");
+}
+
+bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
+
+// Walks the elements of a strided tensor in row-major order: f(offset_in_elements, run_length,
+// inner_stride) for each innermost run.
+template <typename F>
+void for_each_run(const Tensor& t, F f) {
+  const Shape& sh = t.shape();
+  const Shape& st = t.strides();
+  const int nd = sh.size();
+  if (t.numel() == 0) return;
+  if (nd == 0) {
+    f(int64_t(0), int64_t(1), int64_t(1));
+    return;
+  }
+  std::array<int64_t, kMaxDims> idx{};
+  const int64_t outer = t.numel() / sh[nd - 1];
+  int64_t off = 0;
+  for (int64_t r = 0; r < outer; ++r) {
+    f(off, sh[nd - 1], st[nd - 1]);
+    for (int d = nd - 2; d >= 0; --d) {
+      ++idx[size_t(d)];
+      off += st[d];
+      if (idx[size_t(d)] < sh[d]) break;
+      off -= sh[d] * st[d];
+      idx[size_t(d)] = 0;
+    }
+  }
+}
+
+// dst (any strides) = src (contiguous, same dtype and shape), element by element.
+void scatter_same_dtype(const Tensor& src, Tensor& dst) {
+  const size_t es = dst.element_size();
+  const char* s = static_cast<const char*>(src.data_ptr());
+  char* d = static_cast<char*>(dst.data_ptr());
+  int64_t i = 0;
+  for_each_run(dst, [&](int64_t off, int64_t run, int64_t stride) {
+    if (stride == 1) {
+      std::memcpy(d + off * int64_t(es), s + i * int64_t(es), size_t(run) * es);
+    } else {
+      for (int64_t k = 0; k < run; ++k) {
+        std::memcpy(d + (off + k * stride) * int64_t(es), s + (i + k) * int64_t(es), es);
+      }
+    }
+    i += run;
+  });
+}
+
+}  // namespace
+
+// ---- data movement -------------------------------------------------------------------------------
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  if (!dst.is_contiguous()) {
+    Tensor tmp = Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+    copy(src, tmp);
+    scatter_same_dtype(tmp, dst);
+    return;
+  }
+  dispatch_dtype(src.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    dispatch_dtype(dst.dtype(), [&]<typename O>() {
+      elementwise<T, C, O, 1>(dst, {&src}, [](C* o, const C* x, int64_t n) {
+        std::memcpy(o, x, size_t(n) * sizeof(C));
+      });
+    });
+  });
+}
+
+void CpuBackend::fill(Tensor& dst, double value) {
+  dispatch_dtype(dst.dtype(), [&]<typename T>() {
+    T v;
+    if constexpr (is_small_float_v<T>) {
+      v = T::from_bits(typename T::bits_type(encode(T::format, value)));
+    } else {
+      v = static_cast<T>(value);
+    }
+    T* d = static_cast<T*>(dst.data_ptr());
+    for_each_run(dst, [&](int64_t off, int64_t run, int64_t stride) {
+      if (stride == 1) {
+        std::fill(d + off, d + off + run, v);
+      } else {
+        for (int64_t k = 0; k < run; ++k) d[off + k * stride] = v;
+      }
+    });
+  });
+}
+
+namespace {
+
+// Uniform in [0, 1) with 24 random bits (exact in float).
+inline double unit_uniform(uint32_t bits) { return double(bits >> 8) * 0x1p-24; }
+
+template <typename Gen>
+void random_fill(Tensor& dst, uint64_t seed, uint64_t offset, Gen gen) {
+  MT_ASSERT(dst.is_contiguous(), "random fills write contiguous tensors");
+  dispatch_float(dst.dtype(), "random fill", [&]<typename T>() {
+    using C = compute_t<T>;
+    T* d = static_cast<T*>(dst.data_ptr());
+    parallel_chunks(dst.numel(), [&](int64_t start, int64_t n) {
+      alignas(64) C buf[kChunk];
+      PhiloxStream rng(seed, offset);
+      for (int64_t i = 0; i < n; ++i) buf[i] = C(gen(rng, start + i));
+      store_contiguous<C, T>(buf, d + start, n);
+    });
+  });
+}
+
+}  // namespace
+
+void CpuBackend::uniform(Tensor& dst, double a, double b, uint64_t seed, uint64_t offset) {
+  random_fill(dst, seed, offset, [=](PhiloxStream& rng, int64_t i) {
+    return a + (b - a) * unit_uniform(rng(uint64_t(i)));
+  });
+}
+
+void CpuBackend::normal(Tensor& dst, double mean, double stddev, uint64_t seed, uint64_t offset) {
+  // Box-Muller on the two words 2i and 2i+1 of the stream: element i is a pure function of i.
+  random_fill(dst, seed, offset, [=](PhiloxStream& rng, int64_t i) {
+    const uint32_t w1 = rng(2 * uint64_t(i));
+    const uint32_t w2 = rng(2 * uint64_t(i) + 1);
+    const double u1 = (double(w1) + 1.0) * 0x1p-32;  // (0, 1]
+    const double u2 = double(w2) * 0x1p-32;
+    return mean + stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  });
+}
+
+void CpuBackend::round_to_format(Tensor& t, Format format) {
+  MT_ASSERT(t.dtype() == DType::F32 && t.is_contiguous(), "round_to_format works on contiguous f32");
+  float* p = static_cast<float*>(t.data_ptr());
+  parallel_chunks(t.numel(), [&](int64_t start, int64_t n) {
+    round_in_place(format, p + start, size_t(n));
+  });
+}
+
+// ---- elementwise ---------------------------------------------------------------------------------
+
+void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
+  dispatch_dtype(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    if constexpr (std::is_same_v<T, bool>) {
+      MT_CHECK(false, "unary ops are not defined on bool tensors");
+    } else {
+      elementwise<T, C, T, 1>(out, {&x},
+                              [&](C* y, const C* a, int64_t n) { unary_loop<C>(op, y, a, n, s); });
+    }
+  });
+}
+
+void CpuBackend::unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
+                                Tensor& gx, Scalars s) {
+  // y is only needed by some ops; pass x in its place when absent.
+  const Tensor& yy = y.defined() ? y : x;
+  dispatch_float(x.dtype(), "a derivative", [&]<typename T>() {
+    using C = compute_t<T>;
+    elementwise<T, C, T, 3>(gx, {&grad, &x, &yy},
+                            [&](C* o, const C* g, const C* xv, const C* yv, int64_t n) {
+                              unary_backward_loop<C>(op, o, g, xv, yv, n, s);
+                            });
+  });
+}
+
+void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  MT_ASSERT(a.dtype() == b.dtype(), "binary kernel inputs must share a dtype");
+  dispatch_dtype(a.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    if constexpr (std::is_same_v<T, bool>) {
+      MT_CHECK(is_comparison(op), "arithmetic is not defined on bool tensors");
+      elementwise<T, C, bool, 2>(out, {&a, &b}, [&](C* o, const C* x, const C* y, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) {
+          const int xi = x[i], yi = y[i];
+          bool r = false;
+          switch (op) {
+            case BinaryOp::Eq: r = xi == yi; break;
+            case BinaryOp::Ne: r = xi != yi; break;
+            case BinaryOp::Lt: r = xi < yi; break;
+            case BinaryOp::Le: r = xi <= yi; break;
+            case BinaryOp::Gt: r = xi > yi; break;
+            default: r = xi >= yi; break;
+          }
+          o[i] = r;
+        }
+      });
+    } else if (is_comparison(op)) {
+      elementwise<T, C, bool, 2>(out, {&a, &b}, [&](C* o, const C* x, const C* y, int64_t n) {
+        binary_loop<C>(op, o, x, y, n);
+      });
+    } else {
+      elementwise<T, C, T, 2>(out, {&a, &b}, [&](C* o, const C* x, const C* y, int64_t n) {
+        binary_loop<C>(op, o, x, y, n);
+      });
+    }
+  });
+}
+
+void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
+  MT_ASSERT(a.dtype() == b.dtype() && cond.dtype() == DType::Bool, "where kernel dtypes");
+  // The condition in the values' dtype (0/1), so one loop type serves all three inputs.
+  Tensor c = Tensor::empty(cond.shape(), a.dtype(), a.device());
+  copy(cond, c);
+  dispatch_dtype(a.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    elementwise<T, C, T, 3>(out, {&c, &a, &b},
+                            [](C* o, const C* k, const C* x, const C* y, int64_t n) {
+                              for (int64_t i = 0; i < n; ++i) o[i] = k[i] != C(0) ? x[i] : y[i];
+                            });
+  });
+}
+
+void CpuBackend::dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out,
+                         Tensor& mask) {
+  MT_ASSERT(x.is_contiguous() && out.is_contiguous() && mask.is_contiguous(), "dropout layout");
+  // Keep an element when its 32 random bits are at or above p * 2^32.
+  const uint64_t threshold = uint64_t(std::ldexp(p, 32));
+  bool* m = static_cast<bool*>(mask.data_ptr());
+  dispatch_float(x.dtype(), "dropout", [&]<typename T>() {
+    using C = compute_t<T>;
+    const C scale = C(1.0 / (1.0 - p));
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    parallel_chunks(x.numel(), [&](int64_t start, int64_t n) {
+      alignas(64) C buf[kChunk];
+      load_contiguous<T, C>(xp + start, buf, n);
+      PhiloxStream rng(seed, offset);
+      for (int64_t i = 0; i < n; ++i) {
+        const bool keep = rng(uint64_t(start + i)) >= threshold;
+        m[start + i] = keep;
+        buf[i] = keep ? buf[i] * scale : C(0);
+      }
+      store_contiguous<C, T>(buf, op + start, n);
+    });
+  });
+}
+
+}  // namespace mantissa::backend::cpu

@@ -1,0 +1,161 @@
+// Joining, splitting and indexing: cat, stack, split, chunk, index_select, gather, embedding.
+#include "backend/backend.h"
+#include "mantissa/autograd/engine.h"
+#include "mantissa/core/error.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa {
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim_in) {
+  MT_CHECK(!tensors.empty(), "cat needs at least one tensor");
+  const Tensor& first = tensors[0];
+  const int dim = wrap_dim(dim_in, first.dim());
+  DType dt = first.dtype();
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    MT_CHECK(t.dim() == first.dim(), "cat: tensor ", i, " is a ", t.describe(),
+             " but tensor 0 is a ", first.describe(), " (all need the same number of dims)");
+    MT_CHECK(t.device() == first.device(), "cat: tensor ", i, " is on ", t.device().str());
+    for (int d = 0; d < t.dim(); ++d) {
+      MT_CHECK(d == dim || t.size(d) == first.size(d), "cat along dim ", dim_in, ": tensor ", i,
+               " is a ", t.describe(), " but tensor 0 is a ", first.describe(),
+               " (sizes must match except in the cat dim)");
+    }
+    dt = promote_types(dt, t.dtype());
+    total += t.size(dim);
+  }
+  Shape shape = first.shape();
+  shape[dim] = total;
+  Tensor out = Tensor::empty(shape, dt, first.device());
+  {
+    NoGrad ng;
+    int64_t at = 0;
+    for (const Tensor& t : tensors) {
+      if (t.size(dim) == 0) continue;
+      Tensor part = out.narrow(dim, at, t.size(dim));
+      backend::backend_for(out.device()).copy(t, part);
+      at += t.size(dim);
+    }
+  }
+  std::vector<int64_t> sizes;
+  for (const Tensor& t : tensors) sizes.push_back(t.size(dim));
+  autograd::record("catBackward", tensors, {out}, [sizes, dim](const std::vector<Tensor>& g) {
+    std::vector<Tensor> r;
+    int64_t at = 0;
+    for (int64_t s : sizes) {
+      r.push_back(g[0].defined() ? g[0].narrow(dim, at, s).contiguous() : Tensor());
+      at += s;
+    }
+    return r;
+  });
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  MT_CHECK(!tensors.empty(), "stack needs at least one tensor");
+  const int d = wrap_dim(dim, tensors[0].dim() + 1);
+  std::vector<Tensor> expanded;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    MT_CHECK(tensors[i].shape() == tensors[0].shape(), "stack: tensor ", i, " is a ",
+             tensors[i].describe(), " but tensor 0 is a ", tensors[0].describe(),
+             " (all must have the same shape)");
+    expanded.push_back(tensors[i].unsqueeze(d));
+  }
+  return cat(expanded, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  MT_CHECK(split_size > 0, "split size must be positive, got ", split_size);
+  const int d = wrap_dim(dim, x.dim());
+  std::vector<Tensor> out;
+  for (int64_t at = 0; at < x.size(d); at += split_size) {
+    out.push_back(x.narrow(d, at, std::min(split_size, x.size(d) - at)));
+  }
+  return out;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  MT_CHECK(chunks > 0, "chunk count must be positive, got ", chunks);
+  const int64_t n = x.size(wrap_dim(dim, x.dim()));
+  return split(x, std::max<int64_t>(1, (n + chunks - 1) / chunks), dim);
+}
+
+namespace {
+
+void check_index_tensor(const Tensor& index, const char* op) {
+  MT_CHECK(index.dtype() == DType::I64 || index.dtype() == DType::I32, op,
+           ": indices must be an integer tensor (i64), got a ", index.describe());
+}
+
+// The gradient of an index read: zeros with the selected rows' gradients added back
+// (accumulated in fp32 for half dtypes, so repeated indices don't lose precision).
+Tensor index_add_grad(const Shape& x_shape, DType dtype, Device device, int dim, const Tensor& index,
+                      const Tensor& grad) {
+  const DType acc = (dtype == DType::F64) ? DType::F64 : DType::F32;
+  Tensor gx = Tensor::zeros(x_shape, acc, device);
+  backend::backend_for(device).index_add(gx, dim, index, grad.to(acc).contiguous());
+  return gx.to(dtype);
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int64_t dim_in, const Tensor& index_in) {
+  check_index_tensor(index_in, "index_select");
+  MT_CHECK(index_in.dim() <= 1, "index_select: the index must be 1-D, got a ", index_in.describe());
+  const int dim = wrap_dim(dim_in, x.dim());
+  const Tensor index = index_in.to(DType::I64).contiguous().reshape({index_in.numel()});
+  Shape shape = x.shape();
+  shape[dim] = index.numel();
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  const Tensor xc = x.detach().contiguous();
+  backend::backend_for(x.device()).index_select(xc, dim, index, out);
+  if (autograd::needs_grad({&x})) {
+    const Shape xs = x.shape();
+    const DType dt = x.dtype();
+    const Device dev = x.device();
+    autograd::record("index_selectBackward", {x}, {out}, [=](const std::vector<Tensor>& g) {
+      if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+      return std::vector<Tensor>{index_add_grad(xs, dt, dev, dim, index, g[0])};
+    });
+  }
+  return out;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_index_tensor(indices, "embedding");
+  MT_CHECK(weight.dim() == 2, "embedding: the weight must be (num_embeddings, dim), got a ",
+           weight.describe());
+  Shape out_shape = indices.shape();
+  out_shape.push_back(weight.size(1));
+  return index_select(weight, 0, indices.reshape({indices.numel()})).reshape(out_shape);
+}
+
+Tensor gather(const Tensor& x, int64_t dim_in, const Tensor& index_in) {
+  check_index_tensor(index_in, "gather");
+  const int dim = wrap_dim(dim_in, x.dim());
+  MT_CHECK(index_in.dim() == x.dim(), "gather: the index (", index_in.describe(),
+           ") must have as many dims as the input (", x.describe(), ")");
+  for (int d = 0; d < x.dim(); ++d) {
+    MT_CHECK(d == dim || index_in.size(d) == x.size(d), "gather: index ", index_in.describe(),
+             " and input ", x.describe(), " must match in every dim but ", dim);
+  }
+  const Tensor index = index_in.to(DType::I64).contiguous();
+  Tensor out = Tensor::empty(index.shape(), x.dtype(), x.device());
+  backend::backend_for(x.device()).gather(x.detach().contiguous(), dim, index, out);
+  if (autograd::needs_grad({&x})) {
+    const Shape xs = x.shape();
+    const DType dt = x.dtype();
+    const Device dev = x.device();
+    autograd::record("gatherBackward", {x}, {out}, [=](const std::vector<Tensor>& g) {
+      if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+      const DType acc = dt == DType::F64 ? DType::F64 : DType::F32;
+      Tensor gx = Tensor::zeros(xs, acc, dev);
+      backend::backend_for(dev).scatter_add(gx, dim, index, g[0].to(acc).contiguous());
+      return std::vector<Tensor>{gx.to(dt)};
+    });
+  }
+  return out;
+}
+
+}  // namespace mantissa
