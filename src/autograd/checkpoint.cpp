@@ -15,7 +15,8 @@ std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inp
     outputs = fn(inputs);
   }
   // The outputs carry no graph yet: detach them so the node below owns them as its results.
-  for (Tensor& o : outputs) o = o.detach();
+  for (Tensor& o : outputs)
+    o = o.detach();
 
   std::vector<SavedTensor> saved;
   std::vector<bool> wants;
@@ -73,19 +74,19 @@ std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inp
   };
 
   bool any_param = false;
-  for (const Tensor& in : inputs) any_param = any_param || (in.defined() && in.requires_grad());
+  for (const Tensor& in : inputs)
+    any_param = any_param || (in.defined() && in.requires_grad());
   if (!any_param) {
     // No input needs a gradient, but the segment's parameters may: record on a dummy leaf.
     Tensor anchor = Tensor::zeros({}, DType::F32);
     anchor.set_requires_grad(true);
     record_inputs.push_back(anchor);
     auto inner = node_fn;
-    record("CheckpointBackward", record_inputs, outputs,
-           [inner](const std::vector<Tensor>& g) {
-             std::vector<Tensor> r = inner(g);
-             r.push_back(Tensor());
-             return r;
-           });
+    record("CheckpointBackward", record_inputs, outputs, [inner](const std::vector<Tensor>& g) {
+      std::vector<Tensor> r = inner(g);
+      r.push_back(Tensor());
+      return r;
+    });
   } else {
     record("CheckpointBackward", record_inputs, outputs, node_fn);
   }

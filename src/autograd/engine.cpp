@@ -15,8 +15,12 @@ thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
 }  // namespace
 
-bool grad_enabled() { return t_grad_enabled; }
-void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+bool grad_enabled() {
+  return t_grad_enabled;
+}
+void set_grad_enabled(bool enabled) {
+  t_grad_enabled = enabled;
+}
 
 // ---- nodes -------------------------------------------------------------------------------------
 
@@ -31,15 +35,17 @@ SavedTensor::SavedTensor(const Tensor& t) {
 
 Tensor SavedTensor::unpack() const {
   if (data_.defined()) {
-    MT_CHECK(data_.version() == version_,
-             "a ", data_.describe(), " needed for a gradient was modified by an in-place "
-             "operation after it was saved (version ", version_, " -> ", data_.version(),
+    MT_CHECK(data_.version() == version_, "a ", data_.describe(),
+             " needed for a gradient was modified by an in-place "
+             "operation after it was saved (version ",
+             version_, " -> ", data_.version(),
              "); use an out-of-place op, or clone() the tensor before modifying it");
   }
   return data_;
 }
 
-AccumulateGrad::AccumulateGrad(const Tensor& leaf) : Node("AccumulateGrad"), leaf_(leaf.impl_ptr()) {}
+AccumulateGrad::AccumulateGrad(const Tensor& leaf)
+    : Node("AccumulateGrad"), leaf_(leaf.impl_ptr()) {}
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   auto impl = leaf_.lock();
@@ -119,8 +125,8 @@ class CheckedFunctionNode final : public Node {
       }
     }
     std::vector<Tensor> r = fn_(grads);
-    MT_ASSERT(r.size() == in_.size(), name(), " returned ", r.size(), " gradients for ",
-              in_.size(), " inputs");
+    MT_ASSERT(r.size() == in_.size(), name(), " returned ", r.size(), " gradients for ", in_.size(),
+              " inputs");
     for (size_t i = 0; i < r.size(); ++i) {
       if (!r[i].defined() || !next_edges[i].node) {
         r[i] = Tensor();
@@ -148,10 +154,12 @@ std::shared_ptr<Node> record(const std::string& name, const std::vector<Tensor>&
   for (const Tensor& t : inputs) {
     in.push_back(t.defined() ? InputMeta{t.shape(), t.dtype()} : InputMeta{Shape{}, DType::F32});
   }
-  for (const Tensor& t : outputs) out.push_back({t.shape(), t.dtype()});
-  auto node = std::make_shared<CheckedFunctionNode>(name, std::move(fn), std::move(in),
-                                                    std::move(out));
-  for (const Tensor& t : inputs) node->next_edges.push_back(gradient_edge(t));
+  for (const Tensor& t : outputs)
+    out.push_back({t.shape(), t.dtype()});
+  auto node =
+      std::make_shared<CheckedFunctionNode>(name, std::move(fn), std::move(in), std::move(out));
+  for (const Tensor& t : inputs)
+    node->next_edges.push_back(gradient_edge(t));
   node->num_outputs = uint32_t(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     AutogradMeta& meta = outputs[i].impl()->autograd_meta();
@@ -253,7 +261,8 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     }
     const std::vector<Tensor> grad_outputs = n->post_hooks.empty() ? std::vector<Tensor>() : grads;
     std::vector<Tensor> outs = n->apply(std::move(grads));
-    for (auto& hook : n->post_hooks) hook(outs, grad_outputs);
+    for (auto& hook : n->post_hooks)
+      hook(outs, grad_outputs);
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
       const Edge& e = n->next_edges[i];
       if (!e.node) continue;
@@ -262,7 +271,8 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     }
   }
   if (!retain_graph) {
-    for (auto& n : visited) n->release();
+    for (auto& n : visited)
+      n->release();
   }
 }
 
@@ -279,8 +289,10 @@ std::vector<Tensor> root_gradients(const std::vector<Tensor>& roots,
              "requires grad (set_requires_grad(true) on the parameters, outside NoGrad)");
     Tensor g = i < grads.size() ? grads[i] : Tensor();
     if (!g.defined()) {
-      MT_CHECK(r.numel() == 1, "backward() without a gradient needs a one-element output, got "
-               "a ", r.describe(), "; pass the gradient of the loss w.r.t. it");
+      MT_CHECK(r.numel() == 1,
+               "backward() without a gradient needs a one-element output, got "
+               "a ",
+               r.describe(), "; pass the gradient of the loss w.r.t. it");
       g = Tensor::ones(r.shape(), r.dtype(), r.device());
     } else {
       MT_CHECK(g.shape() == r.shape(), "backward(): gradient of shape ", g.shape().str(),
@@ -297,16 +309,18 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
               bool retain_graph) {
   const std::vector<Tensor> g = root_gradients(roots, grads);
   std::vector<Edge> edges;
-  for (const Tensor& r : roots) edges.push_back(gradient_edge(r));
+  for (const Tensor& r : roots)
+    edges.push_back(gradient_edge(r));
   run_engine(edges, g, retain_graph, nullptr);
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs,
-                         const std::vector<Tensor>& grad_outputs,
-                         const std::vector<Tensor>& inputs, bool retain_graph) {
+                         const std::vector<Tensor>& grad_outputs, const std::vector<Tensor>& inputs,
+                         bool retain_graph) {
   const std::vector<Tensor> g = root_gradients(outputs, grad_outputs);
   std::vector<Edge> edges;
-  for (const Tensor& r : outputs) edges.push_back(gradient_edge(r));
+  for (const Tensor& r : outputs)
+    edges.push_back(gradient_edge(r));
   std::unordered_map<Node*, Tensor> capture;
   std::vector<Node*> keys;
   for (const Tensor& in : inputs) {
@@ -318,13 +332,15 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs,
   }
   run_engine(edges, g, retain_graph, &capture);
   std::vector<Tensor> out;
-  for (Node* k : keys) out.push_back(capture[k]);
+  for (Node* k : keys)
+    out.push_back(capture[k]);
   return out;
 }
 
 }  // namespace mantissa::autograd
 
-// ---- Tensor's autograd interface -----------------------------------------------------------------
+// ---- Tensor's autograd interface
+// -----------------------------------------------------------------
 
 namespace mantissa {
 
@@ -342,7 +358,9 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 
-bool Tensor::is_leaf() const { return !impl() || !impl()->autograd || !impl()->autograd->grad_fn; }
+bool Tensor::is_leaf() const {
+  return !impl() || !impl()->autograd || !impl()->autograd->grad_fn;
+}
 
 Tensor Tensor::grad() const {
   const TensorImpl* t = impl();
@@ -396,14 +414,15 @@ void Tensor::retain_grad() const {
   if (meta.retains_grad) return;
   meta.retains_grad = true;
   std::weak_ptr<TensorImpl> weak = impl_ptr();
-  meta.grad_fn->pre_hooks.push_back(
-      {meta.output_nr, {-1, [weak](const Tensor& g) {
-                          if (auto t = weak.lock()) {
-                            AutogradMeta& m = t->autograd_meta();
-                            m.grad = m.grad.defined() ? add(m.grad, g).detach() : g.clone().detach();
-                          }
-                          return Tensor();
-                        }}});
+  meta.grad_fn->pre_hooks.push_back({meta.output_nr, {-1, [weak](const Tensor& g) {
+                                                        if (auto t = weak.lock()) {
+                                                          AutogradMeta& m = t->autograd_meta();
+                                                          m.grad = m.grad.defined()
+                                                                       ? add(m.grad, g).detach()
+                                                                       : g.clone().detach();
+                                                        }
+                                                        return Tensor();
+                                                      }}});
 }
 
 }  // namespace mantissa

@@ -16,8 +16,21 @@
 namespace mantissa::backend {
 
 enum class UnaryOp : uint8_t {
-  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Sign, Reciprocal, Square,
-  Relu, Gelu, GeluTanh, Silu, Sigmoid, Tanh,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Abs,
+  Sign,
+  Reciprocal,
+  Square,
+  Relu,
+  Gelu,
+  GeluTanh,
+  Silu,
+  Sigmoid,
+  Tanh,
   PowScalar,    // x ^ a
   ClampScalar,  // min(max(x, a), b)
   AddScalar,    // x + a
@@ -26,9 +39,20 @@ enum class UnaryOp : uint8_t {
 };
 
 enum class BinaryOp : uint8_t {
-  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Pow,
+  Maximum,
+  Minimum,
   // comparisons: out is Bool
-  Eq, Ne, Lt, Le, Gt, Ge,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
 };
 
 struct Scalars {
@@ -66,8 +90,7 @@ class Backend {
   virtual void fill(Tensor& dst, double value) = 0;
   // Uniform in [a, b) or normal(a, b), from Philox(seed) element by element.
   virtual void uniform(Tensor& dst, double a, double b, uint64_t seed, uint64_t offset) = 0;
-  virtual void normal(Tensor& dst, double mean, double stddev, uint64_t seed,
-                      uint64_t offset) = 0;
+  virtual void normal(Tensor& dst, double mean, double stddev, uint64_t seed, uint64_t offset) = 0;
   // Round every value of a float tensor onto `format`'s grid, in place.
   virtual void round_to_format(Tensor& t, Format format) = 0;
 
@@ -100,8 +123,7 @@ class Backend {
   virtual void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& w,
                                Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias,
                                const Conv2dParams& p, const MatmulOptions& options) = 0;
-  virtual void max_pool2d(const Tensor& x, Tensor& out, Tensor& indices,
-                          const Pool2dParams& p) = 0;
+  virtual void max_pool2d(const Tensor& x, Tensor& out, Tensor& indices, const Pool2dParams& p) = 0;
   virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices,
                                    Tensor& grad_x) = 0;
   virtual void avg_pool2d(const Tensor& x, Tensor& out, const Pool2dParams& p) = 0;
@@ -116,13 +138,11 @@ class Backend {
   // written to save_mean/save_rstd, running stats updated with momentum (if defined).
   // Eval: running stats used.
   virtual void batch_norm(const Tensor& x, const Tensor* weight, const Tensor* bias,
-                          Tensor* running_mean, Tensor* running_var, bool training,
-                          double momentum, double eps, Tensor& out, Tensor& save_mean,
-                          Tensor& save_rstd) = 0;
-  virtual void batch_norm_backward(const Tensor& grad_out, const Tensor& x,
-                                   const Tensor* weight, const Tensor& save_mean,
-                                   const Tensor& save_rstd, bool training, Tensor* grad_x,
-                                   Tensor* grad_weight, Tensor* grad_bias) = 0;
+                          Tensor* running_mean, Tensor* running_var, bool training, double momentum,
+                          double eps, Tensor& out, Tensor& save_mean, Tensor& save_rstd) = 0;
+  virtual void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* weight,
+                                   const Tensor& save_mean, const Tensor& save_rstd, bool training,
+                                   Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) = 0;
   // x viewed as (M, N): statistics over the last N elements of each row.
   virtual void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, double eps,
                           Tensor& out, Tensor& mean, Tensor& rstd) = 0;
@@ -148,8 +168,7 @@ class Backend {
   // out = x.index_select(dim, index) (index I64 1-D)
   virtual void index_select(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
   // grad_x (zeroed by the caller) += scatter of grad_out along dim at index
-  virtual void index_add(Tensor& grad_x, int dim, const Tensor& index,
-                         const Tensor& grad_out) = 0;
+  virtual void index_add(Tensor& grad_x, int dim, const Tensor& index, const Tensor& grad_out) = 0;
   virtual void gather(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
   virtual void scatter_add(Tensor& grad_x, int dim, const Tensor& index,
                            const Tensor& grad_out) = 0;

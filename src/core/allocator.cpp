@@ -18,7 +18,7 @@ class CpuAllocator final : public Allocator {
     const size_t rounded = (bytes + kAllocAlignment - 1) / kAllocAlignment * kAllocAlignment;
     void* p = std::aligned_alloc(kAllocAlignment, rounded == 0 ? kAllocAlignment : rounded);
     MT_CHECK(p != nullptr, "out of host memory: could not allocate ", bytes, " bytes (",
-             current_.load() , " bytes already in use); use a smaller batch or model");
+             current_.load(), " bytes already in use); use a smaller batch or model");
     const int64_t now = current_.fetch_add(int64_t(bytes)) + int64_t(bytes);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
@@ -60,8 +60,12 @@ Allocator& allocator_for(Device d) {
   return *cpu;
 }
 
-MemoryStats memory_stats(Device d) { return allocator_for(d).stats(); }
-void reset_peak_memory(Device d) { allocator_for(d).reset_peak(); }
+MemoryStats memory_stats(Device d) {
+  return allocator_for(d).stats();
+}
+void reset_peak_memory(Device d) {
+  allocator_for(d).reset_peak();
+}
 
 std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);

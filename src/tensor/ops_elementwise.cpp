@@ -17,27 +17,39 @@ namespace {
 
 int float_rank(DType d) {
   switch (d) {
-    case DType::F64: return 4;
-    case DType::F32: return 3;
+    case DType::F64:
+      return 4;
+    case DType::F32:
+      return 3;
     case DType::F16:
-    case DType::BF16: return 2;
+    case DType::BF16:
+      return 2;
     case DType::FP8_E4M3:
-    case DType::FP8_E5M2: return 1;
-    default: return 0;
+    case DType::FP8_E5M2:
+      return 1;
+    default:
+      return 0;
   }
 }
 
 int int_rank(DType d) {
   switch (d) {
-    case DType::I64: return 4;
-    case DType::I32: return 3;
-    case DType::U8: return 2;
-    case DType::Bool: return 1;
-    default: return 0;
+    case DType::I64:
+      return 4;
+    case DType::I32:
+      return 3;
+    case DType::U8:
+      return 2;
+    case DType::Bool:
+      return 1;
+    default:
+      return 0;
   }
 }
 
-backend::Backend& backend_of(const Tensor& t) { return backend::backend_for(t.device()); }
+backend::Backend& backend_of(const Tensor& t) {
+  return backend::backend_for(t.device());
+}
 
 void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   MT_CHECK(a.device() == b.device(), op, ": inputs are on different devices (", a.device().str(),
@@ -59,7 +71,8 @@ DType promote_types(DType a, DType b) {
   return int_rank(a) >= int_rank(b) ? a : b;
 }
 
-// ---- casts ---------------------------------------------------------------------------------------
+// ---- casts
+// ---------------------------------------------------------------------------------------
 
 Tensor cast(const Tensor& x, DType dtype) {
   Tensor out = Tensor::empty(x.shape(), dtype, x.device());
@@ -73,7 +86,8 @@ Tensor cast(const Tensor& x, DType dtype) {
   return out;
 }
 
-// ---- unary ---------------------------------------------------------------------------------------
+// ---- unary
+// ---------------------------------------------------------------------------------------
 
 namespace {
 
@@ -85,8 +99,10 @@ bool derivative_uses_output(UnaryOp op) {
     case UnaryOp::Rsqrt:
     case UnaryOp::Reciprocal:
     case UnaryOp::Sigmoid:
-    case UnaryOp::Tanh: return true;
-    default: return false;
+    case UnaryOp::Tanh:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -96,33 +112,55 @@ bool derivative_uses_input(UnaryOp op) {
     case UnaryOp::AddScalar:
     case UnaryOp::MulScalar:
     case UnaryOp::RsubScalar:
-    case UnaryOp::Sign: return false;
-    default: return !derivative_uses_output(op);
+    case UnaryOp::Sign:
+      return false;
+    default:
+      return !derivative_uses_output(op);
   }
 }
 
 const char* unary_name(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Neg: return "neg";
-    case UnaryOp::Exp: return "exp";
-    case UnaryOp::Log: return "log";
-    case UnaryOp::Sqrt: return "sqrt";
-    case UnaryOp::Rsqrt: return "rsqrt";
-    case UnaryOp::Abs: return "abs";
-    case UnaryOp::Sign: return "sign";
-    case UnaryOp::Reciprocal: return "reciprocal";
-    case UnaryOp::Square: return "square";
-    case UnaryOp::Relu: return "relu";
-    case UnaryOp::Gelu: return "gelu";
-    case UnaryOp::GeluTanh: return "gelu(tanh)";
-    case UnaryOp::Silu: return "silu";
-    case UnaryOp::Sigmoid: return "sigmoid";
-    case UnaryOp::Tanh: return "tanh";
-    case UnaryOp::PowScalar: return "pow";
-    case UnaryOp::ClampScalar: return "clamp";
-    case UnaryOp::AddScalar: return "add";
-    case UnaryOp::MulScalar: return "mul";
-    case UnaryOp::RsubScalar: return "rsub";
+    case UnaryOp::Neg:
+      return "neg";
+    case UnaryOp::Exp:
+      return "exp";
+    case UnaryOp::Log:
+      return "log";
+    case UnaryOp::Sqrt:
+      return "sqrt";
+    case UnaryOp::Rsqrt:
+      return "rsqrt";
+    case UnaryOp::Abs:
+      return "abs";
+    case UnaryOp::Sign:
+      return "sign";
+    case UnaryOp::Reciprocal:
+      return "reciprocal";
+    case UnaryOp::Square:
+      return "square";
+    case UnaryOp::Relu:
+      return "relu";
+    case UnaryOp::Gelu:
+      return "gelu";
+    case UnaryOp::GeluTanh:
+      return "gelu(tanh)";
+    case UnaryOp::Silu:
+      return "silu";
+    case UnaryOp::Sigmoid:
+      return "sigmoid";
+    case UnaryOp::Tanh:
+      return "tanh";
+    case UnaryOp::PowScalar:
+      return "pow";
+    case UnaryOp::ClampScalar:
+      return "clamp";
+    case UnaryOp::AddScalar:
+      return "add";
+    case UnaryOp::MulScalar:
+      return "mul";
+    case UnaryOp::RsubScalar:
+      return "rsub";
   }
   return "unary";
 }
@@ -134,18 +172,19 @@ bool needs_float(UnaryOp op) {
     case UnaryOp::Sign:
     case UnaryOp::Square:
     case UnaryOp::Relu:
-    case UnaryOp::ClampScalar: return false;
-    default: return true;
+    case UnaryOp::ClampScalar:
+      return false;
+    default:
+      return true;
   }
 }
 
 Tensor unary_op(UnaryOp op, const Tensor& x_in, Scalars s = {}) {
   MT_CHECK(x_in.defined(), unary_name(op), ": the input tensor is undefined");
   // Integer inputs of real-valued functions compute in f32 (exp of an integer tensor).
-  const bool scalar_is_fraction =
-      (op == UnaryOp::AddScalar || op == UnaryOp::MulScalar || op == UnaryOp::RsubScalar ||
-       op == UnaryOp::ClampScalar) &&
-      (s.a != std::floor(s.a) || s.b != std::floor(s.b));
+  const bool scalar_is_fraction = (op == UnaryOp::AddScalar || op == UnaryOp::MulScalar ||
+                                   op == UnaryOp::RsubScalar || op == UnaryOp::ClampScalar) &&
+                                  (s.a != std::floor(s.a) || s.b != std::floor(s.b));
   const Tensor x = !x_in.is_floating_point() && (needs_float(op) || scalar_is_fraction)
                        ? x_in.to(DType::F32)
                        : x_in;
@@ -170,54 +209,103 @@ Tensor unary_op(UnaryOp op, const Tensor& x_in, Scalars s = {}) {
 
 }  // namespace
 
-Tensor neg(const Tensor& x) { return unary_op(UnaryOp::Neg, x); }
-Tensor exp(const Tensor& x) { return unary_op(UnaryOp::Exp, x); }
-Tensor log(const Tensor& x) { return unary_op(UnaryOp::Log, x); }
-Tensor sqrt(const Tensor& x) { return unary_op(UnaryOp::Sqrt, x); }
-Tensor rsqrt(const Tensor& x) { return unary_op(UnaryOp::Rsqrt, x); }
-Tensor abs(const Tensor& x) { return unary_op(UnaryOp::Abs, x); }
-Tensor square(const Tensor& x) { return unary_op(UnaryOp::Square, x); }
-Tensor reciprocal(const Tensor& x) { return unary_op(UnaryOp::Reciprocal, x); }
-Tensor relu(const Tensor& x) { return unary_op(UnaryOp::Relu, x); }
+Tensor neg(const Tensor& x) {
+  return unary_op(UnaryOp::Neg, x);
+}
+Tensor exp(const Tensor& x) {
+  return unary_op(UnaryOp::Exp, x);
+}
+Tensor log(const Tensor& x) {
+  return unary_op(UnaryOp::Log, x);
+}
+Tensor sqrt(const Tensor& x) {
+  return unary_op(UnaryOp::Sqrt, x);
+}
+Tensor rsqrt(const Tensor& x) {
+  return unary_op(UnaryOp::Rsqrt, x);
+}
+Tensor abs(const Tensor& x) {
+  return unary_op(UnaryOp::Abs, x);
+}
+Tensor square(const Tensor& x) {
+  return unary_op(UnaryOp::Square, x);
+}
+Tensor reciprocal(const Tensor& x) {
+  return unary_op(UnaryOp::Reciprocal, x);
+}
+Tensor relu(const Tensor& x) {
+  return unary_op(UnaryOp::Relu, x);
+}
 Tensor gelu(const Tensor& x, GeluApproximation approximate) {
   return unary_op(approximate == GeluApproximation::Tanh ? UnaryOp::GeluTanh : UnaryOp::Gelu, x);
 }
-Tensor silu(const Tensor& x) { return unary_op(UnaryOp::Silu, x); }
-Tensor sigmoid(const Tensor& x) { return unary_op(UnaryOp::Sigmoid, x); }
-Tensor tanh(const Tensor& x) { return unary_op(UnaryOp::Tanh, x); }
-Tensor pow(const Tensor& a, double exponent) { return unary_op(UnaryOp::PowScalar, a, {exponent}); }
-Tensor add(const Tensor& a, double b) { return unary_op(UnaryOp::AddScalar, a, {b}); }
-Tensor sub(const Tensor& a, double b) { return unary_op(UnaryOp::AddScalar, a, {-b}); }
-Tensor rsub(const Tensor& a, double b) { return unary_op(UnaryOp::RsubScalar, a, {b}); }
-Tensor mul(const Tensor& a, double b) { return unary_op(UnaryOp::MulScalar, a, {b}); }
-Tensor div(const Tensor& a, double b) { return unary_op(UnaryOp::MulScalar, a, {1.0 / b}); }
+Tensor silu(const Tensor& x) {
+  return unary_op(UnaryOp::Silu, x);
+}
+Tensor sigmoid(const Tensor& x) {
+  return unary_op(UnaryOp::Sigmoid, x);
+}
+Tensor tanh(const Tensor& x) {
+  return unary_op(UnaryOp::Tanh, x);
+}
+Tensor pow(const Tensor& a, double exponent) {
+  return unary_op(UnaryOp::PowScalar, a, {exponent});
+}
+Tensor add(const Tensor& a, double b) {
+  return unary_op(UnaryOp::AddScalar, a, {b});
+}
+Tensor sub(const Tensor& a, double b) {
+  return unary_op(UnaryOp::AddScalar, a, {-b});
+}
+Tensor rsub(const Tensor& a, double b) {
+  return unary_op(UnaryOp::RsubScalar, a, {b});
+}
+Tensor mul(const Tensor& a, double b) {
+  return unary_op(UnaryOp::MulScalar, a, {b});
+}
+Tensor div(const Tensor& a, double b) {
+  return unary_op(UnaryOp::MulScalar, a, {1.0 / b});
+}
 
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
   MT_CHECK(min || max, "clamp needs a min, a max or both");
   MT_CHECK(!min || !max || *min <= *max, "clamp: min ", *min, " is greater than max ", *max);
-  return unary_op(UnaryOp::ClampScalar, x,
-                  {min.value_or(-INFINITY), max.value_or(INFINITY)});
+  return unary_op(UnaryOp::ClampScalar, x, {min.value_or(-INFINITY), max.value_or(INFINITY)});
 }
 
-// ---- binary --------------------------------------------------------------------------------------
+// ---- binary
+// --------------------------------------------------------------------------------------
 
 namespace {
 
 const char* binary_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::Add: return "add";
-    case BinaryOp::Sub: return "sub";
-    case BinaryOp::Mul: return "mul";
-    case BinaryOp::Div: return "div";
-    case BinaryOp::Pow: return "pow";
-    case BinaryOp::Maximum: return "maximum";
-    case BinaryOp::Minimum: return "minimum";
-    case BinaryOp::Eq: return "eq";
-    case BinaryOp::Ne: return "ne";
-    case BinaryOp::Lt: return "lt";
-    case BinaryOp::Le: return "le";
-    case BinaryOp::Gt: return "gt";
-    case BinaryOp::Ge: return "ge";
+    case BinaryOp::Add:
+      return "add";
+    case BinaryOp::Sub:
+      return "sub";
+    case BinaryOp::Mul:
+      return "mul";
+    case BinaryOp::Div:
+      return "div";
+    case BinaryOp::Pow:
+      return "pow";
+    case BinaryOp::Maximum:
+      return "maximum";
+    case BinaryOp::Minimum:
+      return "minimum";
+    case BinaryOp::Eq:
+      return "eq";
+    case BinaryOp::Ne:
+      return "ne";
+    case BinaryOp::Lt:
+      return "lt";
+    case BinaryOp::Le:
+      return "le";
+    case BinaryOp::Gt:
+      return "gt";
+    case BinaryOp::Ge:
+      return "ge";
   }
   return "binary";
 }
@@ -295,7 +383,8 @@ Tensor binary_op(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
             if (gb) db = where(wins_a, zero, where(tie, half_g, g));
             break;
           }
-          default: break;
+          default:
+            break;
         }
         if (da.defined()) da = sum_to_shape(da, sa);
         if (db.defined()) db = sum_to_shape(db, sb);
@@ -306,30 +395,76 @@ Tensor binary_op(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Add, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Sub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Mul, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Div, a, b); }
-Tensor pow(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Pow, a, b); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Maximum, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Minimum, a, b); }
-Tensor eq(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Ge, a, b); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Add, a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Sub, a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Mul, a, b);
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Div, a, b);
+}
+Tensor pow(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Pow, a, b);
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Maximum, a, b);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Minimum, a, b);
+}
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Eq, a, b);
+}
+Tensor ne(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Ne, a, b);
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Lt, a, b);
+}
+Tensor le(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Le, a, b);
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Gt, a, b);
+}
+Tensor ge(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::Ge, a, b);
+}
 
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator+(const Tensor& a, double b) { return add(a, b); }
-Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, double b) { return div(a, b); }
-Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor operator+(const Tensor& a, double b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, double b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, double b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, double b) {
+  return div(a, b);
+}
+Tensor operator*(double a, const Tensor& b) {
+  return mul(b, a);
+}
+Tensor operator-(const Tensor& x) {
+  return neg(x);
+}
 
 Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {
   MT_CHECK(cond.dtype() == DType::Bool, "where: the condition must be a bool tensor, got a ",
@@ -357,7 +492,8 @@ Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-// ---- in place (Tensor methods) -------------------------------------------------------------------
+// ---- in place (Tensor methods)
+// -------------------------------------------------------------------
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   autograd::check_inplace(*this);

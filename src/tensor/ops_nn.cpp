@@ -1,1 +1,460 @@
-// placeholder: filled in by the op-family work
+// Pooling, normalization, softmax, cross-entropy and attention: argument checks (a mistake gets
+// a message naming shapes and dtypes), dtype rules, the device's kernel, the autograd record.
+//
+// Dtypes: outputs and gradients have the input's dtype (half types stay half in memory; the
+// kernels compute in fp32). Saved statistics (batch/layer-norm mean and rstd) and the
+// cross-entropy loss and log-probs are F32, or F64 for f64 inputs. Per-channel tensors (weight,
+// bias, running stats) may have another float dtype than the input (fp32 norms of a half model,
+// Apex O2); their gradients come back in their own dtype.
+#include <cmath>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "mantissa/autograd/engine.h"
+#include "mantissa/core/error.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa {
+
+namespace {
+
+backend::Backend& backend_of(const Tensor& t) {
+  return backend::backend_for(t.device());
+}
+
+DType stats_dtype(DType d) {
+  return d == DType::F64 ? DType::F64 : DType::F32;
+}
+
+std::string list_str(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i)
+    os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+void check_floating(const Tensor& t, const char* op, const char* what) {
+  MT_CHECK(t.defined(), op, ": ", what, " is undefined");
+  MT_CHECK(t.is_floating_point(), op, ": ", what, " must be a floating tensor, got a ",
+           t.describe(), "; cast with to(DType::F32)");
+}
+
+// An optional tensor that accompanies x: defined ones must be floating and on x's device.
+void check_companion(const Tensor& t, const Tensor& x, const char* op, const char* what) {
+  if (!t.defined()) return;
+  check_floating(t, op, what);
+  MT_CHECK(t.device() == x.device(), op, ": ", what, " is on ", t.device().str(),
+           " but the input is on ", x.device().str());
+}
+
+const Tensor* opt(const Tensor& t) {
+  return t.defined() ? &t : nullptr;
+}
+
+// ---- pooling helpers -------------------------------------------------------------------------
+
+// (N, C, H, W), or (C, H, W) seen as a batch of one.
+Tensor as_nchw(const Tensor& x, const char* op) {
+  check_floating(x, op, "the input");
+  MT_CHECK(x.dim() == 3 || x.dim() == 4, op,
+           ": expected an (N, C, H, W) or (C, H, W) input, got a ", x.describe());
+  return x.dim() == 3 ? x.unsqueeze(0) : x;
+}
+
+// One value for both spatial dims, or (h, w).
+std::array<int64_t, 2> hw_pair(const std::vector<int64_t>& v, const char* op, const char* what) {
+  MT_CHECK(v.size() == 1 || v.size() == 2, op, ": ", what, " takes 1 or 2 values, got ",
+           list_str(v));
+  return {v[0], v.size() == 2 ? v[1] : v[0]};
+}
+
+backend::Pool2dParams pool_params(const Tensor& x4, const Pool2dOptions& o, const char* op,
+                                  Shape& out_shape) {
+  const auto k = hw_pair(o.kernel_size, op, "kernel_size");
+  const auto s = o.stride.empty() ? k : hw_pair(o.stride, op, "stride");
+  const auto p = hw_pair(o.padding, op, "padding");
+  backend::Pool2dParams bp;
+  out_shape = {x4.size(0), x4.size(1), 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    MT_CHECK(k[size_t(i)] > 0, op, ": kernel_size must be positive, got ", list_str(o.kernel_size));
+    MT_CHECK(s[size_t(i)] > 0, op, ": stride must be positive, got ", list_str(o.stride));
+    MT_CHECK(p[size_t(i)] >= 0 && 2 * p[size_t(i)] <= k[size_t(i)], op, ": padding ",
+             list_str(o.padding), " must be between 0 and half the kernel size ",
+             list_str(o.kernel_size));
+    const int64_t in = x4.size(2 + i) + 2 * p[size_t(i)];
+    MT_CHECK(in >= k[size_t(i)], op, ": the kernel ", list_str(o.kernel_size),
+             " is larger than the padded input (", x4.size(2) + 2 * p[0], ", ",
+             x4.size(3) + 2 * p[1], ") of a ", x4.describe());
+    out_shape[2 + i] = (in - k[size_t(i)]) / s[size_t(i)] + 1;
+    bp.kernel[i] = k[size_t(i)];
+    bp.stride[i] = s[size_t(i)];
+    bp.padding[i] = p[size_t(i)];
+  }
+  bp.count_include_pad = o.count_include_pad;
+  return bp;
+}
+
+// The result in the caller's rank: a (C, H, W) input gets a (C, OH, OW) output.
+Tensor restore_rank(const Tensor& out4, const Tensor& x) {
+  return x.dim() == 3 ? out4.squeeze(0) : out4;
+}
+
+}  // namespace
+
+// ---- pooling ---------------------------------------------------------------------------------
+
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options) {
+  const Tensor x4 = as_nchw(x, "max_pool2d");
+  Shape out_shape;
+  const backend::Pool2dParams p = pool_params(x4, options, "max_pool2d", out_shape);
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  Tensor indices = Tensor::empty(out_shape, DType::I64, x.device());
+  backend_of(x).max_pool2d(x4.detach(), out, indices, p);
+  if (autograd::needs_grad({&x4})) {
+    const Shape xs = x4.shape();
+    const DType dt = x.dtype();
+    const Device dev = x.device();
+    autograd::record("max_pool2dBackward", {x4}, {out}, [=](const std::vector<Tensor>& g) {
+      if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+      Tensor gx = Tensor::empty(xs, dt, dev);
+      backend::backend_for(dev).max_pool2d_backward(g[0].to(dt), indices, gx);
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return restore_rank(out, x);
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
+  const Tensor x4 = as_nchw(x, "avg_pool2d");
+  Shape out_shape;
+  const backend::Pool2dParams p = pool_params(x4, options, "avg_pool2d", out_shape);
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  backend_of(x).avg_pool2d(x4.detach(), out, p);
+  if (autograd::needs_grad({&x4})) {
+    const Shape xs = x4.shape();
+    const DType dt = x.dtype();
+    const Device dev = x.device();
+    autograd::record("avg_pool2dBackward", {x4}, {out}, [=](const std::vector<Tensor>& g) {
+      if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+      Tensor gx = Tensor::empty(xs, dt, dev);
+      backend::backend_for(dev).avg_pool2d_backward(g[0].to(dt), gx, p);
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return restore_rank(out, x);
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size) {
+  const Tensor x4 = as_nchw(x, "adaptive_avg_pool2d");
+  const auto o = hw_pair(output_size, "adaptive_avg_pool2d", "output_size");
+  MT_CHECK(o[0] > 0 && o[1] > 0, "adaptive_avg_pool2d: output_size must be positive, got ",
+           list_str(output_size));
+  MT_CHECK(x4.size(2) > 0 && x4.size(3) > 0,
+           "adaptive_avg_pool2d: the input has an empty spatial dim: ", x.describe());
+  Tensor out = Tensor::empty({x4.size(0), x4.size(1), o[0], o[1]}, x.dtype(), x.device());
+  backend_of(x).adaptive_avg_pool2d(x4.detach(), out);
+  if (autograd::needs_grad({&x4})) {
+    const Shape xs = x4.shape();
+    const DType dt = x.dtype();
+    const Device dev = x.device();
+    autograd::record("adaptive_avg_pool2dBackward", {x4}, {out}, [=](const std::vector<Tensor>& g) {
+      if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+      Tensor gx = Tensor::empty(xs, dt, dev);
+      backend::backend_for(dev).adaptive_avg_pool2d_backward(g[0].to(dt), gx);
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return restore_rank(out, x);
+}
+
+// ---- normalization ---------------------------------------------------------------------------
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  check_floating(x, "batch_norm", "the input");
+  MT_CHECK(x.dim() >= 2, "batch_norm: expected an input of shape (N, C, ...), got a ",
+           x.describe());
+  const int64_t channels = x.size(1);
+  const std::pair<const Tensor*, const char*> per_channel[] = {{&weight, "weight"},
+                                                               {&bias, "bias"},
+                                                               {&running_mean, "running_mean"},
+                                                               {&running_var, "running_var"}};
+  for (const auto& [t, name] : per_channel) {
+    check_companion(*t, x, "batch_norm", name);
+    MT_CHECK(!t->defined() || t->numel() == channels, "batch_norm: ", name, " has ", t->numel(),
+             " elements but the input has ", channels, " channels (input ", x.describe(), ", ",
+             name, " ", t->describe(), ")");
+  }
+  MT_CHECK(running_mean.defined() == running_var.defined(),
+           "batch_norm: give both running_mean and running_var, or neither");
+  MT_CHECK(training || running_mean.defined(),
+           "batch_norm: evaluation mode (training = false) needs running_mean and running_var");
+  MT_CHECK(eps >= 0, "batch_norm: eps must be non-negative, got ", eps);
+  if (training) {
+    MT_CHECK(channels == 0 || x.numel() / channels > 1,
+             "batch_norm: training needs more than 1 value per channel to compute a variance, "
+             "got an input ",
+             x.describe());
+  }
+  Tensor rm = running_mean, rv = running_var;  // handles: updated in place when training
+  const bool update = training && rm.defined();
+  if (update) {
+    autograd::check_inplace(rm);
+    autograd::check_inplace(rv);
+  }
+  const DType sdt = stats_dtype(x.dtype());
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor save_mean = Tensor::empty({channels}, sdt, x.device());
+  Tensor save_rstd = Tensor::empty({channels}, sdt, x.device());
+  backend_of(x).batch_norm(x.detach(), opt(weight), opt(bias), rm.defined() ? &rm : nullptr,
+                           rv.defined() ? &rv : nullptr, training, momentum, eps, out, save_mean,
+                           save_rstd);
+  if (update) {
+    rm.bump_version();
+    rv.bump_version();
+  }
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    const autograd::SavedTensor sx(x), sw(weight);
+    const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+               gb = bias.defined() && bias.requires_grad();
+    const Shape ws = weight.defined() ? weight.shape() : Shape{},
+                bs = bias.defined() ? bias.shape() : Shape{};
+    const DType wdt = weight.defined() ? weight.dtype() : x.dtype(),
+                bdt = bias.defined() ? bias.dtype() : x.dtype();
+    autograd::record(
+        "batch_normBackward", {x, weight, bias}, {out},
+        [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+          if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+          const Tensor xv = sx.unpack(), wv = sw.unpack();
+          Tensor dx = gx ? Tensor::empty(xv.shape(), xv.dtype(), xv.device()) : Tensor();
+          Tensor dw = gw ? Tensor::empty(ws, wdt, xv.device()) : Tensor();
+          Tensor db = gb ? Tensor::empty(bs, bdt, xv.device()) : Tensor();
+          backend::backend_for(xv.device())
+              .batch_norm_backward(g[0].to(xv.dtype()), xv, opt(wv), save_mean, save_rstd, training,
+                                   gx ? &dx : nullptr, gw ? &dw : nullptr, gb ? &db : nullptr);
+          return {dx, dw, db};
+        });
+  }
+  return out;
+}
+
+Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
+                  const Tensor& weight, const Tensor& bias, double eps) {
+  check_floating(x, "layer_norm", "the input");
+  const int k = int(normalized_shape.size());
+  MT_CHECK(k >= 1, "layer_norm: normalized_shape is empty; give the trailing dims to normalize");
+  bool matches = x.dim() >= k;
+  for (int i = 0; matches && i < k; ++i) {
+    matches = x.size(x.dim() - k + i) == normalized_shape[size_t(i)];
+  }
+  MT_CHECK(matches, "layer_norm: normalized_shape ", list_str(normalized_shape),
+           " does not match the last dims of the input ", x.describe());
+  const Shape ns(normalized_shape);
+  const std::pair<const Tensor*, const char*> params[] = {{&weight, "weight"}, {&bias, "bias"}};
+  for (const auto& [t, name] : params) {
+    check_companion(*t, x, "layer_norm", name);
+    MT_CHECK(!t->defined() || t->shape() == ns, "layer_norm: ", name, " is a ", t->describe(),
+             " but normalized_shape is ", list_str(normalized_shape));
+  }
+  MT_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
+  const int64_t n = ns.numel();
+  const int64_t m = n ? x.numel() / n : 0;
+  const DType sdt = stats_dtype(x.dtype());
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({m}, sdt, x.device());
+  Tensor rstd = Tensor::empty({m}, sdt, x.device());
+  backend_of(x).layer_norm(x.detach(), opt(weight), opt(bias), eps, out, mean, rstd);
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    const autograd::SavedTensor sx(x), sw(weight);
+    const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+               gb = bias.defined() && bias.requires_grad();
+    const DType wdt = weight.defined() ? weight.dtype() : x.dtype(),
+                bdt = bias.defined() ? bias.dtype() : x.dtype();
+    autograd::record(
+        "layer_normBackward", {x, weight, bias}, {out},
+        [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+          if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+          const Tensor xv = sx.unpack(), wv = sw.unpack();
+          Tensor dx = gx ? Tensor::empty(xv.shape(), xv.dtype(), xv.device()) : Tensor();
+          Tensor dw = gw ? Tensor::empty(ns, wdt, xv.device()) : Tensor();
+          Tensor db = gb ? Tensor::empty(ns, bdt, xv.device()) : Tensor();
+          backend::backend_for(xv.device())
+              .layer_norm_backward(g[0].to(xv.dtype()), xv, opt(wv), mean, rstd, gx ? &dx : nullptr,
+                                   gw ? &dw : nullptr, gb ? &db : nullptr);
+          return {dx, dw, db};
+        });
+  }
+  return out;
+}
+
+// ---- softmax ---------------------------------------------------------------------------------
+
+namespace {
+
+Tensor softmax_op(const Tensor& x, int64_t dim_in, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  check_floating(x, name, "the input");
+  const int dim = wrap_dim(dim_in, x.dim());
+  // A scalar is a row of one.
+  const Tensor xs = x.dim() == 0 ? x.reshape({1}) : x;
+  Tensor out = Tensor::empty(xs.shape(), xs.dtype(), xs.device());
+  backend_of(xs).softmax(xs.detach(), dim, log, out);
+  if (autograd::needs_grad({&xs})) {
+    const autograd::SavedTensor sy(out);
+    autograd::record(
+        std::string(name) + "Backward", {xs}, {out}, [=](const std::vector<Tensor>& g) {
+          if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+          const Tensor y = sy.unpack();
+          Tensor gx = Tensor::empty(y.shape(), y.dtype(), y.device());
+          backend::backend_for(y.device()).softmax_backward(g[0].to(y.dtype()), y, dim, log, gx);
+          return std::vector<Tensor>{gx};
+        });
+  }
+  return x.dim() == 0 ? out.reshape({}) : out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_op(x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_op(x, dim, true);
+}
+
+// ---- cross entropy ---------------------------------------------------------------------------
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                     const CrossEntropyOptions& options) {
+  check_floating(logits, "cross_entropy", "the logits");
+  MT_CHECK(target.defined(), "cross_entropy: the target is undefined");
+  MT_CHECK(target.dtype() == DType::I64 || target.dtype() == DType::I32,
+           "cross_entropy: targets must be class indices (i64), got a ", target.describe(),
+           " (probability targets are not supported)");
+  MT_CHECK(target.device() == logits.device(), "cross_entropy: the logits are on ",
+           logits.device().str(), " but the target is on ", target.device().str());
+  MT_CHECK(options.label_smoothing >= 0.0 && options.label_smoothing <= 1.0,
+           "cross_entropy: label_smoothing must be in [0, 1], got ", options.label_smoothing);
+  MT_CHECK(logits.dim() >= 1, "cross_entropy: expected logits (N, C) or (N, C, d1, ...), got a ",
+           logits.describe());
+
+  // Logits as (rows, C) with the class dim last; targets as (rows).
+  Tensor logits2;
+  Shape loss_shape;
+  if (logits.dim() == 1) {  // one unbatched sample: logits (C), target ()
+    MT_CHECK(target.dim() == 0, "cross_entropy: logits ", logits.describe(),
+             " (one sample) need a scalar target, got a ", target.describe());
+    logits2 = logits.unsqueeze(0);
+  } else {
+    Shape expected = logits.shape();
+    expected.erase(1);
+    MT_CHECK(target.shape() == expected, "cross_entropy: logits ", logits.describe(),
+             " need targets of shape ", expected.str(),
+             " (the logits' shape without the class "
+             "dim 1), got a ",
+             target.describe());
+    loss_shape = expected;
+    if (logits.dim() == 2) {
+      logits2 = logits;
+    } else {
+      std::vector<int64_t> perm = {0};
+      for (int64_t d = 2; d < logits.dim(); ++d)
+        perm.push_back(d);
+      perm.push_back(1);
+      logits2 = logits.permute(perm).reshape({-1, logits.size(1)});
+    }
+  }
+  const int64_t classes = logits2.size(1), rows = logits2.size(0);
+  MT_CHECK(classes > 0, "cross_entropy: the logits have no classes: ", logits.describe());
+  const Tensor tgt = target.to(DType::I64).reshape({rows}).contiguous().detach();
+
+  const DType ldt = stats_dtype(logits.dtype());
+  const int64_t ignore = options.ignore_index;
+  const double ls = options.label_smoothing;
+  Tensor loss = Tensor::empty({rows}, ldt, logits.device());
+  Tensor log_probs = Tensor::empty({rows, classes}, ldt, logits.device());
+  backend_of(logits).cross_entropy(logits2.detach(), tgt, ignore, ls, loss, log_probs);
+  if (autograd::needs_grad({&logits2})) {
+    const DType dt = logits.dtype();
+    autograd::record("cross_entropyBackward", {logits2}, {loss}, [=](const std::vector<Tensor>& g) {
+      if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+      Tensor gl = Tensor::empty(log_probs.shape(), dt, log_probs.device());
+      backend::backend_for(gl.device())
+          .cross_entropy_backward(g[0].to(ldt), log_probs, tgt, ignore, ls, gl);
+      return std::vector<Tensor>{gl};
+    });
+  }
+  switch (options.reduction) {
+    case Reduction::None:
+      return loss.reshape(loss_shape);
+    case Reduction::Sum:
+      return sum(loss);
+    case Reduction::Mean: {
+      // The mean over the targets that count (PyTorch's rule); NaN when every one is ignored.
+      const Tensor counted =
+          sum(ne(tgt, Tensor::full({}, double(ignore), DType::I64, tgt.device())));
+      return div(sum(loss), counted.to(ldt));
+    }
+  }
+  return loss;
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& mask, bool causal, std::optional<double> scale) {
+  const char* op = "scaled_dot_product_attention";
+  check_floating(q, op, "the query");
+  check_floating(k, op, "the key");
+  check_floating(v, op, "the value");
+  MT_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, op,
+           ": query, key and value need at least 2 dims (..., T, D), got ", q.describe(), ", ",
+           k.describe(), " and ", v.describe());
+  MT_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), op,
+           ": query, key and value must share a dtype, got ", q.describe(), ", ", k.describe(),
+           " and ", v.describe());
+  MT_CHECK(q.size(-1) == k.size(-1), op, ": the query's last dim (", q.size(-1),
+           ") must equal the key's (", k.size(-1), "); got query ", q.describe(), ", key ",
+           k.describe());
+  MT_CHECK(k.size(-2) == v.size(-2), op, ": key and value need the same sequence length, got key ",
+           k.describe(), " and value ", v.describe());
+  const int64_t tq = q.size(-2), tk = k.size(-2);
+  const double s = scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
+
+  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);  // (..., Tq, Tk)
+  const Tensor neg_inf = Tensor::full({}, -INFINITY, scores.dtype(), scores.device());
+  if (causal) {
+    // Query i sees keys 0..i (top-left aligned, as PyTorch's is_causal).
+    const Tensor rows = Tensor::arange(tq, DType::I64, q.device()).reshape({tq, 1});
+    const Tensor cols = Tensor::arange(tk, DType::I64, q.device()).reshape({1, tk});
+    scores = where(le(cols, rows), scores, neg_inf);
+  }
+  if (mask.defined()) {
+    MT_CHECK(mask.device() == q.device(), op, ": the mask is on ", mask.device().str(),
+             " but the query is on ", q.device().str());
+    bool fits = mask.dim() <= scores.dim();
+    if (fits) {
+      try {
+        fits = broadcast_shapes(mask.shape(), scores.shape()) == scores.shape();
+      } catch (const Error&) {
+        fits = false;
+      }
+    }
+    MT_CHECK(fits, op, ": the mask ", mask.describe(), " does not broadcast to the scores ",
+             scores.shape().str(), " (..., Tq, Tk)");
+    if (mask.dtype() == DType::Bool) {
+      scores = where(mask, scores, neg_inf);  // true = attend
+    } else {
+      MT_CHECK(mask.is_floating_point(), op,
+               ": the mask must be bool (true = attend) or floating (added to the scores), got a ",
+               mask.describe());
+      scores = add(scores, mask.to(scores.dtype()));
+    }
+  }
+  return matmul(softmax(scores, -1), v);
+}
+
+}  // namespace mantissa

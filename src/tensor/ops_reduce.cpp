@@ -16,10 +16,12 @@ namespace {
 std::vector<int> normalize_dims(const Tensor& x, const std::vector<int64_t>& dims) {
   std::vector<int> out;
   if (dims.empty()) {
-    for (int d = 0; d < x.dim(); ++d) out.push_back(d);
+    for (int d = 0; d < x.dim(); ++d)
+      out.push_back(d);
     return out;
   }
-  for (int64_t d : dims) out.push_back(wrap_dim(d, x.dim()));
+  for (int64_t d : dims)
+    out.push_back(wrap_dim(d, x.dim()));
   std::sort(out.begin(), out.end());
   MT_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(),
            "a dim appears twice in the reduction dims");
@@ -28,7 +30,8 @@ std::vector<int> normalize_dims(const Tensor& x, const std::vector<int64_t>& dim
 
 Shape keepdim_shape(const Tensor& x, const std::vector<int>& dims) {
   Shape s = x.shape();
-  for (int d : dims) s[d] = 1;
+  for (int d : dims)
+    s[d] = 1;
   return s;
 }
 
@@ -81,7 +84,9 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   return out;
 }
 
-Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+Tensor sum(const Tensor& x) {
+  return sum(x, {}, false);
+}
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   MT_CHECK(x.is_floating_point(), "mean needs a floating tensor, got a ", x.describe(),
@@ -95,7 +100,8 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) 
   if (autograd::needs_grad({&x})) {
     const Shape keep = keepdim_shape(x, dims), xs = x.shape();
     int64_t n = 1;
-    for (int d : dims) n *= x.size(d);
+    for (int d : dims)
+      n *= x.size(d);
     autograd::record("meanBackward", {x}, {out}, [=](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{g[0].defined() ? mul(expand_back(g[0], keep, xs), 1.0 / double(n))
                                                 : Tensor()};
@@ -104,7 +110,9 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) 
   return out;
 }
 
-Tensor mean(const Tensor& x) { return mean(x, {}, false); }
+Tensor mean(const Tensor& x) {
+  return mean(x, {}, false);
+}
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims_in, int64_t correction, bool keepdim) {
   MT_CHECK(x.is_floating_point(), "var needs a floating tensor, got a ", x.describe());
@@ -118,7 +126,8 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims_in, int64_t correct
   if (autograd::needs_grad({&x})) {
     const Shape keep = keepdim_shape(x, dims), xs = x.shape();
     int64_t n = 1;
-    for (int d : dims) n *= x.size(d);
+    for (int d : dims)
+      n *= x.size(d);
     autograd::SavedTensor sx(x);
     std::vector<int64_t> dims64(dims.begin(), dims.end());
     autograd::record("varBackward", {x}, {out}, [=](const std::vector<Tensor>& g) {
@@ -195,8 +204,8 @@ Tensor sum_to_shape(const Tensor& x, const Shape& shape) {
     } else if (shape[i - lead] == 1 && x.size(i) != 1) {
       dims.push_back(i);
     } else {
-      MT_CHECK(shape[i - lead] == x.size(i), "sum_to_shape: cannot reduce a ", x.describe(),
-               " to ", shape.str());
+      MT_CHECK(shape[i - lead] == x.size(i), "sum_to_shape: cannot reduce a ", x.describe(), " to ",
+               shape.str());
     }
   }
   if (dims.empty()) return x.reshape(shape);

@@ -39,7 +39,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim_in) {
     }
   }
   std::vector<int64_t> sizes;
-  for (const Tensor& t : tensors) sizes.push_back(t.size(dim));
+  for (const Tensor& t : tensors)
+    sizes.push_back(t.size(dim));
   autograd::record("catBackward", tensors, {out}, [sizes, dim](const std::vector<Tensor>& g) {
     std::vector<Tensor> r;
     int64_t at = 0;
@@ -90,8 +91,8 @@ void check_index_tensor(const Tensor& index, const char* op) {
 
 // The gradient of an index read: zeros with the selected rows' gradients added back
 // (accumulated in fp32 for half dtypes, so repeated indices don't lose precision).
-Tensor index_add_grad(const Shape& x_shape, DType dtype, Device device, int dim, const Tensor& index,
-                      const Tensor& grad) {
+Tensor index_add_grad(const Shape& x_shape, DType dtype, Device device, int dim,
+                      const Tensor& index, const Tensor& grad) {
   const DType acc = (dtype == DType::F64) ? DType::F64 : DType::F32;
   Tensor gx = Tensor::zeros(x_shape, acc, device);
   backend::backend_for(device).index_add(gx, dim, index, grad.to(acc).contiguous());

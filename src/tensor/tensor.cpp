@@ -17,7 +17,9 @@ Storage::Storage(size_t bytes, Device dev) : nbytes(bytes), device(dev) {
   data = allocator_for(dev).allocate(bytes);
 }
 
-Storage::~Storage() { allocator_for(device).deallocate(data, nbytes); }
+Storage::~Storage() {
+  allocator_for(device).deallocate(data, nbytes);
+}
 
 namespace {
 
@@ -146,15 +148,31 @@ Tensor Tensor::normal(const Shape& shape, double mean, double stddev, uint64_t s
 
 // ---- metadata ----------------------------------------------------------------------------------
 
-const Shape& Tensor::shape() const { return checked(impl_).shape; }
-const Shape& Tensor::strides() const { return checked(impl_).strides; }
-int64_t Tensor::offset() const { return checked(impl_).offset; }
-DType Tensor::dtype() const { return checked(impl_).dtype; }
-Device Tensor::device() const { return checked(impl_).storage->device; }
-const std::shared_ptr<Storage>& Tensor::storage() const { return checked(impl_).storage; }
+const Shape& Tensor::shape() const {
+  return checked(impl_).shape;
+}
+const Shape& Tensor::strides() const {
+  return checked(impl_).strides;
+}
+int64_t Tensor::offset() const {
+  return checked(impl_).offset;
+}
+DType Tensor::dtype() const {
+  return checked(impl_).dtype;
+}
+Device Tensor::device() const {
+  return checked(impl_).storage->device;
+}
+const std::shared_ptr<Storage>& Tensor::storage() const {
+  return checked(impl_).storage;
+}
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim())]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim())]; }
+int64_t Tensor::size(int64_t d) const {
+  return shape()[wrap_dim(d, dim())];
+}
+int64_t Tensor::stride(int64_t d) const {
+  return strides()[wrap_dim(d, dim())];
+}
 
 bool Tensor::is_contiguous() const {
   const Shape& sh = shape();
@@ -223,7 +241,8 @@ bool view_strides(const Shape& shape, const Shape& strides, const Shape& new_sha
     }
   }
   const int oN = os.size();
-  for (int k = 0; k < nn; ++k) out[k] = 1;
+  for (int k = 0; k < nn; ++k)
+    out[k] = 1;
   while (ni < nn && oi < oN) {
     int64_t np = new_shape[ni], op = os[oi];
     while (np != op) {
@@ -237,13 +256,15 @@ bool view_strides(const Shape& shape, const Shape& strides, const Shape& new_sha
       if (ost[ok] != os[ok + 1] * ost[ok + 1]) return false;
     }
     out[nj - 1] = ost[oj - 1];
-    for (int nk = nj - 1; nk > ni; --nk) out[nk - 1] = out[nk] * new_shape[nk];
+    for (int nk = nj - 1; nk > ni; --nk)
+      out[nk - 1] = out[nk] * new_shape[nk];
     ni = nj++;
     oi = oj++;
   }
   // Trailing size-1 dims of the new shape.
   const int64_t last = ni > 0 ? out[ni - 1] : 1;
-  for (int k = ni; k < nn; ++k) out[k] = last;
+  for (int k = ni; k < nn; ++k)
+    out[k] = last;
   (void)on;
   return true;
 }
@@ -273,11 +294,14 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   const int s = wrap_dim(start_dim, dim()), e = wrap_dim(end_dim, dim());
   MT_CHECK(s <= e, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim);
   Shape ns;
-  for (int i = 0; i < s; ++i) ns.push_back(size(i));
+  for (int i = 0; i < s; ++i)
+    ns.push_back(size(i));
   int64_t prod = 1;
-  for (int i = s; i <= e; ++i) prod *= size(i);
+  for (int i = s; i <= e; ++i)
+    prod *= size(i);
   ns.push_back(prod);
-  for (int i = e + 1; i < dim(); ++i) ns.push_back(size(i));
+  for (int i = e + 1; i < dim(); ++i)
+    ns.push_back(size(i));
   return reshape(ns);
 }
 
@@ -307,8 +331,10 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     st.push_back(stride(w));
   }
   std::vector<int64_t> inverse(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inverse[size_t(wrap_dim(dims[i], dim()))] = int64_t(i);
-  return make_view(*this, sh, st, offset(), [inverse](const Tensor& g) { return g.permute(inverse); });
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[size_t(wrap_dim(dims[i], dim()))] = int64_t(i);
+  return make_view(*this, sh, st, offset(),
+                   [inverse](const Tensor& g) { return g.permute(inverse); });
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -334,8 +360,9 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   Shape sh = shape(), st = strides();
   sh[w] = (end - start + step - 1) / step;
   st[w] *= step;
-  return make_view(*this, sh, st, offset() + start * stride(w),
-                   into_zeros(*this, [=](const Tensor& z) { return z.slice(w, start, end, step); }));
+  return make_view(
+      *this, sh, st, offset() + start * stride(w),
+      into_zeros(*this, [=](const Tensor& z) { return z.slice(w, start, end, step); }));
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
@@ -373,7 +400,8 @@ Tensor Tensor::expand(const Shape& target) const {
     }
   }
   const Shape base = shape();
-  return make_view(*this, sh, st, offset(), [base](const Tensor& g) { return sum_to_shape(g, base); });
+  return make_view(*this, sh, st, offset(),
+                   [base](const Tensor& g) { return sum_to_shape(g, base); });
 }
 
 Tensor Tensor::squeeze() const {
@@ -438,8 +466,8 @@ double Tensor::item() const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  const DType want = std::is_same_v<T, double> ? DType::F64
-                     : std::is_same_v<T, float> ? DType::F32
+  const DType want = std::is_same_v<T, double>    ? DType::F64
+                     : std::is_same_v<T, float>   ? DType::F32
                      : std::is_same_v<T, int64_t> ? DType::I64
                      : std::is_same_v<T, int32_t> ? DType::I32
                      : std::is_same_v<T, uint8_t> ? DType::U8
@@ -464,13 +492,15 @@ void Tensor::copy_from_host(const void* src, size_t bytes) {
 }
 
 void Tensor::copy_to_host(void* dst, size_t bytes) const {
-  MT_CHECK(bytes == nbytes(), "copy_to_host: buffer of ", bytes, " bytes for a ", describe(),
-           " (", nbytes(), " bytes)");
+  MT_CHECK(bytes == nbytes(), "copy_to_host: buffer of ", bytes, " bytes for a ", describe(), " (",
+           nbytes(), " bytes)");
   Tensor c = detach().to(Device::cpu()).contiguous();
   if (bytes) std::memcpy(dst, c.data_ptr(), bytes);
 }
 
-Tensor& Tensor::zero_() { return fill_(0.0); }
+Tensor& Tensor::zero_() {
+  return fill_(0.0);
+}
 
 Tensor& Tensor::fill_(double value) {
   autograd::check_inplace(*this);
@@ -485,14 +515,19 @@ Tensor& Tensor::copy_(const Tensor& src) {
            device().str(), "; move it with to(device) first");
   const Shape b = broadcast_shapes(src.shape(), shape());
   MT_CHECK(b == shape(), "copy_: a ", src.describe(), " does not broadcast to ", describe());
-  Tensor s = src.dim() == dim() && src.shape() == shape() ? src.detach() : src.detach().expand(shape());
+  Tensor s =
+      src.dim() == dim() && src.shape() == shape() ? src.detach() : src.detach().expand(shape());
   backend::backend_for(device()).copy(s, *this);
   bump_version();
   return *this;
 }
 
-void Tensor::bump_version() const { storage()->version.fetch_add(1, std::memory_order_relaxed); }
-uint32_t Tensor::version() const { return storage()->version.load(std::memory_order_relaxed); }
+void Tensor::bump_version() const {
+  storage()->version.fetch_add(1, std::memory_order_relaxed);
+}
+uint32_t Tensor::version() const {
+  return storage()->version.load(std::memory_order_relaxed);
+}
 
 // ---- printing ----------------------------------------------------------------------------------
 
@@ -546,7 +581,9 @@ std::string Tensor::str() const {
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.str();
+}
 
 }  // namespace mantissa
 
@@ -555,9 +592,8 @@ namespace mantissa {
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), dtype(), device());
   backend::backend_for(device()).copy(*this, out);
-  autograd::record("cloneBackward", {*this}, {out}, [](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{g[0]};
-  });
+  autograd::record("cloneBackward", {*this}, {out},
+                   [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
   return out;
 }
 

@@ -7,13 +7,20 @@ namespace mantissa::testing {
 
 double eps_of(DType d) {
   switch (d) {
-    case DType::F64: return 0x1p-52;
-    case DType::F32: return 0x1p-23;
-    case DType::F16: return 0x1p-10;
-    case DType::BF16: return 0x1p-7;
-    case DType::FP8_E4M3: return 0x1p-3;
-    case DType::FP8_E5M2: return 0x1p-2;
-    default: return 0;
+    case DType::F64:
+      return 0x1p-52;
+    case DType::F32:
+      return 0x1p-23;
+    case DType::F16:
+      return 0x1p-10;
+    case DType::BF16:
+      return 0x1p-7;
+    case DType::FP8_E4M3:
+      return 0x1p-3;
+    case DType::FP8_E5M2:
+      return 0x1p-2;
+    default:
+      return 0;
   }
 }
 
@@ -43,12 +50,13 @@ Tensor strided_copy(const Tensor& t) {
 ::testing::AssertionResult all_close(const Tensor& got_t, const Tensor& ref_t, double eps, double k,
                                      const std::string& what) {
   if (got_t.shape() != ref_t.shape()) {
-    return ::testing::AssertionFailure() << what << ": shape " << got_t.shape().str() << " vs "
-                                         << ref_t.shape().str();
+    return ::testing::AssertionFailure()
+           << what << ": shape " << got_t.shape().str() << " vs " << ref_t.shape().str();
   }
   const std::vector<double> got = got_t.to_vector<double>(), ref = ref_t.to_vector<double>();
   double scale = 0;
-  for (double r : ref) scale += std::isfinite(r) ? std::fabs(r) : 0.0;
+  for (double r : ref)
+    scale += std::isfinite(r) ? std::fabs(r) : 0.0;
   scale = ref.empty() ? 1.0 : std::max(scale / double(ref.size()), 1e-30);
   size_t worst = 0;
   double worst_ratio = 0;
@@ -106,7 +114,8 @@ std::vector<Tensor> analytic_grads(const OpCase& c, const std::vector<Tensor>& i
   Tensor out = c.fn(leaves);
   out.backward(w.to(out.dtype()));
   std::vector<Tensor> grads;
-  for (size_t i = 0; i < leaves.size(); ++i) grads.push_back(mask[i] ? leaves[i].grad() : Tensor());
+  for (size_t i = 0; i < leaves.size(); ++i)
+    grads.push_back(mask[i] ? leaves[i].grad() : Tensor());
   return grads;
 }
 
@@ -138,7 +147,8 @@ void check_op(const OpCase& c, const std::vector<DType>& dtypes) {
     std::vector<double> base = x64[i].contiguous().to_vector<double>();
     const int64_t samples = std::min<int64_t>(n, c.fd_samples);
     double gscale = 0;
-    for (double a : analytic) gscale = std::max(gscale, std::fabs(a));
+    for (double a : analytic)
+      gscale = std::max(gscale, std::fabs(a));
     for (int64_t s = 0; s < samples; ++s) {
       const int64_t j = n <= c.fd_samples ? s : (s * 7919) % n;
       const double h = 1e-6 * std::max(1.0, std::fabs(base[size_t(j)]));
@@ -171,7 +181,8 @@ void check_op(const OpCase& c, const std::vector<DType>& dtypes) {
 
     if (c.check_strided) {
       std::vector<Tensor> xs;
-      for (const Tensor& x : xd) xs.push_back(x.defined() ? strided_copy(x) : x);
+      for (const Tensor& x : xd)
+        xs.push_back(x.defined() ? strided_copy(x) : x);
       Tensor got_strided;
       {
         NoGrad ng;

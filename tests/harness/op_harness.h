@@ -31,12 +31,12 @@ Tensor strided_copy(const Tensor& t);
 
 struct OpCase {
   std::string name;
-  std::vector<Tensor> inputs;          // f64 values; undefined entries are passed through
-  std::vector<bool> grad;              // which inputs to differentiate (default: all floating)
+  std::vector<Tensor> inputs;  // f64 values; undefined entries are passed through
+  std::vector<bool> grad;      // which inputs to differentiate (default: all floating)
   std::function<Tensor(const std::vector<Tensor>&)> fn;
   // An independent float64 implementation (plain loops), compared with fn's f64 result.
   std::function<Tensor(const std::vector<Tensor>&)> reference;
-  double k_forward = 4;   // tolerance multipliers on eps(dtype)
+  double k_forward = 4;  // tolerance multipliers on eps(dtype)
   double k_backward = 8;
   bool check_strided = true;
   int fd_samples = 24;  // finite-difference elements checked per input

@@ -1,1 +1,136 @@
 #include <gtest/gtest.h>
+
+#include "harness/op_harness.h"
+
+namespace mantissa {
+namespace {
+
+using testing::check_op;
+using testing::OpCase;
+using testing::random_f64;
+
+TEST(ShapeOps, CatStackSplitChunk) {
+  OpCase c;
+  c.name = "cat dim 1";
+  c.inputs = {random_f64({2, 3, 4}, 1), random_f64({2, 5, 4}, 2)};
+  c.fn = [](const std::vector<Tensor>& in) { return cat({in[0], in[1]}, 1); };
+  c.reference = [](const std::vector<Tensor>& in) {
+    std::vector<double> r;
+    const auto a = in[0].to_vector<double>(), b = in[1].to_vector<double>();
+    for (int i = 0; i < 2; ++i) {
+      r.insert(r.end(), a.begin() + i * 12, a.begin() + (i + 1) * 12);
+      r.insert(r.end(), b.begin() + i * 20, b.begin() + (i + 1) * 20);
+    }
+    return Tensor::from_vector(r, {2, 8, 4}, DType::F64);
+  };
+  check_op(c);
+
+  OpCase s;
+  s.name = "stack dim 0 then sum of chunks";
+  s.inputs = {random_f64({3, 4}, 3), random_f64({3, 4}, 4)};
+  s.fn = [](const std::vector<Tensor>& in) {
+    const Tensor st = stack({in[0], in[1]}, 1);  // (3, 2, 4)
+    const auto parts = chunk(st, 2, 2);          // two (3, 2, 2)
+    return mul(parts[0], parts[1]);
+  };
+  check_op(s);
+
+  const Tensor x = Tensor::arange(10);
+  const auto pieces = split(x, 4);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[2].to_vector<int64_t>(), (std::vector<int64_t>{8, 9}));
+  EXPECT_EQ(chunk(x, 3).size(), 3u);
+  EXPECT_EQ(chunk(x, 3)[0].numel(), 4);
+  EXPECT_EQ(cat({x, x}).numel(), 20);
+  EXPECT_EQ(cat({Tensor::ones({2}, DType::BF16), Tensor::ones({1}, DType::F32)}).dtype(),
+            DType::F32);
+}
+
+TEST(ShapeOps, IndexSelectGatherEmbedding) {
+  const Tensor idx = Tensor::from_vector(std::vector<int64_t>{2, 0, 2, 1}, {4});
+  OpCase is;
+  is.name = "index_select dim 1 with repeats";
+  is.inputs = {random_f64({3, 4, 2}, 5)};
+  is.fn = [idx](const std::vector<Tensor>& in) { return index_select(in[0], 1, idx); };
+  is.reference = [](const std::vector<Tensor>& in) {
+    const auto v = in[0].to_vector<double>();
+    const int order[4] = {2, 0, 2, 1};
+    std::vector<double> r;
+    for (int a = 0; a < 3; ++a)
+      for (int j : order)
+        for (int c = 0; c < 2; ++c)
+          r.push_back(v[size_t(a * 8 + j * 2 + c)]);
+    return Tensor::from_vector(r, {3, 4, 2}, DType::F64);
+  };
+  check_op(is);
+
+  const Tensor tokens = Tensor::from_vector(std::vector<int64_t>{1, 3, 3, 0, 1, 1}, {2, 3});
+  OpCase em;
+  em.name = "embedding";
+  em.inputs = {random_f64({5, 4}, 6)};
+  em.fn = [tokens](const std::vector<Tensor>& in) { return embedding(in[0], tokens); };
+  em.check_strided = false;
+  check_op(em);
+  EXPECT_EQ(embedding(Tensor::ones({5, 4}), tokens).shape(), (Shape{2, 3, 4}));
+
+  const Tensor gidx = Tensor::from_vector(std::vector<int64_t>{0, 2, 1, 1, 0, 0}, {2, 3});
+  OpCase ga;
+  ga.name = "gather dim 1";
+  ga.inputs = {random_f64({2, 3}, 7)};
+  ga.fn = [gidx](const std::vector<Tensor>& in) { return gather(in[0], 1, gidx); };
+  ga.reference = [gidx](const std::vector<Tensor>& in) {
+    const auto v = in[0].to_vector<double>();
+    const auto ix = gidx.to_vector<int64_t>();
+    std::vector<double> r;
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j)
+        r.push_back(v[size_t(i * 3 + ix[size_t(i * 3 + j)])]);
+    return Tensor::from_vector(r, {2, 3}, DType::F64);
+  };
+  check_op(ga);
+}
+
+TEST(ShapeOps, ViewsAreDifferentiable) {
+  OpCase v;
+  v.name = "transpose, narrow, slice, select, expand, reshape";
+  v.inputs = {random_f64({4, 6}, 8)};
+  v.fn = [](const std::vector<Tensor>& in) {
+    const Tensor t = in[0].t().narrow(0, 1, 4).slice(1, 0, 4, 2);  // (4, 2)
+    const Tensor s = in[0].select(1, 3).unsqueeze(1).expand({4, 2});
+    return mul(t, s).reshape({8}).squeeze();
+  };
+  check_op(v);
+}
+
+TEST(Dropout, SeededMaskScaleAndGradient) {
+  const Tensor x = Tensor::ones({100000});
+  const Tensor y = dropout(x, 0.3, true, 1234);
+  const std::vector<float> v = y.to_vector<float>();
+  size_t kept = 0;
+  for (float e : v) {
+    ASSERT_TRUE(e == 0.0f || std::fabs(e - 1.0f / 0.7f) < 1e-6f) << e;
+    kept += e != 0.0f;
+  }
+  // 5 sigma of a binomial(100000, 0.7).
+  EXPECT_NEAR(double(kept) / 1e5, 0.7, 5 * std::sqrt(0.21 / 1e5));
+  EXPECT_EQ(dropout(x, 0.3, true, 1234).to_vector<float>(), v) << "same seed, same mask";
+  EXPECT_NE(dropout(x, 0.3, true, 99).to_vector<float>(), v);
+  EXPECT_TRUE(dropout(x, 0.3, false).is_same(x)) << "eval mode is the identity";
+
+  manual_seed(5);
+  const auto a = dropout(x, 0.5).to_vector<float>();
+  const auto b = dropout(x, 0.5).to_vector<float>();
+  EXPECT_NE(a, b) << "successive calls draw fresh masks";
+  manual_seed(5);
+  EXPECT_EQ(dropout(x, 0.5).to_vector<float>(), a) << "manual_seed replays";
+
+  Tensor w = Tensor::full({1000}, 2.0).set_requires_grad(true);
+  Tensor out = dropout(w, 0.5, true, 3);
+  sum(out).backward();
+  const auto g = w.grad().to_vector<float>(), o = out.to_vector<float>();
+  for (size_t i = 0; i < g.size(); ++i)
+    EXPECT_EQ(g[i], o[i] == 0.0f ? 0.0f : 2.0f);
+}
+
+}  // namespace
+}  // namespace mantissa

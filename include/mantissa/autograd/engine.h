@@ -38,7 +38,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
               bool retain_graph);
 
 // The gradients of `outputs` w.r.t. `inputs` without touching .grad() (used by checkpointing).
-std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs,
-                         const std::vector<Tensor>& inputs, bool retain_graph = false);
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs,
+                         const std::vector<Tensor>& grad_outputs, const std::vector<Tensor>& inputs,
+                         bool retain_graph = false);
 
 }  // namespace mantissa::autograd

@@ -30,7 +30,7 @@ class EnableGrad {
   bool prev_;
 };
 
-}  // namespace mantissa
+}  // namespace mantissa::autograd
 
 namespace mantissa {
 using autograd::NoGrad;

@@ -49,8 +49,8 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual void release() {}
 
   std::vector<Edge> next_edges;
-  uint64_t sequence_nr;       // creation order: later nodes run first
-  uint32_t num_outputs = 1;   // forward outputs, i.e. gradients this node receives
+  uint64_t sequence_nr;      // creation order: later nodes run first
+  uint32_t num_outputs = 1;  // forward outputs, i.e. gradients this node receives
   // Hooks on the gradient of forward output i (a tensor's register_hook on a non-leaf).
   std::vector<std::pair<uint32_t, std::pair<int, TensorHook>>> pre_hooks;
   std::vector<PostHook> post_hooks;

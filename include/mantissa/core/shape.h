@@ -44,24 +44,28 @@ class Shape {
   }
   void insert(int pos, int64_t v) {
     MT_CHECK(n_ < kMaxDims, "tensors have at most ", kMaxDims, " dimensions");
-    for (int i = n_; i > pos; --i) d_[i] = d_[i - 1];
+    for (int i = n_; i > pos; --i)
+      d_[i] = d_[i - 1];
     d_[pos] = v;
     ++n_;
   }
   void erase(int pos) {
-    for (int i = pos; i + 1 < n_; ++i) d_[i] = d_[i + 1];
+    for (int i = pos; i + 1 < n_; ++i)
+      d_[i] = d_[i + 1];
     --n_;
   }
   void resize(int n, int64_t v = 0) {
     MT_CHECK(n >= 0 && n <= kMaxDims, "tensors have at most ", kMaxDims, " dimensions, not ", n);
-    for (int i = n_; i < n; ++i) d_[i] = v;
+    for (int i = n_; i < n; ++i)
+      d_[i] = v;
     n_ = n;
   }
 
   // Product of the dims (1 for a scalar).
   int64_t numel() const {
     int64_t p = 1;
-    for (int i = 0; i < n_; ++i) p *= d_[i];
+    for (int i = 0; i < n_; ++i)
+      p *= d_[i];
     return p;
   }
   std::vector<int64_t> vec() const { return {begin(), end()}; }
@@ -79,7 +83,8 @@ class Shape {
   template <typename It>
   void assign(It b, It e) {
     n_ = 0;
-    for (; b != e; ++b) push_back(*b);
+    for (; b != e; ++b)
+      push_back(*b);
   }
   std::array<int64_t, kMaxDims> d_{};
   int n_ = 0;

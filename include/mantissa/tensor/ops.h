@@ -17,11 +17,14 @@ namespace mantissa {
 // The dtype two tensors compute in; throws naming both if they cannot be combined.
 DType promote_types(DType a, DType b);
 
-// ---- casts ---------------------------------------------------------------------------------------
-// Differentiable: the gradient comes back in x's dtype. Narrowing float casts round to nearest even.
+// ---- casts
+// ---------------------------------------------------------------------------------------
+// Differentiable: the gradient comes back in x's dtype. Narrowing float casts round to nearest
+// even.
 Tensor cast(const Tensor& x, DType dtype);
 
-// ---- elementwise ---------------------------------------------------------------------------------
+// ---- elementwise
+// ---------------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -72,7 +75,8 @@ Tensor operator/(const Tensor& a, double b);
 Tensor operator*(double a, const Tensor& b);
 Tensor operator-(const Tensor& x);
 
-// ---- reductions (fp32 accumulation for half types) ------------------------------------------------
+// ---- reductions (fp32 accumulation for half types)
+// ------------------------------------------------
 Tensor sum(const Tensor& x);  // all elements
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 Tensor mean(const Tensor& x);
@@ -91,13 +95,15 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 // Sums a broadcast gradient back to `shape` (the inverse of broadcasting).
 Tensor sum_to_shape(const Tensor& x, const Shape& shape);
 
-// ---- linear algebra ------------------------------------------------------------------------------
-// torch.matmul semantics: 1-D, 2-D and batched with broadcast batch dims.
+// ---- linear algebra
+// ------------------------------------------------------------------------------ torch.matmul
+// semantics: 1-D, 2-D and batched with broadcast batch dims.
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x (..., in) @ weight(out, in)^T + bias(out)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
-// ---- convolution and pooling (NCHW) --------------------------------------------------------------
+// ---- convolution and pooling (NCHW)
+// --------------------------------------------------------------
 struct Conv2dOptions {
   std::vector<int64_t> stride = {1, 1};
   std::vector<int64_t> padding = {0, 0};
@@ -117,8 +123,9 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
 Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size);
 
-// ---- normalization, softmax, losses --------------------------------------------------------------
-// x (N, C, ...). Training mode uses batch statistics and updates the running ones in place.
+// ---- normalization, softmax, losses
+// -------------------------------------------------------------- x (N, C, ...). Training mode uses
+// batch statistics and updates the running ones in place.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);
@@ -139,7 +146,8 @@ struct CrossEntropyOptions {
 Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                      const CrossEntropyOptions& options = {});
 
-// ---- embedding, dropout, indexing, joining -------------------------------------------------------
+// ---- embedding, dropout, indexing, joining
+// -------------------------------------------------------
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Seeded from the default generator unless `seed` is given; identity when !training or p == 0.
 Tensor dropout(const Tensor& x, double p, bool training = true,
@@ -151,15 +159,16 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 
-// ---- attention -----------------------------------------------------------------------------------
-// softmax(q k^T * scale + mask) v over (..., T, D); mask is additive (float) or Bool (true =
-// keep), broadcast to (..., Tq, Tk); causal masks keys after each query. scale defaults to
-// 1/sqrt(D).
+// ---- attention
+// ----------------------------------------------------------------------------------- softmax(q k^T
+// * scale + mask) v over (..., T, D); mask is additive (float) or Bool (true = keep), broadcast to
+// (..., Tq, Tk); causal masks keys after each query. scale defaults to 1/sqrt(D).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask = Tensor(), bool causal = false,
                                     std::optional<double> scale = std::nullopt);
 
-// ---- threads and random numbers ------------------------------------------------------------------
+// ---- threads and random numbers
+// ------------------------------------------------------------------
 void set_num_threads(int n);
 int get_num_threads();
 // The default generator behind dropout and other unseeded randomness.

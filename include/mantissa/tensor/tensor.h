@@ -133,7 +133,7 @@ class Tensor {
   // ---- in place (bump the version) -------------------------------------------------------------
   Tensor& zero_();
   Tensor& fill_(double value);
-  Tensor& copy_(const Tensor& src);  // broadcasting, with dtype conversion
+  Tensor& copy_(const Tensor& src);                       // broadcasting, with dtype conversion
   Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other
   Tensor& mul_(double factor);
   void bump_version() const;
@@ -156,7 +156,7 @@ class Tensor {
   void remove_hook(int handle) const;
   void retain_grad() const;  // keep .grad() for a non-leaf
 
-  std::string str() const;  // PyTorch-like printing
+  std::string str() const;       // PyTorch-like printing
   std::string describe() const;  // "f32 (2, 3) cpu" for error messages
 
   TensorImpl* impl() const { return impl_.get(); }

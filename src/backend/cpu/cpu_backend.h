@@ -14,15 +14,15 @@ class CpuBackend final : public Backend {
   void round_to_format(Tensor& t, Format format) override;
 
   void unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) override;
-  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
-                      Tensor& gx, Scalars s) override;
+  void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, Tensor& gx,
+                      Scalars s) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out,
                Tensor& mask) override;
 
-  void reduce(ReduceOp op, const Tensor& x, std::span<const int> dims, Tensor& out,
-              Tensor* indices, int64_t correction) override;
+  void reduce(ReduceOp op, const Tensor& x, std::span<const int> dims, Tensor& out, Tensor* indices,
+              int64_t correction) override;
 
   void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out,
               const MatmulOptions& options) override;

@@ -26,15 +26,34 @@ template <typename C>
 void unary_loop(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
   const C a = C(s.a), b = C(s.b);
   switch (op) {
-    case UnaryOp::Neg: for (int64_t i = 0; i < n; ++i) y[i] = -x[i]; return;
-    case UnaryOp::Abs: for (int64_t i = 0; i < n; ++i) y[i] = x[i] < C(0) ? C(-x[i]) : x[i]; return;
-    case UnaryOp::Sign:
-      for (int64_t i = 0; i < n; ++i) y[i] = C((C(0) < x[i]) - (x[i] < C(0)));
+    case UnaryOp::Neg:
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = -x[i];
       return;
-    case UnaryOp::Square: for (int64_t i = 0; i < n; ++i) y[i] = x[i] * x[i]; return;
-    case UnaryOp::AddScalar: for (int64_t i = 0; i < n; ++i) y[i] = x[i] + a; return;
-    case UnaryOp::MulScalar: for (int64_t i = 0; i < n; ++i) y[i] = x[i] * a; return;
-    case UnaryOp::RsubScalar: for (int64_t i = 0; i < n; ++i) y[i] = a - x[i]; return;
+    case UnaryOp::Abs:
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = x[i] < C(0) ? C(-x[i]) : x[i];
+      return;
+    case UnaryOp::Sign:
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = C((C(0) < x[i]) - (x[i] < C(0)));
+      return;
+    case UnaryOp::Square:
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = x[i] * x[i];
+      return;
+    case UnaryOp::AddScalar:
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = x[i] + a;
+      return;
+    case UnaryOp::MulScalar:
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = x[i] * a;
+      return;
+    case UnaryOp::RsubScalar:
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = a - x[i];
+      return;
     case UnaryOp::ClampScalar:
       for (int64_t i = 0; i < n; ++i) {
         const C v = x[i];
@@ -42,17 +61,34 @@ void unary_loop(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
       }
       return;
     case UnaryOp::Relu:
-      for (int64_t i = 0; i < n; ++i) y[i] = x[i] > C(0) ? x[i] : (x[i] != x[i] ? x[i] : C(0));
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = x[i] > C(0) ? x[i] : (x[i] != x[i] ? x[i] : C(0));
       return;
-    default: break;
+    default:
+      break;
   }
   if constexpr (is_real_v<C>) {
     switch (op) {
-      case UnaryOp::Exp: for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]); return;
-      case UnaryOp::Log: for (int64_t i = 0; i < n; ++i) y[i] = std::log(x[i]); return;
-      case UnaryOp::Sqrt: for (int64_t i = 0; i < n; ++i) y[i] = std::sqrt(x[i]); return;
-      case UnaryOp::Rsqrt: for (int64_t i = 0; i < n; ++i) y[i] = C(1) / std::sqrt(x[i]); return;
-      case UnaryOp::Reciprocal: for (int64_t i = 0; i < n; ++i) y[i] = C(1) / x[i]; return;
+      case UnaryOp::Exp:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = std::exp(x[i]);
+        return;
+      case UnaryOp::Log:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = std::log(x[i]);
+        return;
+      case UnaryOp::Sqrt:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = std::sqrt(x[i]);
+        return;
+      case UnaryOp::Rsqrt:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = C(1) / std::sqrt(x[i]);
+        return;
+      case UnaryOp::Reciprocal:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = C(1) / x[i];
+        return;
       case UnaryOp::Gelu:
         for (int64_t i = 0; i < n; ++i) {
           y[i] = C(0.5) * x[i] * (C(1) + std::erf(x[i] * C(kInvSqrt2)));
@@ -64,17 +100,29 @@ void unary_loop(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
           y[i] = C(0.5) * v * (C(1) + std::tanh(C(kSqrt2OverPi) * (v + C(0.044715) * v * v * v)));
         }
         return;
-      case UnaryOp::Silu: for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_of(x[i]); return;
-      case UnaryOp::Sigmoid: for (int64_t i = 0; i < n; ++i) y[i] = sigmoid_of(x[i]); return;
-      case UnaryOp::Tanh: for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]); return;
+      case UnaryOp::Silu:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = x[i] * sigmoid_of(x[i]);
+        return;
+      case UnaryOp::Sigmoid:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = sigmoid_of(x[i]);
+        return;
+      case UnaryOp::Tanh:
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = std::tanh(x[i]);
+        return;
       case UnaryOp::PowScalar:
         if (s.a == 2.0) {
-          for (int64_t i = 0; i < n; ++i) y[i] = x[i] * x[i];
+          for (int64_t i = 0; i < n; ++i)
+            y[i] = x[i] * x[i];
         } else {
-          for (int64_t i = 0; i < n; ++i) y[i] = std::pow(x[i], a);
+          for (int64_t i = 0; i < n; ++i)
+            y[i] = std::pow(x[i], a);
         }
         return;
-      default: break;
+      default:
+        break;
     }
   }
   MT_ASSERT(false, "unary op ", int(op), " has no kernel for this dtype");
@@ -85,30 +133,67 @@ void unary_backward_loop(UnaryOp op, C* gx, const C* g, const C* x, const C* y, 
                          Scalars s) {
   const C a = C(s.a), b = C(s.b);
   switch (op) {
-    case UnaryOp::Neg: for (int64_t i = 0; i < n; ++i) gx[i] = -g[i]; return;
-    case UnaryOp::AddScalar: for (int64_t i = 0; i < n; ++i) gx[i] = g[i]; return;
-    case UnaryOp::MulScalar: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * a; return;
-    case UnaryOp::RsubScalar: for (int64_t i = 0; i < n; ++i) gx[i] = -g[i]; return;
-    case UnaryOp::Square: for (int64_t i = 0; i < n; ++i) gx[i] = C(2) * g[i] * x[i]; return;
-    case UnaryOp::Sign: for (int64_t i = 0; i < n; ++i) gx[i] = C(0); return;
+    case UnaryOp::Neg:
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = -g[i];
+      return;
+    case UnaryOp::AddScalar:
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = g[i];
+      return;
+    case UnaryOp::MulScalar:
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = g[i] * a;
+      return;
+    case UnaryOp::RsubScalar:
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = -g[i];
+      return;
+    case UnaryOp::Square:
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = C(2) * g[i] * x[i];
+      return;
+    case UnaryOp::Sign:
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = C(0);
+      return;
     case UnaryOp::Abs:
-      for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * C((C(0) < x[i]) - (x[i] < C(0)));
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = g[i] * C((C(0) < x[i]) - (x[i] < C(0)));
       return;
-    case UnaryOp::Relu: for (int64_t i = 0; i < n; ++i) gx[i] = x[i] > C(0) ? g[i] : C(0); return;
+    case UnaryOp::Relu:
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = x[i] > C(0) ? g[i] : C(0);
+      return;
     case UnaryOp::ClampScalar:
-      for (int64_t i = 0; i < n; ++i) gx[i] = (x[i] >= a && x[i] <= b) ? g[i] : C(0);
+      for (int64_t i = 0; i < n; ++i)
+        gx[i] = (x[i] >= a && x[i] <= b) ? g[i] : C(0);
       return;
-    default: break;
+    default:
+      break;
   }
   if constexpr (is_real_v<C>) {
     switch (op) {
-      case UnaryOp::Exp: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * y[i]; return;
-      case UnaryOp::Log: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] / x[i]; return;
-      case UnaryOp::Sqrt: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] / (C(2) * y[i]); return;
-      case UnaryOp::Rsqrt:
-        for (int64_t i = 0; i < n; ++i) gx[i] = C(-0.5) * g[i] * y[i] * y[i] * y[i];
+      case UnaryOp::Exp:
+        for (int64_t i = 0; i < n; ++i)
+          gx[i] = g[i] * y[i];
         return;
-      case UnaryOp::Reciprocal: for (int64_t i = 0; i < n; ++i) gx[i] = -g[i] * y[i] * y[i]; return;
+      case UnaryOp::Log:
+        for (int64_t i = 0; i < n; ++i)
+          gx[i] = g[i] / x[i];
+        return;
+      case UnaryOp::Sqrt:
+        for (int64_t i = 0; i < n; ++i)
+          gx[i] = g[i] / (C(2) * y[i]);
+        return;
+      case UnaryOp::Rsqrt:
+        for (int64_t i = 0; i < n; ++i)
+          gx[i] = C(-0.5) * g[i] * y[i] * y[i] * y[i];
+        return;
+      case UnaryOp::Reciprocal:
+        for (int64_t i = 0; i < n; ++i)
+          gx[i] = -g[i] * y[i] * y[i];
+        return;
       case UnaryOp::Gelu:
         for (int64_t i = 0; i < n; ++i) {
           const C v = x[i];
@@ -133,15 +218,20 @@ void unary_backward_loop(UnaryOp op, C* gx, const C* g, const C* x, const C* y, 
         }
         return;
       case UnaryOp::Sigmoid:
-        for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * y[i] * (C(1) - y[i]);
+        for (int64_t i = 0; i < n; ++i)
+          gx[i] = g[i] * y[i] * (C(1) - y[i]);
         return;
-      case UnaryOp::Tanh: for (int64_t i = 0; i < n; ++i) gx[i] = g[i] * (C(1) - y[i] * y[i]); return;
+      case UnaryOp::Tanh:
+        for (int64_t i = 0; i < n; ++i)
+          gx[i] = g[i] * (C(1) - y[i] * y[i]);
+        return;
       case UnaryOp::PowScalar:
         for (int64_t i = 0; i < n; ++i) {
           gx[i] = a == C(0) ? C(0) : g[i] * a * std::pow(x[i], a - C(1));
         }
         return;
-      default: break;
+      default:
+        break;
     }
   }
   (void)b;
@@ -151,25 +241,58 @@ void unary_backward_loop(UnaryOp op, C* gx, const C* g, const C* x, const C* y, 
 template <typename C>
 void binary_loop(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
   switch (op) {
-    case BinaryOp::Add: for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i]; return;
-    case BinaryOp::Sub: for (int64_t i = 0; i < n; ++i) o[i] = a[i] - b[i]; return;
-    case BinaryOp::Mul: for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i]; return;
-    case BinaryOp::Div: for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b[i]; return;
+    case BinaryOp::Add:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = a[i] + b[i];
+      return;
+    case BinaryOp::Sub:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = a[i] - b[i];
+      return;
+    case BinaryOp::Mul:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = a[i] * b[i];
+      return;
+    case BinaryOp::Div:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = a[i] / b[i];
+      return;
     case BinaryOp::Maximum:
-      for (int64_t i = 0; i < n; ++i) o[i] = (a[i] != a[i] || a[i] > b[i]) ? a[i] : b[i];
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = (a[i] != a[i] || a[i] > b[i]) ? a[i] : b[i];
       return;
     case BinaryOp::Minimum:
-      for (int64_t i = 0; i < n; ++i) o[i] = (a[i] != a[i] || a[i] < b[i]) ? a[i] : b[i];
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = (a[i] != a[i] || a[i] < b[i]) ? a[i] : b[i];
       return;
-    case BinaryOp::Eq: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] == b[i]); return;
-    case BinaryOp::Ne: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] != b[i]); return;
-    case BinaryOp::Lt: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] < b[i]); return;
-    case BinaryOp::Le: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] <= b[i]); return;
-    case BinaryOp::Gt: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] > b[i]); return;
-    case BinaryOp::Ge: for (int64_t i = 0; i < n; ++i) o[i] = C(a[i] >= b[i]); return;
+    case BinaryOp::Eq:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = C(a[i] == b[i]);
+      return;
+    case BinaryOp::Ne:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = C(a[i] != b[i]);
+      return;
+    case BinaryOp::Lt:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = C(a[i] < b[i]);
+      return;
+    case BinaryOp::Le:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = C(a[i] <= b[i]);
+      return;
+    case BinaryOp::Gt:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = C(a[i] > b[i]);
+      return;
+    case BinaryOp::Ge:
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = C(a[i] >= b[i]);
+      return;
     case BinaryOp::Pow:
       if constexpr (is_real_v<C>) {
-        for (int64_t i = 0; i < n; ++i) o[i] = std::pow(a[i], b[i]);
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = std::pow(a[i], b[i]);
         return;
       }
       break;
@@ -177,7 +300,9 @@ void binary_loop(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
   MT_ASSERT(false, "binary op ", int(op), " has no kernel for this dtype");
 }
 
-bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
+bool is_comparison(BinaryOp op) {
+  return op >= BinaryOp::Eq;
+}
 
 // Walks the elements of a strided tensor in row-major order: f(offset_in_elements, run_length,
 // inner_stride) for each innermost run.
@@ -226,7 +351,8 @@ void scatter_same_dtype(const Tensor& src, Tensor& dst) {
 
 }  // namespace
 
-// ---- data movement -------------------------------------------------------------------------------
+// ---- data movement
+// -------------------------------------------------------------------------------
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   if (!dst.is_contiguous()) {
@@ -258,7 +384,8 @@ void CpuBackend::fill(Tensor& dst, double value) {
       if (stride == 1) {
         std::fill(d + off, d + off + run, v);
       } else {
-        for (int64_t k = 0; k < run; ++k) d[off + k * stride] = v;
+        for (int64_t k = 0; k < run; ++k)
+          d[off + k * stride] = v;
       }
     });
   });
@@ -267,7 +394,9 @@ void CpuBackend::fill(Tensor& dst, double value) {
 namespace {
 
 // Uniform in [0, 1) with 24 random bits (exact in float).
-inline double unit_uniform(uint32_t bits) { return double(bits >> 8) * 0x1p-24; }
+inline double unit_uniform(uint32_t bits) {
+  return double(bits >> 8) * 0x1p-24;
+}
 
 template <typename Gen>
 void random_fill(Tensor& dst, uint64_t seed, uint64_t offset, Gen gen) {
@@ -278,7 +407,8 @@ void random_fill(Tensor& dst, uint64_t seed, uint64_t offset, Gen gen) {
     parallel_chunks(dst.numel(), [&](int64_t start, int64_t n) {
       alignas(64) C buf[kChunk];
       PhiloxStream rng(seed, offset);
-      for (int64_t i = 0; i < n; ++i) buf[i] = C(gen(rng, start + i));
+      for (int64_t i = 0; i < n; ++i)
+        buf[i] = C(gen(rng, start + i));
       store_contiguous<C, T>(buf, d + start, n);
     });
   });
@@ -304,14 +434,15 @@ void CpuBackend::normal(Tensor& dst, double mean, double stddev, uint64_t seed, 
 }
 
 void CpuBackend::round_to_format(Tensor& t, Format format) {
-  MT_ASSERT(t.dtype() == DType::F32 && t.is_contiguous(), "round_to_format works on contiguous f32");
+  MT_ASSERT(t.dtype() == DType::F32 && t.is_contiguous(),
+            "round_to_format works on contiguous f32");
   float* p = static_cast<float*>(t.data_ptr());
-  parallel_chunks(t.numel(), [&](int64_t start, int64_t n) {
-    round_in_place(format, p + start, size_t(n));
-  });
+  parallel_chunks(t.numel(),
+                  [&](int64_t start, int64_t n) { round_in_place(format, p + start, size_t(n)); });
 }
 
-// ---- elementwise ---------------------------------------------------------------------------------
+// ---- elementwise
+// ---------------------------------------------------------------------------------
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
   dispatch_dtype(x.dtype(), [&]<typename T>() {
@@ -349,12 +480,24 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
           const int xi = x[i], yi = y[i];
           bool r = false;
           switch (op) {
-            case BinaryOp::Eq: r = xi == yi; break;
-            case BinaryOp::Ne: r = xi != yi; break;
-            case BinaryOp::Lt: r = xi < yi; break;
-            case BinaryOp::Le: r = xi <= yi; break;
-            case BinaryOp::Gt: r = xi > yi; break;
-            default: r = xi >= yi; break;
+            case BinaryOp::Eq:
+              r = xi == yi;
+              break;
+            case BinaryOp::Ne:
+              r = xi != yi;
+              break;
+            case BinaryOp::Lt:
+              r = xi < yi;
+              break;
+            case BinaryOp::Le:
+              r = xi <= yi;
+              break;
+            case BinaryOp::Gt:
+              r = xi > yi;
+              break;
+            default:
+              r = xi >= yi;
+              break;
           }
           o[i] = r;
         }
@@ -380,7 +523,8 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Ten
     using C = compute_t<T>;
     elementwise<T, C, T, 3>(out, {&c, &a, &b},
                             [](C* o, const C* k, const C* x, const C* y, int64_t n) {
-                              for (int64_t i = 0; i < n; ++i) o[i] = k[i] != C(0) ? x[i] : y[i];
+                              for (int64_t i = 0; i < n; ++i)
+                                o[i] = k[i] != C(0) ? x[i] : y[i];
                             });
   });
 }

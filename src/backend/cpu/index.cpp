@@ -14,25 +14,29 @@ struct Split {
 
 Split split_at(const Tensor& t, int dim) {
   Split s;
-  for (int d = 0; d < dim; ++d) s.outer *= t.size(d);
+  for (int d = 0; d < dim; ++d)
+    s.outer *= t.size(d);
   s.n = t.dim() ? t.size(dim) : 1;
-  for (int d = dim + 1; d < t.dim(); ++d) s.inner *= t.size(d);
+  for (int d = dim + 1; d < t.dim(); ++d)
+    s.inner *= t.size(d);
   return s;
 }
 
 void check_index(int64_t i, int64_t n, const Tensor& x, int dim) {
-  MT_CHECK(i >= 0 && i < n, "index ", i, " is out of range for dim ", dim, " of size ", n,
-           " of a ", x.describe());
+  MT_CHECK(i >= 0 && i < n, "index ", i, " is out of range for dim ", dim, " of size ", n, " of a ",
+           x.describe());
 }
 
 }  // namespace
 
 void CpuBackend::index_select(const Tensor& x, int dim, const Tensor& index, Tensor& out) {
-  MT_ASSERT(x.is_contiguous() && index.is_contiguous() && out.is_contiguous(), "index_select layout");
+  MT_ASSERT(x.is_contiguous() && index.is_contiguous() && out.is_contiguous(),
+            "index_select layout");
   const Split sx = split_at(x, dim);
   const int64_t* idx = static_cast<const int64_t*>(index.data_ptr());
   const int64_t m = index.numel();
-  for (int64_t j = 0; j < m; ++j) check_index(idx[j], sx.n, x, dim);
+  for (int64_t j = 0; j < m; ++j)
+    check_index(idx[j], sx.n, x, dim);
   const size_t row = size_t(sx.inner) * x.element_size();
   const char* src = static_cast<const char*>(x.data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
@@ -51,7 +55,8 @@ void CpuBackend::index_add(Tensor& grad_x, int dim, const Tensor& index, const T
   const Split sx = split_at(grad_x, dim);
   const int64_t* idx = static_cast<const int64_t*>(index.data_ptr());
   const int64_t m = index.numel();
-  for (int64_t j = 0; j < m; ++j) check_index(idx[j], sx.n, grad_x, dim);
+  for (int64_t j = 0; j < m; ++j)
+    check_index(idx[j], sx.n, grad_x, dim);
   dispatch_dtype(grad_x.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
     T* gx = static_cast<T*>(grad_x.data_ptr());
@@ -83,7 +88,8 @@ void CpuBackend::gather(const Tensor& x, int dim, const Tensor& index, Tensor& o
       for (int64_t i = 0; i < si.inner; ++i) {
         const int64_t k = (o * si.n + j) * si.inner + i;
         check_index(idx[k], sx.n, x, dim);
-        std::memcpy(dst + size_t(k) * es, src + size_t((o * sx.n + idx[k]) * sx.inner + i) * es, es);
+        std::memcpy(dst + size_t(k) * es, src + size_t((o * sx.n + idx[k]) * sx.inner + i) * es,
+                    es);
       }
     }
   }

@@ -70,7 +70,8 @@ inline void load_contiguous(const T* src, C* dst, int64_t n) {
   } else if constexpr (is_small_float_v<T> && std::is_same_v<C, float>) {
     convert(src, dst, size_t(n));
   } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = load_one<T, C>(src + i);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = load_one<T, C>(src + i);
   }
 }
 
@@ -87,9 +88,11 @@ inline void store_contiguous(const C* src, T* dst, int64_t n) {
       dst[i] = T::from_bits(typename T::bits_type(encode(T::format, static_cast<double>(src[i]))));
     }
   } else if constexpr (std::is_same_v<T, bool>) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] != C(0);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = src[i] != C(0);
   } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = static_cast<T>(src[i]);
   }
 }
 
@@ -142,7 +145,8 @@ void gather_chunk(const Operand& op, const Shape& shape, int64_t start, int64_t 
     } else if (inner_stride == 1) {
       load_contiguous<T, C>(base + off, dst + i, run);
     } else {
-      for (int64_t k = 0; k < run; ++k) dst[i + k] = load_one<T, C>(base + off + k * inner_stride);
+      for (int64_t k = 0; k < run; ++k)
+        dst[i + k] = load_one<T, C>(base + off + k * inner_stride);
     }
     i += run;
     off += run * inner_stride;
@@ -161,11 +165,13 @@ template <typename F>
 void parallel_chunks(int64_t total, F f) {
   const int64_t chunks = (total + kChunk - 1) / kChunk;
   if (total < kParallelGrain || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(kChunk, total - c * kChunk));
+    for (int64_t c = 0; c < chunks; ++c)
+      f(c * kChunk, std::min(kChunk, total - c * kChunk));
     return;
   }
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(kChunk, total - c * kChunk));
+  for (int64_t c = 0; c < chunks; ++c)
+    f(c * kChunk, std::min(kChunk, total - c * kChunk));
 }
 
 // out = f(inputs...) elementwise with broadcasting. T: storage type of the inputs, C: compute
@@ -176,7 +182,8 @@ void elementwise(Tensor& out, const std::array<const Tensor*, N>& inputs, F f) {
   const Shape shape = out.shape();
   const int64_t total = out.numel();
   std::array<Operand, N> ops;
-  for (size_t k = 0; k < N; ++k) ops[k] = operand_for(*inputs[k], shape);
+  for (size_t k = 0; k < N; ++k)
+    ops[k] = operand_for(*inputs[k], shape);
   O* out_data = static_cast<O*>(out.data_ptr());
   parallel_chunks(total, [&](int64_t start, int64_t n) {
     alignas(64) C in_buf[N][kChunk];
@@ -207,9 +214,9 @@ class PhiloxStream {
     const uint64_t block = i >> 2;
     if (block != block_) {
       block_ = block;
-      words_ = philox4x32_10({uint32_t(block), uint32_t(block >> 32), uint32_t(offset_),
-                              uint32_t(offset_ >> 32)},
-                             {uint32_t(seed_), uint32_t(seed_ >> 32)});
+      words_ = philox4x32_10(
+          {uint32_t(block), uint32_t(block >> 32), uint32_t(offset_), uint32_t(offset_ >> 32)},
+          {uint32_t(seed_), uint32_t(seed_ >> 32)});
     }
     return words_[i & 3];
   }
@@ -225,7 +232,8 @@ template <typename F>
 decltype(auto) dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
 #define MT_DISPATCH_CASE(e, name, T, ...) \
-  case DType::e: return f.template operator()<T>();
+  case DType::e:                          \
+    return f.template operator()<T>();
     MT_FORALL_DTYPES(MT_DISPATCH_CASE)
 #undef MT_DISPATCH_CASE
   }
@@ -237,13 +245,20 @@ decltype(auto) dispatch_dtype(DType dtype, F&& f) {
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::F64: return f.template operator()<double>();
-    case DType::F32: return f.template operator()<float>();
-    case DType::F16: return f.template operator()<half>();
-    case DType::BF16: return f.template operator()<bfloat16>();
-    case DType::FP8_E4M3: return f.template operator()<float8_e4m3>();
-    case DType::FP8_E5M2: return f.template operator()<float8_e5m2>();
-    default: break;
+    case DType::F64:
+      return f.template operator()<double>();
+    case DType::F32:
+      return f.template operator()<float>();
+    case DType::F16:
+      return f.template operator()<half>();
+    case DType::BF16:
+      return f.template operator()<bfloat16>();
+    case DType::FP8_E4M3:
+      return f.template operator()<float8_e4m3>();
+    case DType::FP8_E5M2:
+      return f.template operator()<float8_e5m2>();
+    default:
+      break;
   }
   MT_CHECK(false, op, " needs a floating tensor, got ", dtype_name(dtype));
   return f.template operator()<float>();

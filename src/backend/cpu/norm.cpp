@@ -1,1 +1,825 @@
-// placeholder: filled in by the op-family work
+// CPU normalization, softmax and cross-entropy kernels and their gradients.
+//
+// Numerics: rows are loaded into the compute type (float for f32 and every half type, double
+// for f64), statistics, exp and log are computed there, and each result is rounded once into
+// its storage type. Per-channel and per-feature sums (batch-norm statistics, the weight and
+// bias gradients of the norms) are built from per-row (or per-block) partial sums combined in a
+// fixed order, so results do not depend on the number of OpenMP threads.
+//
+// Layouts: every input is made contiguous first (a no-op for the op layer's tensors); outputs
+// arrive contiguous. Per-channel tensors (weight, bias, running stats, saved statistics) may
+// have any float dtype: they are read and written through copies in the compute type.
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace mantissa::backend::cpu {
+namespace {
+
+// body(i, scratch) for i in [0, n), spread over OpenMP threads when `work` (elements touched) is
+// large; each thread owns one scratch buffer of `scratch` values. Iterations must write
+// disjoint outputs.
+template <typename S, typename F>
+void parallel_rows(int64_t n, int64_t work, int64_t scratch, F body) {
+  const bool parallel =
+      work >= kParallelGrain && n > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel if (parallel)
+  {
+    std::vector<S> buf(static_cast<size_t>(scratch));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      body(i, buf.data());
+  }
+}
+
+// Rows [0, rows) of `len` elements, in tasks of consecutive rows of about kChunk elements:
+// body(r0, r1, scratch), scratch holding `scratch_per_row` values per row of the task. Short rows
+// are thus loaded and converted many at a time. The tasks depend on (rows, len) only and each
+// row is computed by one task the same way, so results do not depend on the thread count.
+template <typename S, typename F>
+void parallel_row_blocks(int64_t rows, int64_t len, int64_t scratch_per_row, F body) {
+  const int64_t per = std::max<int64_t>(1, kChunk / std::max<int64_t>(len, 1));
+  const int64_t tasks = (rows + per - 1) / per;
+  parallel_rows<S>(tasks, rows * std::max<int64_t>(len, 1), per * scratch_per_row,
+                   [&](int64_t t, S* buf) { body(t * per, std::min(rows, (t + 1) * per), buf); });
+}
+
+Tensor contiguous_input(const Tensor& t) {
+  return t.detach().contiguous();
+}
+
+template <typename C>
+constexpr DType stats_dtype_of() {
+  return std::is_same_v<C, double> ? DType::F64 : DType::F32;
+}
+
+// A contiguous row of storage type T in compute type C: the row itself when the types agree,
+// else converted into buf.
+template <typename T, typename C>
+const C* row_as(const T* src, int64_t n, C* buf) {
+  if constexpr (std::is_same_v<T, C>) {
+    (void)n;
+    (void)buf;
+    return src;
+  } else {
+    load_contiguous<T, C>(src, buf, n);
+    return buf;
+  }
+}
+
+// Where a row of results is written: straight into the output when it has the compute type,
+// else into buf (then stored with finish_row).
+template <typename T, typename C>
+C* out_row(T* dst, C* buf) {
+  if constexpr (std::is_same_v<T, C>) {
+    (void)buf;
+    return dst;
+  } else {
+    (void)dst;
+    return buf;
+  }
+}
+
+template <typename T, typename C>
+void finish_row(const C* row, T* dst, int64_t n) {
+  if constexpr (!std::is_same_v<T, C>) store_contiguous<C, T>(row, dst, n);
+}
+
+template <typename A>
+A sum_of(const A* x, int64_t n) {
+  A s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i)
+    s += x[i];
+  return s;
+}
+
+// A per-channel or per-feature tensor of any float dtype and layout, as A; `fill`-valued (size
+// n) when absent.
+template <typename A>
+std::vector<A> read_vector(const Tensor* t, int64_t n, A fill) {
+  if (t == nullptr || !t->defined()) return std::vector<A>(static_cast<size_t>(n), fill);
+  MT_ASSERT(t->numel() == n, "a per-channel tensor has ", t->numel(), " elements, expected ", n);
+  const std::vector<double> v = t->to_vector<double>();
+  return std::vector<A>(v.begin(), v.end());
+}
+
+// dst (any float dtype and layout, v.size() elements) = v, rounded once.
+template <typename A>
+void write_vector(Backend& be, const std::vector<A>& v, Tensor& dst) {
+  MT_ASSERT(dst.numel() == int64_t(v.size()), "writing ", v.size(), " values into a ",
+            dst.describe());
+  Tensor tmp = Tensor::empty(dst.shape(), stats_dtype_of<A>(), dst.device());
+  if (!v.empty()) std::memcpy(tmp.data_ptr(), v.data(), v.size() * sizeof(A));
+  be.copy(tmp, dst);
+}
+
+// (N, C, S) of a batch-norm input.
+struct ChannelShape {
+  int64_t n = 0, c = 0, s = 0;
+  int64_t rows() const { return n * c; }
+};
+
+ChannelShape channel_shape(const Tensor& x) {
+  MT_ASSERT(x.dim() >= 2, "batch_norm kernels take (N, C, ...) inputs, got ", x.describe());
+  ChannelShape cs{x.size(0), x.size(1), 1};
+  for (int d = 2; d < x.dim(); ++d)
+    cs.s *= x.size(d);
+  return cs;
+}
+
+// Per-channel totals of per-(n, c)-row partials, added in n order.
+template <typename A>
+std::vector<A> channel_totals(const std::vector<A>& partial, const ChannelShape& cs) {
+  std::vector<A> total(static_cast<size_t>(cs.c), A(0));
+  for (int64_t n = 0; n < cs.n; ++n) {
+    for (int64_t c = 0; c < cs.c; ++c)
+      total[size_t(c)] += partial[size_t(n * cs.c + c)];
+  }
+  return total;
+}
+
+// (outer, n, inner) of a tensor around `dim`.
+struct DimSplit {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+
+DimSplit split_around(const Tensor& t, int dim) {
+  DimSplit s;
+  if (t.dim() == 0) return s;
+  for (int d = 0; d < dim; ++d)
+    s.outer *= t.size(d);
+  s.n = t.size(dim);
+  for (int d = dim + 1; d < t.dim(); ++d)
+    s.inner *= t.size(d);
+  return s;
+}
+
+// Columns handled together when the softmax dim is not the innermost one.
+constexpr int64_t kTile = 64;
+
+}  // namespace
+
+// ---- batch norm ------------------------------------------------------------------------------
+
+void CpuBackend::batch_norm(const Tensor& x_in, const Tensor* weight, const Tensor* bias,
+                            Tensor* running_mean, Tensor* running_var, bool training,
+                            double momentum, double eps, Tensor& out, Tensor& save_mean,
+                            Tensor& save_rstd) {
+  MT_ASSERT(out.is_contiguous() && out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
+            "batch_norm output");
+  const Tensor x = contiguous_input(x_in);
+  const ChannelShape cs = channel_shape(x);
+  const bool has_running =
+      running_mean && running_mean->defined() && running_var && running_var->defined();
+  MT_ASSERT(training || has_running, "batch_norm in eval mode needs running statistics");
+  dispatch_float(x.dtype(), "batch_norm", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    const int64_t s = cs.s;
+    std::vector<C> mean(static_cast<size_t>(cs.c)), rstd(static_cast<size_t>(cs.c));
+    if (training) {
+      const int64_t count = cs.n * cs.s;
+      std::vector<C> partial(static_cast<size_t>(cs.rows()));
+      parallel_row_blocks<C>(cs.rows(), s, s, [&](int64_t r0, int64_t r1, C* buf) {
+        const C* blk = row_as<T, C>(xp + r0 * s, (r1 - r0) * s, buf);
+        for (int64_t r = r0; r < r1; ++r)
+          partial[size_t(r)] = sum_of(blk + (r - r0) * s, s);
+      });
+      mean = channel_totals(partial, cs);
+      for (C& m : mean)
+        m /= C(count);
+      // Two passes (mean, then squared deviations): no cancellation for large means.
+      parallel_row_blocks<C>(cs.rows(), s, s, [&](int64_t r0, int64_t r1, C* buf) {
+        const C* blk = row_as<T, C>(xp + r0 * s, (r1 - r0) * s, buf);
+        for (int64_t r = r0, ch = r0 % cs.c; r < r1; ++r, ch = ch + 1 == cs.c ? 0 : ch + 1) {
+          const C* row = blk + (r - r0) * s;
+          const C m = mean[size_t(ch)];
+          C ss = 0;
+#pragma omp simd reduction(+ : ss)
+          for (int64_t i = 0; i < s; ++i)
+            ss += (row[i] - m) * (row[i] - m);
+          partial[size_t(r)] = ss;
+        }
+      });
+      const std::vector<C> sq = channel_totals(partial, cs);
+      std::vector<double> new_mean, new_var;
+      if (has_running) {
+        new_mean = read_vector<double>(running_mean, cs.c, 0.0);
+        new_var = read_vector<double>(running_var, cs.c, 1.0);
+      }
+      for (int64_t c = 0; c < cs.c; ++c) {
+        const C var = sq[size_t(c)] / C(count);  // biased: what normalizes the batch
+        rstd[size_t(c)] = C(1) / std::sqrt(var + C(eps));
+        if (has_running) {
+          // The running variance is the unbiased one, as in PyTorch.
+          const double unbiased = double(sq[size_t(c)]) / double(count - 1);
+          new_mean[size_t(c)] = (1 - momentum) * new_mean[size_t(c)] + momentum * mean[size_t(c)];
+          new_var[size_t(c)] = (1 - momentum) * new_var[size_t(c)] + momentum * unbiased;
+        }
+      }
+      if (has_running) {
+        write_vector(*this, new_mean, *running_mean);
+        write_vector(*this, new_var, *running_var);
+      }
+    } else {
+      mean = read_vector<C>(running_mean, cs.c, C(0));
+      const std::vector<C> var = read_vector<C>(running_var, cs.c, C(1));
+      for (int64_t c = 0; c < cs.c; ++c) {
+        rstd[size_t(c)] = C(1) / std::sqrt(var[size_t(c)] + C(eps));
+      }
+    }
+    // In eval mode these are the running statistics: backward needs nothing else.
+    write_vector(*this, mean, save_mean);
+    write_vector(*this, rstd, save_rstd);
+
+    const std::vector<C> w = read_vector<C>(weight, cs.c, C(1));
+    const std::vector<C> b = read_vector<C>(bias, cs.c, C(0));
+    parallel_row_blocks<C>(cs.rows(), s, s, [&](int64_t r0, int64_t r1, C* buf) {
+      const int64_t len = (r1 - r0) * s;
+      const C* blk = row_as<T, C>(xp + r0 * s, len, buf);
+      C* dst = out_row<T, C>(op + r0 * s, buf);  // may be blk: element i reads only blk[i]
+      for (int64_t r = r0, ch = r0 % cs.c; r < r1; ++r, ch = ch + 1 == cs.c ? 0 : ch + 1) {
+        const size_t c = size_t(ch);
+        const C m = mean[c], scale = rstd[c] * w[c], shift = b[c];
+        const C* row = blk + (r - r0) * s;
+        C* o = dst + (r - r0) * s;
+        for (int64_t i = 0; i < s; ++i)
+          o[i] = (row[i] - m) * scale + shift;
+      }
+      finish_row<T, C>(dst, op + r0 * s, len);
+    });
+  });
+}
+
+void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
+                                     const Tensor* weight, const Tensor& save_mean,
+                                     const Tensor& save_rstd, bool training, Tensor* grad_x,
+                                     Tensor* grad_weight, Tensor* grad_bias) {
+  const Tensor x = contiguous_input(x_in);
+  const Tensor g = contiguous_input(grad_out);
+  MT_ASSERT(g.shape() == x.shape() && g.dtype() == x.dtype(), "batch_norm_backward: grad ",
+            g.describe(), " for input ", x.describe());
+  const ChannelShape cs = channel_shape(x);
+  const bool want_x = grad_x && grad_x->defined();
+  const bool want_w = grad_weight && grad_weight->defined();
+  const bool want_b = grad_bias && grad_bias->defined();
+  if (want_x) {
+    MT_ASSERT(
+        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(),
+        "batch_norm_backward grad_x");
+  }
+  dispatch_float(x.dtype(), "batch_norm_backward", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    const int64_t s = cs.s, count = cs.n * cs.s;
+    const std::vector<C> mean = read_vector<C>(&save_mean, cs.c, C(0));
+    const std::vector<C> rstd = read_vector<C>(&save_rstd, cs.c, C(1));
+    const std::vector<C> w = read_vector<C>(weight, cs.c, C(1));
+
+    // Per channel: sum of g and sum of g * (x - mean).
+    std::vector<C> sum_g(static_cast<size_t>(cs.c), C(0)), sum_gd(static_cast<size_t>(cs.c), C(0));
+    if (want_w || want_b || (want_x && training)) {
+      std::vector<C> pg(static_cast<size_t>(cs.rows())), pgd(static_cast<size_t>(cs.rows()));
+      parallel_row_blocks<C>(cs.rows(), s, 2 * s, [&](int64_t r0, int64_t r1, C* buf) {
+        const int64_t len = (r1 - r0) * s;
+        const C* xb = row_as<T, C>(xp + r0 * s, len, buf);
+        const C* gb = row_as<T, C>(gp + r0 * s, len, buf + len);
+        for (int64_t r = r0, ch = r0 % cs.c; r < r1; ++r, ch = ch + 1 == cs.c ? 0 : ch + 1) {
+          const C* xr = xb + (r - r0) * s;
+          const C* gr = gb + (r - r0) * s;
+          const C m = mean[size_t(ch)];
+          C a = 0, d = 0;
+#pragma omp simd reduction(+ : a, d)
+          for (int64_t i = 0; i < s; ++i) {
+            a += gr[i];
+            d += gr[i] * (xr[i] - m);
+          }
+          pg[size_t(r)] = a;
+          pgd[size_t(r)] = d;
+        }
+      });
+      sum_g = channel_totals(pg, cs);
+      sum_gd = channel_totals(pgd, cs);
+    }
+    if (want_w) {
+      std::vector<C> gw(static_cast<size_t>(cs.c));
+      for (int64_t c = 0; c < cs.c; ++c)
+        gw[size_t(c)] = sum_gd[size_t(c)] * rstd[size_t(c)];
+      write_vector(*this, gw, *grad_weight);
+    }
+    if (want_b) write_vector(*this, sum_g, *grad_bias);
+    if (!want_x) return;
+
+    // Training: gx = w rstd (g - mean(g) - (x - mean) rstd^2 mean(g (x - mean))).
+    // Eval (constant statistics): gx = w rstd g.
+    std::vector<C> k(static_cast<size_t>(cs.c)), mg(static_cast<size_t>(cs.c), C(0)),
+        q(static_cast<size_t>(cs.c), C(0));
+    for (int64_t c = 0; c < cs.c; ++c) {
+      const size_t i = size_t(c);
+      k[i] = w[i] * rstd[i];
+      if (training) {
+        mg[i] = sum_g[i] / C(count);
+        q[i] = sum_gd[i] * rstd[i] * rstd[i] / C(count);
+      }
+    }
+    T* gxp = static_cast<T*>(grad_x->data_ptr());
+    parallel_row_blocks<C>(cs.rows(), s, 2 * s, [&](int64_t r0, int64_t r1, C* buf) {
+      const int64_t len = (r1 - r0) * s;
+      const C* xb = row_as<T, C>(xp + r0 * s, len, buf);
+      const C* gb = row_as<T, C>(gp + r0 * s, len, buf + len);
+      C* dst = out_row<T, C>(gxp + r0 * s, buf);  // may be xb: element i reads only xb[i]
+      for (int64_t r = r0, ch = r0 % cs.c; r < r1; ++r, ch = ch + 1 == cs.c ? 0 : ch + 1) {
+        const size_t c = size_t(ch);
+        const C m = mean[c], kc = k[c], mgc = mg[c], qc = q[c];
+        const C* xr = xb + (r - r0) * s;
+        const C* gr = gb + (r - r0) * s;
+        C* o = dst + (r - r0) * s;
+        for (int64_t i = 0; i < s; ++i)
+          o[i] = kc * (gr[i] - mgc - (xr[i] - m) * qc);
+      }
+      finish_row<T, C>(dst, gxp + r0 * s, len);
+    });
+  });
+}
+
+// ---- layer norm ------------------------------------------------------------------------------
+
+void CpuBackend::layer_norm(const Tensor& x_in, const Tensor* weight, const Tensor* bias,
+                            double eps, Tensor& out, Tensor& mean_out, Tensor& rstd_out) {
+  MT_ASSERT(out.is_contiguous() && out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
+            "layer_norm output");
+  const Tensor x = contiguous_input(x_in);
+  const int64_t m = mean_out.numel();
+  if (m == 0 || x.numel() == 0) return;
+  const int64_t n = x.numel() / m;
+  dispatch_float(x.dtype(), "layer_norm", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    const std::vector<C> w = read_vector<C>(weight, n, C(1));
+    const std::vector<C> b = read_vector<C>(bias, n, C(0));
+    std::vector<C> mean(static_cast<size_t>(m)), rstd(static_cast<size_t>(m));
+    parallel_row_blocks<C>(m, n, n, [&](int64_t r0, int64_t r1, C* buf) {
+      const int64_t len = (r1 - r0) * n;
+      const C* blk = row_as<T, C>(xp + r0 * n, len, buf);
+      C* dst = out_row<T, C>(op + r0 * n, buf);  // may be blk: a row is read before written
+      for (int64_t r = r0; r < r1; ++r) {
+        const C* row = blk + (r - r0) * n;
+        const C mu = sum_of(row, n) / C(n);
+        C ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < n; ++i)
+          ss += (row[i] - mu) * (row[i] - mu);
+        const C rs = C(1) / std::sqrt(ss / C(n) + C(eps));
+        C* o = dst + (r - r0) * n;
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = (row[i] - mu) * rs * w[size_t(i)] + b[size_t(i)];
+        mean[size_t(r)] = mu;
+        rstd[size_t(r)] = rs;
+      }
+      finish_row<T, C>(dst, op + r0 * n, len);
+    });
+    write_vector(*this, mean, mean_out);
+    write_vector(*this, rstd, rstd_out);
+  });
+}
+
+void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
+                                     const Tensor* weight, const Tensor& mean_in,
+                                     const Tensor& rstd_in, Tensor* grad_x, Tensor* grad_weight,
+                                     Tensor* grad_bias) {
+  const Tensor x = contiguous_input(x_in);
+  const Tensor g = contiguous_input(grad_out);
+  MT_ASSERT(g.shape() == x.shape() && g.dtype() == x.dtype(), "layer_norm_backward: grad ",
+            g.describe(), " for input ", x.describe());
+  const bool want_x = grad_x && grad_x->defined();
+  const bool want_w = grad_weight && grad_weight->defined();
+  const bool want_b = grad_bias && grad_bias->defined();
+  if (want_x) {
+    MT_ASSERT(
+        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(),
+        "layer_norm_backward grad_x");
+  }
+  const int64_t m = mean_in.numel();
+  const int64_t n = m ? x.numel() / m : 0;
+  dispatch_float(x.dtype(), "layer_norm_backward", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    T* gxp = want_x ? static_cast<T*>(grad_x->data_ptr()) : nullptr;
+    const std::vector<C> mean = read_vector<C>(&mean_in, m, C(0));
+    const std::vector<C> rstd = read_vector<C>(&rstd_in, m, C(1));
+    const std::vector<C> w = read_vector<C>(weight, n, C(1));
+    // Rows go in fixed blocks (a function of m only); each block sums its own weight/bias
+    // gradient partials, and the blocks are added in order: no dependence on the thread count.
+    const int64_t rows_per_block = std::max<int64_t>(1, (m + 63) / 64);
+    const int64_t blocks = m ? (m + rows_per_block - 1) / rows_per_block : 0;
+    std::vector<C> pw(want_w ? size_t(blocks * n) : 0, C(0));
+    std::vector<C> pb(want_b ? size_t(blocks * n) : 0, C(0));
+    // Within a block, rows are loaded `per` at a time (short rows convert in bulk).
+    const int64_t per =
+        std::min(rows_per_block, std::max<int64_t>(1, kChunk / std::max<int64_t>(n, 1)));
+    parallel_rows<C>(blocks, 2 * x.numel(), (2 * per + 1) * n, [&](int64_t blk, C* buf) {
+      C* bw = want_w ? pw.data() + blk * n : nullptr;
+      C* bb = want_b ? pb.data() + blk * n : nullptr;
+      C* xhat = buf + 2 * per * n;
+      const int64_t end = std::min(m, (blk + 1) * rows_per_block);
+      const C* xb = nullptr;
+      const C* gb = nullptr;
+      int64_t loaded = 0;  // first row of the loaded group
+      for (int64_t r = blk * rows_per_block; r < end; ++r) {
+        if (r == blk * rows_per_block || r - loaded == per) {
+          loaded = r;
+          const int64_t len = (std::min(end, r + per) - r) * n;
+          xb = row_as<T, C>(xp + r * n, len, buf);
+          gb = row_as<T, C>(gp + r * n, len, buf + per * n);
+        }
+        const C* xr = xb + (r - loaded) * n;
+        const C* gr = gb + (r - loaded) * n;
+        const C mu = mean[size_t(r)], rs = rstd[size_t(r)];
+        C a = 0, d = 0;  // sums of dxhat and dxhat * xhat, dxhat = g * w
+        for (int64_t i = 0; i < n; ++i) {
+          xhat[i] = (xr[i] - mu) * rs;
+          const C dx = gr[i] * w[size_t(i)];
+          a += dx;
+          d += dx * xhat[i];
+        }
+        if (bw) {
+          for (int64_t i = 0; i < n; ++i)
+            bw[i] += gr[i] * xhat[i];
+        }
+        if (bb) {
+          for (int64_t i = 0; i < n; ++i)
+            bb[i] += gr[i];
+        }
+        if (!want_x) continue;
+        const C ma = a / C(n), md = d / C(n);
+        // Written over xhat (its own values only): dst[i] depends on xhat[i] alone.
+        C* dst = out_row<T, C>(gxp + r * n, xhat);
+        for (int64_t i = 0; i < n; ++i) {
+          dst[i] = rs * (gr[i] * w[size_t(i)] - ma - xhat[i] * md);
+        }
+        finish_row<T, C>(dst, gxp + r * n, n);
+      }
+    });
+    auto combine = [&](const std::vector<C>& partial, Tensor& dst) {
+      std::vector<C> total(static_cast<size_t>(n), C(0));
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const C* p = partial.data() + blk * n;
+        for (int64_t i = 0; i < n; ++i)
+          total[size_t(i)] += p[i];
+      }
+      write_vector(*this, total, dst);
+    };
+    if (want_w) combine(pw, *grad_weight);
+    if (want_b) combine(pb, *grad_bias);
+  });
+}
+
+// ---- softmax ---------------------------------------------------------------------------------
+
+namespace {
+
+// e^x in float, in a form loops vectorize (a call to std::exp keeps them scalar, and exp is
+// most of softmax's time). Cody-Waite reduction x = k ln2 + r with |r| <= ln2/2, Cephes'
+// degree-6 polynomial for e^r, and 2^k applied as two exact power-of-two factors so that
+// subnormal results are rounded once. Error about 1 ulp (NnSoftmax tests check it against
+// float64). Meant for softmax's arguments, x <= 0 (and NaN, which propagates): e^x underflows
+// to 0 below -104 and saturates above 88.
+inline float exp_approx(float x) {
+  {
+    // x = clamp(x, -104, 88) as a bit select: a conditional on floats would keep the loop
+    // scalar (GCC does not if-convert it under the default -ftrapping-math). NaN compares
+    // false both times and stays NaN.
+    const uint32_t lo = 0u - uint32_t(x < -104.0f), hi = 0u - uint32_t(x > 88.0f);
+    x = std::bit_cast<float>((std::bit_cast<uint32_t>(x) & ~(lo | hi)) |
+                             (std::bit_cast<uint32_t>(-104.0f) & lo) |
+                             (std::bit_cast<uint32_t>(88.0f) & hi));
+  }
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to int
+  const float t = x * 1.44269504088896341f + kRound;
+  const float k = t - kRound;  // round(x / ln2)
+  const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // k as an integer, from t's low mantissa bits (no float-to-int conversion: NaN-safe).
+  const int32_t ki = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
+  const int32_t k1 = ki >> 1, k2 = ki - k1;  // each in [-75, 44]: 2^k1, 2^k2 are normal
+  const float s1 = std::bit_cast<float>(uint32_t(k1 + 127) << 23);
+  const float s2 = std::bit_cast<float>(uint32_t(k2 + 127) << 23);
+  return p * s1 * s2;
+}
+
+template <typename C>
+inline C exp_of(C x) {
+  if constexpr (std::is_same_v<C, float>) {
+    return exp_approx(x);
+  } else {
+    return std::exp(x);
+  }
+}
+
+// One contiguous row: dst = softmax(row) or log_softmax(row); dst may be row.
+template <typename C>
+void softmax_row(const C* row, C* dst, int64_t n, bool log) {
+  // A NaN in the row need not win the max: it makes the sum, hence every output, NaN.
+  C mx = -std::numeric_limits<C>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t i = 0; i < n; ++i)
+    mx = row[i] > mx ? row[i] : mx;
+  if (log) {
+    C s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i)
+      s += exp_of(row[i] - mx);
+    // (x - max) - log(sum), not x - (max + log(sum)): the latter rounds log(sum) at the
+    // magnitude of max and loses the small log-probs of a dominant class.
+    const C log_s = std::log(s);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = (row[i] - mx) - log_s;
+  } else {
+    C s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) {
+      dst[i] = exp_of(row[i] - mx);
+      s += dst[i];
+    }
+    const C inv = C(1) / s;
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] *= inv;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::softmax(const Tensor& x_in, int dim, bool log, Tensor& out) {
+  MT_ASSERT(out.is_contiguous() && out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
+            "softmax output");
+  const Tensor x = contiguous_input(x_in);
+  if (x.numel() == 0) return;
+  const DimSplit sp = split_around(x, dim);
+  dispatch_float(x.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    const int64_t n = sp.n;
+    if (sp.inner == 1) {
+      parallel_row_blocks<C>(sp.outer, n, n, [&](int64_t r0, int64_t r1, C* buf) {
+        const int64_t len = (r1 - r0) * n;
+        const C* blk = row_as<T, C>(xp + r0 * n, len, buf);
+        C* dst = out_row<T, C>(op + r0 * n, buf);
+        for (int64_t k = 0; k < r1 - r0; ++k)
+          softmax_row(blk + k * n, dst + k * n, n, log);
+        finish_row<T, C>(dst, op + r0 * n, len);
+      });
+      return;
+    }
+    // The softmax dim is strided: kTile neighbouring columns at a time, three passes over the
+    // dim (max, sum of exp, output), each reading contiguous runs of the tile.
+    const int64_t tiles = (sp.inner + kTile - 1) / kTile;
+    parallel_rows<C>(sp.outer * tiles, x.numel(), 3 * kTile, [&](int64_t task, C* buf) {
+      const int64_t o = task / tiles, t0 = (task % tiles) * kTile;
+      const int64_t w = std::min(kTile, sp.inner - t0);
+      C* mx = buf;
+      C* acc = buf + kTile;
+      C* v = buf + 2 * kTile;
+      const int64_t base = o * n * sp.inner + t0;
+      std::fill(mx, mx + w, -std::numeric_limits<C>::infinity());
+      std::fill(acc, acc + w, C(0));
+      for (int64_t j = 0; j < n; ++j) {
+        load_contiguous<T, C>(xp + base + j * sp.inner, v, w);
+#pragma omp simd
+        for (int64_t i = 0; i < w; ++i)
+          mx[i] = v[i] > mx[i] ? v[i] : mx[i];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        load_contiguous<T, C>(xp + base + j * sp.inner, v, w);
+#pragma omp simd
+        for (int64_t i = 0; i < w; ++i)
+          acc[i] += exp_of(v[i] - mx[i]);
+      }
+      for (int64_t i = 0; i < w; ++i) {
+        acc[i] = log ? std::log(acc[i]) : C(1) / acc[i];  // log(sum) or 1/sum
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        load_contiguous<T, C>(xp + base + j * sp.inner, v, w);
+        if (log) {
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i)
+            v[i] = (v[i] - mx[i]) - acc[i];
+        } else {
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i)
+            v[i] = exp_of(v[i] - mx[i]) * acc[i];
+        }
+        store_contiguous<C, T>(v, op + base + j * sp.inner, w);
+      }
+    });
+  });
+}
+
+void CpuBackend::softmax_backward(const Tensor& grad_y, const Tensor& y_in, int dim, bool log,
+                                  Tensor& grad_x) {
+  MT_ASSERT(grad_x.is_contiguous() && grad_x.shape() == y_in.shape() &&
+                grad_x.dtype() == y_in.dtype() && grad_y.dtype() == y_in.dtype() &&
+                grad_y.shape() == y_in.shape(),
+            "softmax_backward arguments");
+  const Tensor y = contiguous_input(y_in);
+  const Tensor g = contiguous_input(grad_y);
+  if (y.numel() == 0) return;
+  const DimSplit sp = split_around(y, dim);
+  // softmax: gx = y (g - sum(g y));  log_softmax: gx = g - exp(y) sum(g).
+  dispatch_float(y.dtype(), log ? "log_softmax backward" : "softmax backward", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* yp = static_cast<const T*>(y.data_ptr());
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    T* op = static_cast<T*>(grad_x.data_ptr());
+    const int64_t n = sp.n;
+    if (sp.inner == 1) {
+      parallel_row_blocks<C>(sp.outer, n, 2 * n, [&](int64_t r0, int64_t r1, C* buf) {
+        const int64_t len = (r1 - r0) * n;
+        const C* yb = row_as<T, C>(yp + r0 * n, len, buf);
+        const C* gb = row_as<T, C>(gp + r0 * n, len, buf + len);
+        C* dst = out_row<T, C>(op + r0 * n, buf);  // may be yb: element i reads only yb[i]
+        for (int64_t k = 0; k < r1 - r0; ++k) {
+          const C* yr = yb + k * n;
+          const C* gr = gb + k * n;
+          C* o = dst + k * n;
+          C s = 0;
+          if (log) {
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < n; ++i)
+              s += gr[i];
+#pragma omp simd
+            for (int64_t i = 0; i < n; ++i)
+              o[i] = gr[i] - exp_of(yr[i]) * s;
+          } else {
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < n; ++i)
+              s += gr[i] * yr[i];
+#pragma omp simd
+            for (int64_t i = 0; i < n; ++i)
+              o[i] = yr[i] * (gr[i] - s);
+          }
+        }
+        finish_row<T, C>(dst, op + r0 * n, len);
+      });
+      return;
+    }
+    const int64_t tiles = (sp.inner + kTile - 1) / kTile;
+    parallel_rows<C>(sp.outer * tiles, 2 * y.numel(), 3 * kTile, [&](int64_t task, C* buf) {
+      const int64_t o = task / tiles, t0 = (task % tiles) * kTile;
+      const int64_t w = std::min(kTile, sp.inner - t0);
+      C* acc = buf;
+      C* yv = buf + kTile;
+      C* gv = buf + 2 * kTile;
+      const int64_t base = o * n * sp.inner + t0;
+      std::fill(acc, acc + w, C(0));
+      for (int64_t j = 0; j < n; ++j) {
+        load_contiguous<T, C>(gp + base + j * sp.inner, gv, w);
+        if (log) {
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i)
+            acc[i] += gv[i];
+        } else {
+          load_contiguous<T, C>(yp + base + j * sp.inner, yv, w);
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i)
+            acc[i] += gv[i] * yv[i];
+        }
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        load_contiguous<T, C>(gp + base + j * sp.inner, gv, w);
+        load_contiguous<T, C>(yp + base + j * sp.inner, yv, w);
+        if (log) {
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i)
+            gv[i] -= exp_of(yv[i]) * acc[i];
+        } else {
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i)
+            gv[i] = yv[i] * (gv[i] - acc[i]);
+        }
+        store_contiguous<C, T>(gv, op + base + j * sp.inner, w);
+      }
+    });
+  });
+}
+
+// ---- cross entropy ---------------------------------------------------------------------------
+
+// log_probs are written in the compute type, F32 (F64 for f64 logits), not in the logits' half
+// dtype: backward's softmax = exp(log p) then carries no half-precision rounding (a bf16 log p
+// near -5 is rounded by up to 2^-6, i.e. 1.6% of p), and the loss stays fp32 end to end.
+void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& target_in,
+                               int64_t ignore_index, double label_smoothing, Tensor& loss,
+                               Tensor& log_probs) {
+  const Tensor logits = contiguous_input(logits_in);
+  const Tensor target = contiguous_input(target_in);
+  MT_ASSERT(logits.dim() == 2 && target.dim() == 1 && target.dtype() == DType::I64 &&
+                target.size(0) == logits.size(0),
+            "cross_entropy kernel shapes: ", logits.describe(), ", ", target.describe());
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  const int64_t* tp = static_cast<const int64_t*>(target.data_ptr());
+  // Checked before the parallel loop (nothing may throw inside it).
+  for (int64_t r = 0; r < rows; ++r) {
+    MT_CHECK(tp[r] == ignore_index || (tp[r] >= 0 && tp[r] < classes), "cross_entropy: target ",
+             tp[r], " (sample ", r, ") is out of range for ", classes, " classes (valid: 0 .. ",
+             classes - 1, ", or ignore_index ", ignore_index, ")");
+  }
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    using C = compute_t<T>;
+    MT_ASSERT(loss.dtype() == stats_dtype_of<C>() && log_probs.dtype() == stats_dtype_of<C>() &&
+                  loss.is_contiguous() && log_probs.is_contiguous() && loss.numel() == rows &&
+                  log_probs.numel() == rows * classes,
+              "cross_entropy outputs: loss ", loss.describe(), ", log_probs ",
+              log_probs.describe());
+    const T* lp_in = static_cast<const T*>(logits.data_ptr());
+    C* lp = static_cast<C*>(log_probs.data_ptr());
+    C* lo = static_cast<C*>(loss.data_ptr());
+    const C ls = C(label_smoothing);
+    parallel_row_blocks<C>(rows, classes, 0, [&](int64_t r0, int64_t r1, C*) {
+      load_contiguous<T, C>(lp_in + r0 * classes, lp + r0 * classes, (r1 - r0) * classes);
+      for (int64_t r = r0; r < r1; ++r) {
+        C* row = lp + r * classes;
+        softmax_row(row, row, classes, /*log=*/true);
+        const int64_t t = tp[r];
+        if (t == ignore_index) {
+          lo[r] = C(0);
+          continue;
+        }
+        C l = -row[t];
+        if (ls != C(0)) {
+          // PyTorch's smoothing: (1 - ls) * nll + ls * mean over classes of -log p.
+          l = (C(1) - ls) * l - ls * sum_of(row, classes) / C(classes);
+        }
+        lo[r] = l;
+      }
+    });
+  });
+}
+
+void CpuBackend::cross_entropy_backward(const Tensor& grad_loss_in, const Tensor& log_probs_in,
+                                        const Tensor& target_in, int64_t ignore_index,
+                                        double label_smoothing, Tensor& grad_logits) {
+  const Tensor gl = contiguous_input(grad_loss_in);
+  const Tensor log_probs = contiguous_input(log_probs_in);
+  const Tensor target = contiguous_input(target_in);
+  MT_ASSERT(log_probs.dim() == 2 && grad_logits.is_contiguous() &&
+                grad_logits.shape() == log_probs.shape() && gl.numel() == log_probs.size(0) &&
+                gl.dtype() == log_probs.dtype() && target.numel() == log_probs.size(0),
+            "cross_entropy_backward arguments");
+  const int64_t rows = log_probs.size(0), classes = log_probs.size(1);
+  const int64_t* tp = static_cast<const int64_t*>(target.data_ptr());
+  MT_ASSERT(log_probs.dtype() == DType::F32 || log_probs.dtype() == DType::F64,
+            "cross_entropy_backward: log-probs are F32 or F64, got ", log_probs.describe());
+  // C: the log-probs' type (their compute type); T: the logits' storage type.
+  auto run = [&]<typename C>() {
+    const C* lp = static_cast<const C*>(log_probs.data_ptr());
+    const C* gp = static_cast<const C*>(gl.data_ptr());
+    const C ls = C(label_smoothing);
+    const C off = ls / C(classes), on = C(1) - ls + off;
+    dispatch_float(grad_logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
+      T* op = static_cast<T*>(grad_logits.data_ptr());
+      parallel_row_blocks<C>(rows, classes, classes, [&](int64_t r0, int64_t r1, C* buf) {
+        C* dst = out_row<T, C>(op + r0 * classes, buf);
+        for (int64_t r = r0; r < r1; ++r) {
+          C* o = dst + (r - r0) * classes;
+          const int64_t t = tp[r];
+          if (t == ignore_index) {
+            std::fill(o, o + classes, C(0));
+            continue;
+          }
+          const C g = gp[r];
+          const C* row = lp + r * classes;
+#pragma omp simd
+          for (int64_t i = 0; i < classes; ++i)
+            o[i] = g * (exp_of(row[i]) - off);
+          o[t] = g * (exp_of(row[t]) - on);
+        }
+        finish_row<T, C>(dst, op + r0 * classes, (r1 - r0) * classes);
+      });
+    });
+  };
+  if (log_probs.dtype() == DType::F64) {
+    run.template operator()<double>();
+  } else {
+    run.template operator()<float>();
+  }
+}
+
+}  // namespace mantissa::backend::cpu

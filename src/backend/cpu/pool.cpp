@@ -1,1 +1,272 @@
-// placeholder: filled in by the op-family work
+// CPU pooling kernels (NCHW): max, average and adaptive average pooling and their gradients.
+// Every (n, c) plane is independent: planes are spread over OpenMP threads, each plane is loaded
+// into a compute-type buffer (float for half types, double for f64), pooled there, and rounded
+// once on store. No plane is shared between threads, so results do not depend on the thread
+// count. Gradients are accumulated per plane in the compute type, then rounded once.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace mantissa::backend::cpu {
+namespace {
+
+// The sizes of one pooling call: `planes` = N * C planes of (h, w) in, (oh, ow) out.
+struct PoolGeometry {
+  int64_t planes = 0, h = 0, w = 0, oh = 0, ow = 0;
+  int64_t in_plane() const { return h * w; }
+  int64_t out_plane() const { return oh * ow; }
+};
+
+PoolGeometry geometry(const Tensor& in, const Tensor& out) {
+  MT_ASSERT(in.dim() == 4 && out.dim() == 4, "pooling kernels take (N, C, H, W) tensors, got ",
+            in.describe(), " and ", out.describe());
+  MT_ASSERT(in.size(0) == out.size(0) && in.size(1) == out.size(1),
+            "pooling planes differ: ", in.describe(), " vs ", out.describe());
+  return {in.size(0) * in.size(1), in.size(2), in.size(3), out.size(2), out.size(3)};
+}
+
+// body(plane, scratch) for every plane; each thread owns one scratch buffer of `scratch` values.
+template <typename S, typename F>
+void for_each_plane(int64_t planes, int64_t work, int64_t scratch, F body) {
+  const bool parallel =
+      work >= kParallelGrain && planes > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel if (parallel)
+  {
+    std::vector<S> buf(static_cast<size_t>(scratch));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < planes; ++p)
+      body(p, buf.data());
+  }
+}
+
+// The input window of output index o along one axis of size n, clipped to [0, n).
+struct Window {
+  int64_t begin, end;
+};
+
+inline Window window(int64_t o, int64_t stride, int64_t pad, int64_t kernel, int64_t n) {
+  const int64_t start = o * stride - pad;
+  return {std::max<int64_t>(start, 0), std::min(start + kernel, n)};
+}
+
+// The divisor of an average-pool window: PyTorch's rule, where the padded window may extend
+// past the padding at the bottom/right edge and is then cut to input + padding.
+inline int64_t avg_divisor(int64_t oh, int64_t ow, const PoolGeometry& g, const Pool2dParams& p) {
+  if (!p.count_include_pad) {
+    const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
+    const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+    return (wh.end - wh.begin) * (ww.end - ww.begin);
+  }
+  const int64_t hs = oh * p.stride[0] - p.padding[0], ws = ow * p.stride[1] - p.padding[1];
+  const int64_t he = std::min(hs + p.kernel[0], g.h + p.padding[0]);
+  const int64_t we = std::min(ws + p.kernel[1], g.w + p.padding[1]);
+  return (he - hs) * (we - ws);
+}
+
+// PyTorch's adaptive window along one axis: [floor(i*n/m), ceil((i+1)*n/m)).
+inline Window adaptive_window(int64_t i, int64_t n, int64_t m) {
+  return {(i * n) / m, ((i + 1) * n + m - 1) / m};
+}
+
+Tensor contiguous_input(const Tensor& t) {
+  return t.detach().contiguous();
+}
+
+}  // namespace
+
+void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
+                            const Pool2dParams& p) {
+  MT_ASSERT(out.is_contiguous() && indices.is_contiguous() && indices.dtype() == DType::I64 &&
+                indices.shape() == out.shape(),
+            "max_pool2d outputs");
+  const Tensor x = contiguous_input(x_in);
+  const PoolGeometry g = geometry(x, out);
+  int64_t* idx = static_cast<int64_t*>(indices.data_ptr());
+  dispatch_float(x.dtype(), "max_pool2d", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    for_each_plane<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
+      C* in = buf;
+      C* res = buf + g.in_plane();
+      int64_t* best_at = idx + pl * g.out_plane();
+      load_contiguous<T, C>(xp + pl * g.in_plane(), in, g.in_plane());
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+          // The first maximum wins; a NaN wins over everything and stops the search.
+          int64_t at = wh.begin * g.w + ww.begin;
+          C best = -std::numeric_limits<C>::infinity();
+          for (int64_t h = wh.begin; h < wh.end && !std::isnan(best); ++h) {
+            for (int64_t w = ww.begin; w < ww.end; ++w) {
+              const C v = in[h * g.w + w];
+              if (v > best || std::isnan(v)) {
+                best = v;
+                at = h * g.w + w;
+                if (std::isnan(v)) break;
+              }
+            }
+          }
+          res[oh * g.ow + ow] = in[at];
+          best_at[oh * g.ow + ow] = at;
+        }
+      }
+      store_contiguous<C, T>(res, op + pl * g.out_plane(), g.out_plane());
+    });
+  });
+}
+
+void CpuBackend::max_pool2d_backward(const Tensor& grad_out_in, const Tensor& indices_in,
+                                     Tensor& grad_x) {
+  MT_ASSERT(grad_x.is_contiguous() && grad_x.dtype() == grad_out_in.dtype() &&
+                indices_in.dtype() == DType::I64 && indices_in.shape() == grad_out_in.shape(),
+            "max_pool2d_backward arguments");
+  const Tensor go = contiguous_input(grad_out_in);
+  const Tensor ix = contiguous_input(indices_in);
+  const PoolGeometry g = geometry(grad_x, go);
+  const int64_t* idx = static_cast<const int64_t*>(ix.data_ptr());
+  dispatch_float(go.dtype(), "max_pool2d_backward", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* gp = static_cast<const T*>(go.data_ptr());
+    T* gxp = static_cast<T*>(grad_x.data_ptr());
+    for_each_plane<C>(g.planes, grad_x.numel(), g.in_plane() + g.out_plane(),
+                      [&](int64_t pl, C* buf) {
+                        C* acc = buf;
+                        C* gin = buf + g.in_plane();
+                        std::fill(acc, acc + g.in_plane(), C(0));
+                        load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
+                        const int64_t* at = idx + pl * g.out_plane();
+                        for (int64_t o = 0; o < g.out_plane(); ++o)
+                          acc[at[o]] += gin[o];
+                        store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
+                      });
+  });
+}
+
+void CpuBackend::avg_pool2d(const Tensor& x_in, Tensor& out, const Pool2dParams& p) {
+  MT_ASSERT(out.is_contiguous(), "avg_pool2d output must be contiguous");
+  const Tensor x = contiguous_input(x_in);
+  const PoolGeometry g = geometry(x, out);
+  dispatch_float(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    for_each_plane<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
+      C* in = buf;
+      C* res = buf + g.in_plane();
+      load_contiguous<T, C>(xp + pl * g.in_plane(), in, g.in_plane());
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+          C s = 0;
+          for (int64_t h = wh.begin; h < wh.end; ++h) {
+            for (int64_t w = ww.begin; w < ww.end; ++w)
+              s += in[h * g.w + w];
+          }
+          res[oh * g.ow + ow] = s / C(avg_divisor(oh, ow, g, p));
+        }
+      }
+      store_contiguous<C, T>(res, op + pl * g.out_plane(), g.out_plane());
+    });
+  });
+}
+
+void CpuBackend::avg_pool2d_backward(const Tensor& grad_out_in, Tensor& grad_x,
+                                     const Pool2dParams& p) {
+  MT_ASSERT(grad_x.is_contiguous() && grad_x.dtype() == grad_out_in.dtype(),
+            "avg_pool2d_backward arguments");
+  const Tensor go = contiguous_input(grad_out_in);
+  const PoolGeometry g = geometry(grad_x, go);
+  dispatch_float(go.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* gp = static_cast<const T*>(go.data_ptr());
+    T* gxp = static_cast<T*>(grad_x.data_ptr());
+    for_each_plane<C>(
+        g.planes, grad_x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
+          C* acc = buf;
+          C* gin = buf + g.in_plane();
+          std::fill(acc, acc + g.in_plane(), C(0));
+          load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
+          for (int64_t oh = 0; oh < g.oh; ++oh) {
+            const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
+            for (int64_t ow = 0; ow < g.ow; ++ow) {
+              const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+              const C share = gin[oh * g.ow + ow] / C(avg_divisor(oh, ow, g, p));
+              for (int64_t h = wh.begin; h < wh.end; ++h) {
+                for (int64_t w = ww.begin; w < ww.end; ++w)
+                  acc[h * g.w + w] += share;
+              }
+            }
+          }
+          store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
+        });
+  });
+}
+
+void CpuBackend::adaptive_avg_pool2d(const Tensor& x_in, Tensor& out) {
+  MT_ASSERT(out.is_contiguous(), "adaptive_avg_pool2d output must be contiguous");
+  const Tensor x = contiguous_input(x_in);
+  const PoolGeometry g = geometry(x, out);
+  dispatch_float(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    for_each_plane<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
+      C* in = buf;
+      C* res = buf + g.in_plane();
+      load_contiguous<T, C>(xp + pl * g.in_plane(), in, g.in_plane());
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        const Window wh = adaptive_window(oh, g.h, g.oh);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          const Window ww = adaptive_window(ow, g.w, g.ow);
+          C s = 0;
+          for (int64_t h = wh.begin; h < wh.end; ++h) {
+            for (int64_t w = ww.begin; w < ww.end; ++w)
+              s += in[h * g.w + w];
+          }
+          res[oh * g.ow + ow] = s / C((wh.end - wh.begin) * (ww.end - ww.begin));
+        }
+      }
+      store_contiguous<C, T>(res, op + pl * g.out_plane(), g.out_plane());
+    });
+  });
+}
+
+void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out_in, Tensor& grad_x) {
+  MT_ASSERT(grad_x.is_contiguous() && grad_x.dtype() == grad_out_in.dtype(),
+            "adaptive_avg_pool2d_backward arguments");
+  const Tensor go = contiguous_input(grad_out_in);
+  const PoolGeometry g = geometry(grad_x, go);
+  dispatch_float(go.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* gp = static_cast<const T*>(go.data_ptr());
+    T* gxp = static_cast<T*>(grad_x.data_ptr());
+    for_each_plane<C>(
+        g.planes, grad_x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
+          C* acc = buf;
+          C* gin = buf + g.in_plane();
+          std::fill(acc, acc + g.in_plane(), C(0));
+          load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
+          for (int64_t oh = 0; oh < g.oh; ++oh) {
+            const Window wh = adaptive_window(oh, g.h, g.oh);
+            for (int64_t ow = 0; ow < g.ow; ++ow) {
+              const Window ww = adaptive_window(ow, g.w, g.ow);
+              const C share = gin[oh * g.ow + ow] / C((wh.end - wh.begin) * (ww.end - ww.begin));
+              for (int64_t h = wh.begin; h < wh.end; ++h) {
+                for (int64_t w = ww.begin; w < ww.end; ++w)
+                  acc[h * g.w + w] += share;
+              }
+            }
+          }
+          store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
+        });
+  });
+}
+
+}  // namespace mantissa::backend::cpu

@@ -16,7 +16,8 @@ template <typename A, typename C>
 A sum_row(const C* x, int64_t n) {
   A s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += A(x[i]);
+  for (int64_t i = 0; i < n; ++i)
+    s += A(x[i]);
   return s;
 }
 
@@ -25,17 +26,21 @@ A sum_row(const C* x, int64_t n) {
 template <typename A, typename C>
 A reduce_row(ReduceOp op, const C* x, int64_t n, int64_t correction, int64_t* index) {
   switch (op) {
-    case ReduceOp::Sum: return sum_row<A>(x, n);
-    case ReduceOp::Mean: return n ? sum_row<A>(x, n) / A(n) : A(NAN);
+    case ReduceOp::Sum:
+      return sum_row<A>(x, n);
+    case ReduceOp::Mean:
+      return n ? sum_row<A>(x, n) / A(n) : A(NAN);
     case ReduceOp::Var: {
       if (n - correction <= 0) return A(NAN);
       const A mean = sum_row<A>(x, n) / A(n);
       A ss = 0;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < n; ++i) ss += (A(x[i]) - mean) * (A(x[i]) - mean);
+      for (int64_t i = 0; i < n; ++i)
+        ss += (A(x[i]) - mean) * (A(x[i]) - mean);
       return ss / A(n - correction);
     }
-    default: break;
+    default:
+      break;
   }
   const bool want_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
   int64_t best = 0;
@@ -52,7 +57,8 @@ A reduce_row(ReduceOp op, const C* x, int64_t n, int64_t correction, int64_t* in
 void split_dims(const Tensor& x, std::span<const int> dims, std::vector<int64_t>& perm,
                 int64_t& rows, int64_t& row_len) {
   std::vector<bool> reduced(size_t(x.dim()), false);
-  for (int d : dims) reduced[size_t(d)] = true;
+  for (int d : dims)
+    reduced[size_t(d)] = true;
   rows = 1;
   row_len = 1;
   for (int d = 0; d < x.dim(); ++d) {
@@ -77,8 +83,8 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> dims,
   int64_t rows = 0, row_len = 0;
   split_dims(x, dims, perm, rows, row_len);
   const bool is_arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
-  const bool wants_index = is_arg || ((op == ReduceOp::Max || op == ReduceOp::Min) && indices &&
-                                      indices->defined());
+  const bool wants_index =
+      is_arg || ((op == ReduceOp::Max || op == ReduceOp::Min) && indices && indices->defined());
   MT_CHECK(row_len > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean, "cannot take the ",
            op == ReduceOp::Var ? "variance" : "max/min", " of an empty dimension of a ",
            x.describe());
@@ -119,25 +125,28 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> dims,
       if (is_arg) {
         A dummy;
 #pragma omp parallel for schedule(static) if (rows * row_len >= kParallelGrain && rows > 1)
-        for (int64_t r = 0; r < rows; ++r) run_row(r, &dummy);
+        for (int64_t r = 0; r < rows; ++r)
+          run_row(r, &dummy);
         return;
       }
       std::vector<A> results(static_cast<size_t>(rows));
-      if (rows == 1 && row_len >= kParallelGrain &&
-          (op == ReduceOp::Sum || op == ReduceOp::Mean)) {
+      if (rows == 1 && row_len >= kParallelGrain && (op == ReduceOp::Sum || op == ReduceOp::Mean)) {
         // One long row: per-chunk partial sums, combined in chunk order (deterministic).
         const int64_t chunks = (row_len + kChunk - 1) / kChunk;
         std::vector<A> partial(static_cast<size_t>(chunks));
 #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < chunks; ++c) {
-          partial[size_t(c)] = sum_row<A>(data + c * kChunk, std::min(kChunk, row_len - c * kChunk));
+          partial[size_t(c)] =
+              sum_row<A>(data + c * kChunk, std::min(kChunk, row_len - c * kChunk));
         }
         A s = 0;
-        for (A p : partial) s += p;
+        for (A p : partial)
+          s += p;
         results[0] = op == ReduceOp::Mean ? s / A(row_len) : s;
       } else {
 #pragma omp parallel for schedule(static) if (rows * row_len >= kParallelGrain && rows > 1)
-        for (int64_t r = 0; r < rows; ++r) run_row(r, &results[size_t(r)]);
+        for (int64_t r = 0; r < rows; ++r)
+          run_row(r, &results[size_t(r)]);
       }
       dispatch_dtype(out.dtype(), [&]<typename O>() {
         if constexpr (std::is_same_v<A, int64_t> && is_small_float_v<O>) {

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Mantissa vs PyTorch eager on this CPU, measured side by side in one run.
+
+For each (threads, dtype) the two implementations run alternately, --rounds times each, and
+each keeps its best median; the table prints ms/step, peak memory and the ratios.
+  python3 tools/bench/mlp_compare.py [--torch-python PATH] [--build build] [--rounds 3]
+PyTorch comes from pip (several GB); it is not part of the default test run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--torch-python", default=os.environ.get("TORCH_PYTHON", "/work/torchenv/bin/python"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    ours = os.path.join(args.build, "bench", "bench_mlp")
+    torch_script = os.path.join(ROOT, "tools", "bench", "torch_mlp.py")
+    if not os.path.exists(ours):
+        sys.exit(f"{ours} is missing: build first (scripts/setup)")
+
+    rows = {}
+    for threads in (1, 2):
+        for dtype in ("f32", "bf16"):
+            best = {}
+            for _ in range(args.rounds):
+                for impl, cmd in (("mantissa", [ours]), ("pytorch", [args.torch_python, torch_script])):
+                    r = run(cmd + ["--threads", str(threads), "--dtype", dtype,
+                                   "--steps", str(args.steps), "--json"])
+                    if impl not in best or r["ms_per_step"] < best[impl]["ms_per_step"]:
+                        best[impl] = r
+            rows[(threads, dtype)] = best
+
+    print("MLP 784-1024-1024-10, batch 256: forward + cross-entropy + backward + SGD update")
+    print(f"{'threads':>7} {'dtype':>5} {'mantissa ms':>12} {'pytorch ms':>11} {'speedup':>8} "
+          f"{'mantissa peak tensors':>22} {'pytorch peak RSS':>17}")
+    for (threads, dtype), best in rows.items():
+        m, p = best["mantissa"], best["pytorch"]
+        print(f"{threads:>7} {dtype:>5} {m['ms_per_step']:>12.2f} {p['ms_per_step']:>11.2f} "
+              f"{p['ms_per_step'] / m['ms_per_step']:>7.2f}x {m['peak_bytes'] / 2**20:>18.1f} MiB "
+              f"{p['peak_rss_bytes'] / 2**20:>13.0f} MiB")
+    for threads in (1, 2):
+        f32 = rows[(threads, "f32")]["mantissa"]["ms_per_step"]
+        bf16 = rows[(threads, "bf16")]["mantissa"]["ms_per_step"]
+        print(f"mantissa bf16 vs f32, {threads} thread(s): {f32 / bf16:.2f}x faster")
+
+    print("\nmatmul 1024^3: Mantissa's matmul() vs the bare oneDNN primitive and PyTorch")
+    print(f"{'threads':>7} {'dtype':>5} {'mantissa GF/s':>14} {'oneDNN GF/s':>12} {'overhead':>9} {'pytorch GF/s':>13}")
+    for threads in (1, 2):
+        for dtype in ("f32", "bf16"):
+            m = max((run([ours, "--matmul", "1024", "--threads", str(threads), "--dtype", dtype,
+                          "--steps", "20", "--json"]) for _ in range(args.rounds)),
+                    key=lambda r: r["gflops"])
+            p = max((run([args.torch_python, torch_script, "--matmul", "1024", "--threads",
+                          str(threads), "--dtype", dtype, "--steps", "20"]) for _ in range(args.rounds)),
+                    key=lambda r: r["gflops"])
+            print(f"{threads:>7} {dtype:>5} {m['gflops']:>14.1f} {m['onednn_gflops']:>12.1f} "
+                  f"{m['onednn_gflops'] / m['gflops']:>8.3f}x {p['gflops']:>13.1f}")
+
+
+if __name__ == "__main__":
+    main()
