@@ -51,7 +51,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   auto impl = leaf_.lock();
   if (!impl || grad_outputs.empty() || !grad_outputs[0].defined()) return {};
   Tensor leaf(impl);
-  Tensor g = grad_outputs[0];
+  Tensor g = std::move(grad_outputs[0]);  // sole owner, usually: then it is kept without a copy
   for (auto& [id, hook] : impl->autograd_meta().hooks) {
     Tensor r = hook(g);
     if (r.defined()) g = r;
@@ -222,10 +222,10 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
   }
 
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
-  auto add_grad = [&](Node* n, uint32_t slot, const Tensor& g) {
+  auto add_grad = [&](Node* n, uint32_t slot, Tensor g) {
     auto& buf = buffers[n];
     if (buf.size() < n->num_outputs) buf.resize(std::max<size_t>(n->num_outputs, slot + 1));
-    buf[slot] = buf[slot].defined() ? add(buf[slot], g) : g;
+    buf[slot] = buf[slot].defined() ? add(buf[slot], g) : std::move(g);
   };
   std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -266,7 +266,9 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
       const Edge& e = n->next_edges[i];
       if (!e.node) continue;
-      if (i < outs.size() && outs[i].defined()) add_grad(e.node.get(), e.input_nr, outs[i]);
+      if (i < outs.size() && outs[i].defined()) {
+        add_grad(e.node.get(), e.input_nr, std::move(outs[i]));
+      }
       if (--deps[e.node.get()] == 0) ready.push(e.node.get());
     }
   }

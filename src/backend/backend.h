@@ -100,6 +100,8 @@ class Backend {
   virtual void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
                               Tensor& gx, Scalars s) = 0;
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // out = a + alpha * b (b broadcast; out may be a): the optimizer's axpy in one pass.
+  virtual void add_scaled(const Tensor& a, const Tensor& b, double alpha, Tensor& out) = 0;
   // out = cond ? a : b (cond is Bool)
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // out = x * mask * scale, mask ~ Bernoulli(1 - p) drawn from Philox; mask written as Bool.

