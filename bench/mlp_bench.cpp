@@ -7,6 +7,7 @@
 //   bench_mlp --matmul 1024 --threads 2 --dtype f32 [--json]
 //
 // One JSON line per run with --json (tools/bench/mlp_compare.py runs this next to PyTorch).
+#include <sys/resource.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -122,11 +123,14 @@ int run_mlp(const Args& a) {
   const double ms = median(times) * 1e3;
   const int64_t peak = memory_stats().peak_bytes;
   if (a.json) {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
     std::printf(
         "{\"impl\":\"mantissa\",\"bench\":\"mlp\",\"dtype\":\"%s\",\"threads\":%d,"
-        "\"ms_per_step\":%.4f,\"peak_bytes\":%lld,\"activation_peak_bytes\":%lld}\n",
+        "\"ms_per_step\":%.4f,\"peak_bytes\":%lld,\"activation_peak_bytes\":%lld,"
+        "\"peak_rss_bytes\":%lld}\n",
         std::string(dtype_name(a.dtype)).c_str(), a.threads, ms, (long long)peak,
-        (long long)(peak - base));
+        (long long)(peak - base), (long long)ru.ru_maxrss * 1024);
   } else {
     std::printf("mlp 784-1024-1024-10 b256 %s, %d thread(s): %.3f ms/step, peak %.1f MiB\n",
                 std::string(dtype_name(a.dtype)).c_str(), a.threads, ms, double(peak) / (1 << 20));

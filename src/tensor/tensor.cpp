@@ -522,6 +522,22 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
+void Tensor::set_data(const Tensor& other) const {
+  MT_CHECK(other.defined(), "set_data: the new data is undefined");
+  MT_CHECK(is_leaf(), "set_data on a non-leaf ", describe(),
+           "; only leaves (parameters) can swap data");
+  TensorImpl& t = *impl();
+  const TensorImpl& o = *other.impl();
+  t.storage = o.storage;
+  t.shape = o.shape;
+  t.strides = o.strides;
+  t.offset = o.offset;
+  t.dtype = o.dtype;
+  if (t.autograd && t.autograd->grad.defined() && t.autograd->grad.dtype() != o.dtype) {
+    t.autograd->grad = Tensor();  // a gradient of the old dtype no longer fits
+  }
+}
+
 void Tensor::bump_version() const {
   storage()->version.fetch_add(1, std::memory_order_relaxed);
 }

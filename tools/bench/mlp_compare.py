@@ -46,12 +46,14 @@ def main():
 
     print("MLP 784-1024-1024-10, batch 256: forward + cross-entropy + backward + SGD update")
     print(f"{'threads':>7} {'dtype':>5} {'mantissa ms':>12} {'pytorch ms':>11} {'speedup':>8} "
-          f"{'mantissa peak tensors':>22} {'pytorch peak RSS':>17}")
+          f"{'mantissa tensors peak':>22} {'mantissa RSS':>13} {'pytorch RSS':>12}")
     for (threads, dtype), best in rows.items():
         m, p = best["mantissa"], best["pytorch"]
         print(f"{threads:>7} {dtype:>5} {m['ms_per_step']:>12.2f} {p['ms_per_step']:>11.2f} "
               f"{p['ms_per_step'] / m['ms_per_step']:>7.2f}x {m['peak_bytes'] / 2**20:>18.1f} MiB "
-              f"{p['peak_rss_bytes'] / 2**20:>13.0f} MiB")
+              f"{m['peak_rss_bytes'] / 2**20:>9.0f} MiB {p['peak_rss_bytes'] / 2**20:>8.0f} MiB")
+    print("(tensors peak: bytes held by tensors, from Mantissa's allocator; RSS: the whole process,"
+          " libraries included; PyTorch has no CPU tensor-memory counter)")
     for threads in (1, 2):
         f32 = rows[(threads, "f32")]["mantissa"]["ms_per_step"]
         bf16 = rows[(threads, "bf16")]["mantissa"]["ms_per_step"]

@@ -136,6 +136,10 @@ class Tensor {
   Tensor& copy_(const Tensor& src);                       // broadcasting, with dtype conversion
   Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other
   Tensor& mul_(double factor);
+  // Makes this handle (and every other handle of the same tensor) refer to other's data, shape
+  // and dtype, keeping its autograd leaf state: how Module::to(dtype) converts parameters that
+  // optimizers already hold.
+  void set_data(const Tensor& other) const;
   void bump_version() const;
   uint32_t version() const;
 

@@ -1,0 +1,22 @@
+// Everything public, in one include.
+#pragma once
+
+#include "mantissa/autograd/checkpoint.h"
+#include "mantissa/autograd/engine.h"
+#include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/allocator.h"
+#include "mantissa/core/cpu.h"
+#include "mantissa/core/device.h"
+#include "mantissa/core/device_info.h"
+#include "mantissa/core/dtype.h"
+#include "mantissa/core/error.h"
+#include "mantissa/core/shape.h"
+#include "mantissa/io/safetensors.h"
+#include "mantissa/numerics/convert.h"
+#include "mantissa/numerics/format.h"
+#include "mantissa/numerics/inspect.h"
+#include "mantissa/numerics/philox.h"
+#include "mantissa/numerics/round.h"
+#include "mantissa/numerics/types.h"
+#include "mantissa/tensor/ops.h"
+#include "mantissa/tensor/tensor.h"
