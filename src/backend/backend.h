@@ -11,6 +11,7 @@
 #include <span>
 
 #include "mantissa/core/device.h"
+#include "mantissa/numerics/format.h"
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa::backend {
@@ -78,6 +79,47 @@ struct Pool2dParams {
   int64_t stride[2] = {1, 1};
   int64_t padding[2] = {0, 0};
   bool count_include_pad = true;  // avg pool
+};
+
+// ---- multi-tensor optimizer kernels ------------------------------------------------------------
+// One call updates every parameter in one pass (DESIGN.md §5): element i of each span belongs to
+// tensor i. Parameters may mix float dtypes; each is loaded in its storage dtype, updated in fp32
+// (f64 for f64) and rounded once on store (RNE). Optimizer state (momentum, exp_avg, exp_avg_sq)
+// is kept in the compute type: F32 for f32/half/fp8 parameters, F64 for f64. Gradients may be any
+// float dtype. Every tensor is contiguous and on this device; a gradient has its parameter's shape.
+// `steps[i]` is the how-manieth update of tensor i this is (1 = its first): on a first update the
+// state buffers are written, not read, so they may be passed uninitialized.
+// Results do not depend on the thread count.
+//
+// Room for the mixed-precision recipe (a later issue, DESIGN.md §4): fp32 master weights (the
+// update goes to the master, the parameter receives its rounding), a found-inf flag that turns
+// the step into a no-op on the device, and stochastic rounding on store. They belong in
+// MultiTensorOptions; the kernels refuse what they do not implement yet.
+struct MultiTensorOptions {
+  RoundingMode store_rounding = RoundingMode::NearestEven;  // only NearestEven so far
+};
+
+// PyTorch's torch.optim.SGD: g += wd * p; buf = momentum * buf + (1 - dampening) * g (buf = g on
+// the first update); g = nesterov ? g + momentum * buf : buf; p -= lr * g.
+struct SgdStep {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  MultiTensorOptions options;
+};
+
+// PyTorch's torch.optim.AdamW: p *= 1 - lr * wd; m = lerp(m, g, 1 - beta1);
+// v = beta2 * v + (1 - beta2) * g^2; p -= lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps)
+// with t = steps[i] (eps added after the square root of the corrected second moment).
+struct AdamWStep {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  MultiTensorOptions options;
 };
 
 class Backend {
@@ -174,6 +216,22 @@ class Backend {
   virtual void gather(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
   virtual void scatter_add(Tensor& grad_x, int dim, const Tensor& index,
                            const Tensor& grad_out) = 0;
+
+  // ---- multi-tensor (optimizers, clipping): one pass over all tensors, see above -------------
+  // momentum_bufs is empty when hyper.momentum == 0.
+  virtual void sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                        std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
+                        const SgdStep& hyper) = 0;
+  virtual void adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                          std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
+                          std::span<const int64_t> steps, const AdamWStep& hyper) = 0;
+  // out (one element, F64) = the norm_type-norm of all elements of all tensors together:
+  // (sum |x|^p)^(1/p) for p > 0, max |x| for p = inf (NaN propagates). Accumulates in fp32
+  // per chunk (f64 for f64), chunks combined in f64 in a fixed order.
+  virtual void multi_tensor_norm(std::span<const Tensor> tensors, double norm_type,
+                                 Tensor& out) = 0;
+  // Every tensor *= factor in place (compute type, one rounding).
+  virtual void multi_tensor_scale(std::span<Tensor> tensors, double factor) = 0;
 };
 
 Backend& backend_for(Device device);

@@ -64,6 +64,20 @@ class CpuBackend final : public Backend {
   void index_add(Tensor& grad_x, int dim, const Tensor& index, const Tensor& grad_out) override;
   void gather(const Tensor& x, int dim, const Tensor& index, Tensor& out) override;
   void scatter_add(Tensor& grad_x, int dim, const Tensor& index, const Tensor& grad_out) override;
+
+  // optim_kernels.cpp
+  void sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
+                const SgdStep& hyper) override;
+  void adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                  std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
+                  std::span<const int64_t> steps, const AdamWStep& hyper) override;
+  void multi_tensor_norm(std::span<const Tensor> tensors, double norm_type, Tensor& out) override;
+  void multi_tensor_scale(std::span<Tensor> tensors, double factor) override;
 };
+
+// How many multi-tensor kernel calls (sgd_step, adamw_step, multi_tensor_norm,
+// multi_tensor_scale) this process has made: tests show that an optimizer step is one call.
+int64_t multi_tensor_calls();
 
 }  // namespace mantissa::backend::cpu

@@ -1,0 +1,136 @@
+// Optimizers: SGD and AdamW with PyTorch's exact update rules, each step ONE fused pass over all
+// parameters (a single multi-tensor backend call, DESIGN.md §5), whatever their number and dtype.
+//
+// Parameters are loaded in their storage dtype (f32, bf16, f16, f64), updated in fp32 (f64 for
+// f64) and rounded once on store (round to nearest even). The state (momentum, exp_avg,
+// exp_avg_sq) is fp32 for f32 and half parameters, f64 for f64 ones. Parameters whose gradient is
+// undefined are skipped and their state is left alone, as in PyTorch; each parameter counts its
+// own updates (AdamW's bias corrections use that count).
+//
+// The fp32 master weights, the found-inf skip and stochastic rounding of the mixed-precision
+// recipe (DESIGN.md §4) come in a later issue, inside the same fused kernels.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mantissa/tensor/tensor.h"
+
+namespace mantissa::optim {
+
+// Named tensors, as written to a safetensors checkpoint.
+using StateDict = std::vector<std::pair<std::string, Tensor>>;
+
+class Optimizer {
+ public:
+  // All parameters on one device, each at most once.
+  Optimizer(std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient, in one fused pass. Counts a step even
+  // when no parameter has a gradient.
+  virtual void step() = 0;
+
+  // set_to_none drops the gradient tensors (free, and the next backward allocates fresh ones);
+  // otherwise they are zeroed in place.
+  void zero_grad(bool set_to_none = true);
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);  // >= 0 and finite; what LR schedules call before each step
+  // Completed step() calls.
+  int64_t step_count() const { return step_count_; }
+  const std::vector<Tensor>& params() const { return params_; }
+
+  // All state as tensors with stable names (copies, safe to keep or write out):
+  //   "step"               I64 scalar: step_count()
+  //   "lr"                 F64 scalar: lr()
+  //   "state.<i>.step"     I64 scalar: updates of parameter i so far
+  //   "state.<i>.<name>"   state tensor `name` of parameter i (state_names()), its shape
+  // Parameters never updated have no "state.<i>.*" entries.
+  virtual StateDict state_dict() const;
+  // Strict: every key must be one state_dict() could write for these parameters, "step" and
+  // "lr" must be there, a parameter's entries must be complete, and dtypes and shapes must
+  // match; an error names the offending key. Nothing changes unless the whole dict is accepted.
+  // The tensors are copied.
+  virtual void load_state_dict(const StateDict& dict);
+
+  // The per-parameter state tensors, in state_dict order ("momentum_buffer"; "exp_avg",
+  // "exp_avg_sq").
+  virtual std::vector<std::string> state_names() const = 0;
+
+ protected:
+  struct ParamState {
+    int64_t steps = 0;            // updates of this parameter so far; 0: no state yet
+    std::vector<Tensor> tensors;  // one per state_names(), once steps > 0
+  };
+
+  // The parameters with a gradient this step, with their gradients, state and step numbers
+  // (already incremented: 1 on a first update). State is allocated (uninitialized: the kernels
+  // write it on a first update) and converted if the parameter's dtype changed (set_data).
+  struct StepBatch {
+    std::vector<size_t> index;
+    std::vector<Tensor> params;
+    std::vector<Tensor> grads;
+    std::vector<std::vector<Tensor>> states;  // [state name][k]
+    std::vector<int64_t> steps;
+  };
+  StepBatch begin_step(size_t num_states);
+  // Counts the step and bumps the versions of what the kernel wrote.
+  void end_step(const StepBatch& batch);
+
+  std::vector<Tensor> params_;
+  std::vector<ParamState> state_;
+  double lr_;
+  int64_t step_count_ = 0;
+};
+
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;  // needs momentum > 0 and dampening == 0
+};
+
+// torch.optim.SGD: g += wd * p; with momentum, buf = momentum * buf + (1 - dampening) * g
+// (buf = g on a parameter's first update) and g = nesterov ? g + momentum * buf : buf;
+// p -= lr * g. State: "momentum_buffer" (only with momentum).
+class SGD final : public Optimizer {
+ public:
+  explicit SGD(std::vector<Tensor> params, const SGDOptions& options = {});
+  void step() override;
+  std::vector<std::string> state_names() const override;
+  // The options, with lr as set_lr() last left it.
+  SGDOptions options() const;
+
+ private:
+  SGDOptions options_;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+// torch.optim.AdamW: p *= 1 - lr * wd; m = beta1 * m + (1 - beta1) * g;
+// v = beta2 * v + (1 - beta2) * g^2; p -= lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps)
+// with t the parameter's update count. State: "exp_avg", "exp_avg_sq".
+class AdamW final : public Optimizer {
+ public:
+  explicit AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
+  void step() override;
+  std::vector<std::string> state_names() const override;
+  AdamWOptions options() const;
+
+ private:
+  AdamWOptions options_;
+};
+
+}  // namespace mantissa::optim

@@ -1,0 +1,51 @@
+// Learning-rate schedules: pure functions of the step, so a resumed run gets the same rates
+// without any schedule state in its checkpoint. `step` is the number of optimizer steps already
+// taken (0 before the first), i.e. call opt.set_lr(schedule.lr_at(opt.step_count())) before
+// each opt.step().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace mantissa::optim {
+
+enum class ScheduleKind { Constant, Step, Cosine };
+
+// Everything a schedule may use; each kind reads its own fields.
+struct ScheduleOptions {
+  double lr = 1e-3;  // the base (peak) learning rate
+  // step: lr * gamma^floor(step / step_size)
+  int64_t step_size = 1;
+  double gamma = 0.1;
+  // cosine: linear warmup lr * (step + 1) / warmup_steps for step < warmup_steps, then
+  // min_lr + (lr - min_lr) * (1 + cos(pi * (step - warmup_steps) / (total_steps - warmup_steps)))
+  // / 2 down to min_lr at total_steps, and min_lr after.
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;
+  double min_lr = 0;
+};
+
+class LRSchedule {
+ public:
+  static LRSchedule constant(double lr);
+  static LRSchedule step(double lr, int64_t step_size, double gamma);
+  static LRSchedule cosine(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr = 0);
+  // "constant", "step" or "cosine" with the fields that kind reads; an unknown name or a bad
+  // parameter is refused with a mantissa::Error saying what is expected.
+  static LRSchedule from_name(std::string_view name, const ScheduleOptions& options);
+
+  // The learning rate for the optimizer step that follows `step` completed ones (step >= 0).
+  double lr_at(int64_t step) const;
+
+  ScheduleKind kind() const { return kind_; }
+  std::string_view name() const;
+  const ScheduleOptions& options() const { return options_; }
+
+ private:
+  LRSchedule(ScheduleKind kind, const ScheduleOptions& options);
+  ScheduleKind kind_;
+  ScheduleOptions options_;
+};
+
+}  // namespace mantissa::optim

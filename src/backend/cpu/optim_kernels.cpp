@@ -1,0 +1,427 @@
+// CPU multi-tensor kernels: the fused optimizer steps (SGD, AdamW), the global gradient norm and
+// the in-place scale that clipping needs. Each call is one pass over all its tensors: the work
+// is cut into (tensor, chunk) items of kChunk elements, numbered across tensors, and the items
+// are spread over one OpenMP parallel region. An item loads its parameter chunk from storage
+// into compute-type buffers, updates it together with the state (kept in the compute type), and
+// rounds it once on store. No element depends on another, and the norm's per-chunk partial sums
+// are combined in item order, so results do not depend on the thread count.
+#include <omp.h>
+
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace mantissa::backend::cpu {
+namespace {
+
+std::atomic<int64_t> g_multi_tensor_calls{0};
+
+// The items of one call: chunk c of the concatenation of all tensors is chunk
+// c - first_chunk[t] of tensor t.
+class ChunkPlan {
+ public:
+  template <typename Tensors>
+  explicit ChunkPlan(const Tensors& tensors) {
+    first_chunk_.reserve(tensors.size() + 1);
+    numel_.reserve(tensors.size());
+    int64_t chunks = 0;
+    for (const Tensor& t : tensors) {
+      first_chunk_.push_back(chunks);
+      numel_.push_back(t.numel());
+      chunks += (t.numel() + kChunk - 1) / kChunk;
+      total_ += t.numel();
+    }
+    first_chunk_.push_back(chunks);
+  }
+
+  int64_t chunks() const { return first_chunk_.back(); }
+  int64_t total() const { return total_; }
+
+  // Tensor index and element range [start, start + n) of item c.
+  void locate(int64_t c, size_t& t, int64_t& start, int64_t& n) const {
+    // The last tensor whose first chunk is <= c (empty tensors own no chunk and are skipped).
+    t = size_t(std::upper_bound(first_chunk_.begin(), first_chunk_.end() - 1, c) -
+               first_chunk_.begin()) -
+        1;
+    start = (c - first_chunk_[t]) * kChunk;
+    n = std::min(kChunk, numel_[t] - start);
+  }
+
+ private:
+  std::vector<int64_t> first_chunk_;  // (T + 1)
+  std::vector<int64_t> numel_;        // (T)
+  int64_t total_ = 0;
+};
+
+// Runs f(item, tensor, start, n) over every item, in one parallel region when the call is large.
+template <typename F>
+void for_each_item(const ChunkPlan& plan, F f) {
+  const int64_t chunks = plan.chunks();
+  auto body = [&](int64_t c) {
+    size_t t = 0;
+    int64_t start = 0, n = 0;
+    plan.locate(c, t, start, n);
+    f(c, t, start, n);
+  };
+  if (plan.total() < kParallelGrain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    for (int64_t c = 0; c < chunks; ++c)
+      body(c);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c)
+    body(c);
+}
+
+// Calls f.template operator()<T>() for the float storage types an optimizer handles.
+template <typename F>
+void dispatch_param(DType dtype, F&& f) {
+  dispatch_float(dtype, "an optimizer step", std::forward<F>(f));
+}
+
+// Loads elements [start, start + n) of a contiguous float tensor of any dtype into dst.
+template <typename C>
+void load_any(const void* base, DType dtype, int64_t start, int64_t n, C* dst) {
+  dispatch_float(dtype, "an optimizer step", [&]<typename G>() {
+    load_contiguous<G, C>(static_cast<const G*>(base) + start, dst, n);
+  });
+}
+
+DType state_dtype(DType param) {
+  return param == DType::F64 ? DType::F64 : DType::F32;
+}
+
+void check_options(const MultiTensorOptions& o, const char* kernel) {
+  MT_CHECK(o.store_rounding == RoundingMode::NearestEven, kernel, ": rounding mode ",
+           rounding_name(o.store_rounding),
+           " on store is not implemented yet; use round-to-nearest-even");
+}
+
+// The invariants the optim layer guarantees for every tensor i of a step.
+void check_step_tensors(const char* kernel, std::span<Tensor> params, std::span<const Tensor> grads,
+                        std::span<const int64_t> steps,
+                        std::initializer_list<std::span<Tensor>> states) {
+  MT_ASSERT(grads.size() == params.size() && steps.size() == params.size(), kernel,
+            ": one gradient and one step per parameter");
+  for (const auto& s : states)
+    MT_ASSERT(s.size() == params.size(), kernel, ": one state tensor per parameter");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    const Tensor& g = grads[i];
+    MT_ASSERT(p.is_floating_point() && p.is_contiguous() && p.device().is_cpu(), kernel,
+              ": parameter ", i, " is ", p.describe());
+    MT_ASSERT(
+        g.is_floating_point() && g.is_contiguous() && g.shape() == p.shape() && g.device().is_cpu(),
+        kernel, ": gradient ", i, " is ", g.describe(), " for a parameter ", p.describe());
+    MT_ASSERT(steps[i] >= 1, kernel, ": step ", steps[i], " of tensor ", i);
+    for (const auto& s : states) {
+      const Tensor& b = s[i];
+      MT_ASSERT(b.dtype() == state_dtype(p.dtype()) && b.is_contiguous() && b.shape() == p.shape(),
+                kernel, ": state ", b.describe(), " of parameter ", p.describe());
+    }
+  }
+}
+
+// ---- SGD ---------------------------------------------------------------------------------------
+
+template <typename T>
+void sgd_chunk(const Tensor& param, const Tensor& grad, const Tensor* buf_t, bool first,
+               int64_t start, int64_t n, const SgdStep& h) {
+  using C = compute_t<T>;
+  alignas(64) C p_buf[kChunk];
+  alignas(64) C g[kChunk];
+  T* p_store = static_cast<T*>(param.data_ptr()) + start;
+  C* p = p_buf;
+  if constexpr (std::is_same_v<T, C>) {
+    p = p_store;  // f32/f64: update in place
+  } else {
+    load_contiguous<T, C>(p_store, p, n);
+  }
+  load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
+
+  const C lr = C(h.lr), wd = C(h.weight_decay), mom = C(h.momentum);
+  const C keep = C(1.0 - h.dampening);
+  if (h.weight_decay != 0) {
+    for (int64_t i = 0; i < n; ++i)
+      g[i] = g[i] + wd * p[i];
+  }
+  const C* d = g;  // the direction p moves against
+  if (h.momentum != 0) {
+    C* buf = static_cast<C*>(buf_t->data_ptr()) + start;
+    if (first) {
+      std::copy(g, g + n, buf);  // PyTorch: buf = clone(grad), no dampening on the first step
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        buf[i] = buf[i] * mom + keep * g[i];
+    }
+    if (h.nesterov) {
+      for (int64_t i = 0; i < n; ++i)
+        g[i] = g[i] + mom * buf[i];
+    } else {
+      d = buf;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = p[i] - lr * d[i];
+  if constexpr (!std::is_same_v<T, C>) store_contiguous<C, T>(p, p_store, n);
+}
+
+// ---- AdamW -------------------------------------------------------------------------------------
+
+struct AdamWTensorConsts {
+  double step_size;  // lr / (1 - beta1^t)
+  double bc2_sqrt;   // sqrt(1 - beta2^t)
+};
+
+// x = sqrt(x). Vector instructions where the compiler cannot use them itself: std::sqrt may set
+// errno, which keeps the loops around it scalar. IEEE sqrt is correctly rounded either way.
+inline void sqrt_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__SSE__)
+  for (; i + 4 <= n; i += 4)
+    _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i)
+    x[i] = std::sqrt(x[i]);
+}
+
+inline void sqrt_inplace(double* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  for (; i + 2 <= n; i += 2)
+    _mm_storeu_pd(x + i, _mm_sqrt_pd(_mm_loadu_pd(x + i)));
+#endif
+  for (; i < n; ++i)
+    x[i] = std::sqrt(x[i]);
+}
+
+// m = lerp(m, g, w); v = beta2 * v + (1 - beta2) * g^2; v_out = v (its square root comes next).
+template <bool kLerpLow, typename C>
+void adamw_moments(C* m, C* v, const C* g, C* v_out, int64_t n, C w, C b2, C omb2) {
+  for (int64_t i = 0; i < n; ++i) {
+    const C mo = m[i], gi = g[i];
+    m[i] = kLerpLow ? mo + w * (gi - mo) : gi - (gi - mo) * (C(1) - w);
+    const C vn = v[i] * b2 + omb2 * gi * gi;
+    v[i] = vn;
+    v_out[i] = vn;
+  }
+}
+
+template <typename T>
+void adamw_chunk(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                 const Tensor& exp_avg_sq, bool first, const AdamWTensorConsts& k, int64_t start,
+                 int64_t n, const AdamWStep& h) {
+  using C = compute_t<T>;
+  alignas(64) C p_buf[kChunk];
+  alignas(64) C g[kChunk];
+  T* p_store = static_cast<T*>(param.data_ptr()) + start;
+  C* p = p_buf;
+  if constexpr (std::is_same_v<T, C>) {
+    p = p_store;
+  } else {
+    load_contiguous<T, C>(p_store, p, n);
+  }
+  load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
+  C* m = static_cast<C*>(exp_avg.data_ptr()) + start;
+  C* v = static_cast<C*>(exp_avg_sq.data_ptr()) + start;
+
+  const C decay = C(1.0 - h.lr * h.weight_decay);
+  const C w = C(1.0 - h.beta1);  // lerp weight
+  const C b2 = C(h.beta2), omb2 = C(1.0 - h.beta2), eps = C(h.eps);
+  const C neg_step = C(-k.step_size), bc2_sqrt = C(k.bc2_sqrt);
+  // The state starts at zero (PyTorch's zeros_like): on a first update it was never written.
+  if (first) {
+    std::fill(m, m + n, C(0));
+    std::fill(v, v + n, C(0));
+  }
+  // torch.lerp's two formulas (the second is exact at weight 1), chosen as PyTorch does.
+  alignas(64) C denom[kChunk];
+  if (w < C(0.5)) {
+    adamw_moments<true>(m, v, g, denom, n, w, b2, omb2);
+  } else {
+    adamw_moments<false>(m, v, g, denom, n, w, b2, omb2);
+  }
+  sqrt_inplace(denom, n);
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = p[i] * decay + neg_step * m[i] / (denom[i] / bc2_sqrt + eps);
+  if constexpr (!std::is_same_v<T, C>) store_contiguous<C, T>(p, p_store, n);
+}
+
+// ---- norm and scale ----------------------------------------------------------------------------
+
+enum class NormKind { Two, One, Inf, P };
+
+// The partial of one chunk: sum of |x|^p (or max |x| for inf, NaN winning).
+template <typename C>
+double chunk_norm_partial(const C* x, int64_t n, NormKind kind, double p) {
+  switch (kind) {
+    case NormKind::Two: {
+      C s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < n; ++i)
+        s += x[i] * x[i];
+      return double(s);
+    }
+    case NormKind::One: {
+      C s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < n; ++i)
+        s += std::abs(x[i]);
+      return double(s);
+    }
+    case NormKind::Inf: {
+      C best = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const C a = std::abs(x[i]);
+        if (a != a) return std::numeric_limits<double>::quiet_NaN();
+        best = a > best ? a : best;
+      }
+      return double(best);
+    }
+    case NormKind::P: {
+      const C pc = C(p);
+      C s = 0;
+      for (int64_t i = 0; i < n; ++i)
+        s += std::pow(std::abs(x[i]), pc);
+      return double(s);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t multi_tensor_calls() {
+  return g_multi_tensor_calls.load(std::memory_order_relaxed);
+}
+
+void CpuBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                          std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
+                          const SgdStep& hyper) {
+  g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
+  check_options(hyper.options, "sgd_step");
+  const bool with_momentum = hyper.momentum != 0;
+  if (with_momentum) {
+    check_step_tensors("sgd_step", params, grads, steps, {momentum_bufs});
+  } else {
+    MT_ASSERT(momentum_bufs.empty(), "sgd_step: momentum buffers without momentum");
+    check_step_tensors("sgd_step", params, grads, steps, {});
+  }
+  const ChunkPlan plan(params);
+  for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
+    const Tensor* buf = with_momentum ? &momentum_bufs[t] : nullptr;
+    dispatch_param(params[t].dtype(), [&]<typename T>() {
+      sgd_chunk<T>(params[t], grads[t], buf, steps[t] == 1, start, n, hyper);
+    });
+  });
+}
+
+void CpuBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                            std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
+                            std::span<const int64_t> steps, const AdamWStep& hyper) {
+  g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
+  check_options(hyper.options, "adamw_step");
+  check_step_tensors("adamw_step", params, grads, steps, {exp_avgs, exp_avg_sqs});
+  // The bias corrections in double, per tensor (a tensor's step count is its own, as PyTorch).
+  std::vector<AdamWTensorConsts> consts(params.size());
+  for (size_t t = 0; t < params.size(); ++t) {
+    const double s = double(steps[t]);
+    consts[t].step_size = hyper.lr / (1.0 - std::pow(hyper.beta1, s));
+    consts[t].bc2_sqrt = std::sqrt(1.0 - std::pow(hyper.beta2, s));
+  }
+  const ChunkPlan plan(params);
+  for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
+    dispatch_param(params[t].dtype(), [&]<typename T>() {
+      adamw_chunk<T>(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], steps[t] == 1, consts[t],
+                     start, n, hyper);
+    });
+  });
+}
+
+void CpuBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm_type, Tensor& out) {
+  g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
+  MT_ASSERT(out.dtype() == DType::F64 && out.numel() == 1 && out.device().is_cpu(),
+            "multi_tensor_norm writes one f64 element, got ", out.describe());
+  MT_CHECK(norm_type > 0, "a gradient norm needs norm_type > 0 (or inf), got ", norm_type);
+  for (const Tensor& t : tensors) {
+    MT_ASSERT(t.is_floating_point() && t.is_contiguous() && t.device().is_cpu(),
+              "multi_tensor_norm of ", t.describe());
+  }
+  const NormKind kind = std::isinf(norm_type) ? NormKind::Inf
+                        : norm_type == 2      ? NormKind::Two
+                        : norm_type == 1      ? NormKind::One
+                                              : NormKind::P;
+  const ChunkPlan plan(tensors);
+  std::vector<double> partial(size_t(plan.chunks()), 0.0);
+  for_each_item(plan, [&](int64_t c, size_t t, int64_t start, int64_t n) {
+    const Tensor& x = tensors[t];
+    dispatch_float(x.dtype(), "multi_tensor_norm", [&]<typename T>() {
+      using C = compute_t<T>;
+      alignas(64) C buf[kChunk];
+      const T* src = static_cast<const T*>(x.data_ptr()) + start;
+      const C* p = buf;
+      if constexpr (std::is_same_v<T, C>) {
+        p = src;
+      } else {
+        load_contiguous<T, C>(src, buf, n);
+      }
+      partial[size_t(c)] = chunk_norm_partial<C>(p, n, kind, norm_type);
+    });
+  });
+  double total = 0;
+  if (kind == NormKind::Inf) {
+    for (double v : partial) {
+      if (v != v) {
+        total = v;
+        break;
+      }
+      total = std::max(total, v);
+    }
+  } else {
+    for (double v : partial)
+      total += v;
+    total = kind == NormKind::Two   ? std::sqrt(total)
+            : kind == NormKind::One ? total
+                                    : std::pow(total, 1.0 / norm_type);
+  }
+  *static_cast<double*>(out.data_ptr()) = total;
+}
+
+void CpuBackend::multi_tensor_scale(std::span<Tensor> tensors, double factor) {
+  g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
+  for (const Tensor& t : tensors) {
+    MT_ASSERT(t.is_floating_point() && t.is_contiguous() && t.device().is_cpu(),
+              "multi_tensor_scale of ", t.describe());
+  }
+  const ChunkPlan plan(tensors);
+  for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
+    const Tensor& x = tensors[t];
+    dispatch_float(x.dtype(), "multi_tensor_scale", [&]<typename T>() {
+      using C = compute_t<T>;
+      const C f = C(factor);
+      alignas(64) C buf[kChunk];
+      T* dst = static_cast<T*>(x.data_ptr()) + start;
+      C* p = buf;
+      if constexpr (std::is_same_v<T, C>) {
+        p = dst;
+      } else {
+        load_contiguous<T, C>(dst, buf, n);
+      }
+      for (int64_t i = 0; i < n; ++i)
+        p[i] = p[i] * f;
+      if constexpr (!std::is_same_v<T, C>) store_contiguous<C, T>(p, dst, n);
+    });
+  });
+}
+
+}  // namespace mantissa::backend::cpu

@@ -1,0 +1,97 @@
+// Learning-rate schedules as pure functions of the step.
+#include "mantissa/optim/schedule.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "mantissa/core/error.h"
+
+namespace mantissa::optim {
+
+LRSchedule::LRSchedule(ScheduleKind kind, const ScheduleOptions& o) : kind_(kind), options_(o) {
+  MT_CHECK(std::isfinite(o.lr) && o.lr >= 0, name(),
+           " schedule: the learning rate must be finite and >= 0, got ", o.lr);
+  switch (kind) {
+    case ScheduleKind::Constant:
+      break;
+    case ScheduleKind::Step:
+      MT_CHECK(o.step_size >= 1, "step schedule: step_size must be >= 1, got ", o.step_size);
+      MT_CHECK(std::isfinite(o.gamma) && o.gamma > 0, "step schedule: gamma must be > 0, got ",
+               o.gamma);
+      break;
+    case ScheduleKind::Cosine:
+      MT_CHECK(o.total_steps >= 1, "cosine schedule: total_steps must be >= 1, got ",
+               o.total_steps);
+      MT_CHECK(o.warmup_steps >= 0 && o.warmup_steps <= o.total_steps,
+               "cosine schedule: warmup_steps must be in [0, total_steps = ", o.total_steps,
+               "], got ", o.warmup_steps);
+      MT_CHECK(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr,
+               "cosine schedule: min_lr must be in [0, lr = ", o.lr, "], got ", o.min_lr);
+      break;
+  }
+}
+
+LRSchedule LRSchedule::constant(double lr) {
+  ScheduleOptions o;
+  o.lr = lr;
+  return LRSchedule(ScheduleKind::Constant, o);
+}
+
+LRSchedule LRSchedule::step(double lr, int64_t step_size, double gamma) {
+  ScheduleOptions o;
+  o.lr = lr;
+  o.step_size = step_size;
+  o.gamma = gamma;
+  return LRSchedule(ScheduleKind::Step, o);
+}
+
+LRSchedule LRSchedule::cosine(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr) {
+  ScheduleOptions o;
+  o.lr = lr;
+  o.warmup_steps = warmup_steps;
+  o.total_steps = total_steps;
+  o.min_lr = min_lr;
+  return LRSchedule(ScheduleKind::Cosine, o);
+}
+
+LRSchedule LRSchedule::from_name(std::string_view name, const ScheduleOptions& options) {
+  if (name == "constant") return LRSchedule(ScheduleKind::Constant, options);
+  if (name == "step") return LRSchedule(ScheduleKind::Step, options);
+  if (name == "cosine") return LRSchedule(ScheduleKind::Cosine, options);
+  MT_CHECK(false, "unknown learning-rate schedule '", name,
+           "'; expected one of: constant, step, cosine");
+  return constant(options.lr);
+}
+
+std::string_view LRSchedule::name() const {
+  switch (kind_) {
+    case ScheduleKind::Constant:
+      return "constant";
+    case ScheduleKind::Step:
+      return "step";
+    case ScheduleKind::Cosine:
+      return "cosine";
+  }
+  return "?";
+}
+
+double LRSchedule::lr_at(int64_t step) const {
+  MT_CHECK(step >= 0, "a learning-rate schedule's step must be >= 0, got ", step);
+  const ScheduleOptions& o = options_;
+  switch (kind_) {
+    case ScheduleKind::Constant:
+      return o.lr;
+    case ScheduleKind::Step:
+      return o.lr * std::pow(o.gamma, double(step / o.step_size));
+    case ScheduleKind::Cosine: {
+      if (step < o.warmup_steps) return o.lr * double(step + 1) / double(o.warmup_steps);
+      if (step >= o.total_steps) return o.min_lr;
+      const double progress =
+          double(step - o.warmup_steps) / double(o.total_steps - o.warmup_steps);
+      return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+    }
+  }
+  return o.lr;
+}
+
+}  // namespace mantissa::optim
