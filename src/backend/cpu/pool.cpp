@@ -4,6 +4,7 @@
 // once on store. No plane is shared between threads, so results do not depend on the thread
 // count. Gradients are accumulated per plane in the compute type, then rounded once.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -78,6 +79,39 @@ Tensor contiguous_input(const Tensor& t) {
 
 }  // namespace
 
+// take ? a : b through bit masks, so the compiler cannot turn the select into a branch (it did,
+// and the unpredictable comparisons of max pooling then cost most of its time).
+template <typename C>
+inline void select_max(C v, int64_t i, C& best, int64_t& at) {
+  using Bits = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
+  const bool take = (v > best) | ((v != v) & (best == best));  // first max; first NaN wins
+  const Bits m = Bits(0) - Bits(take);
+  best = std::bit_cast<C>(Bits((std::bit_cast<Bits>(v) & m) | (std::bit_cast<Bits>(best) & ~m)));
+  const uint64_t m64 = uint64_t(0) - uint64_t(take);
+  at = int64_t((uint64_t(i) & m64) | (uint64_t(at) & ~m64));
+}
+
+// Every window inside the plane (no padding): fixed loop bounds, no clipping.
+template <typename C>
+void max_pool_unpadded(const C* in, C* res, int64_t* best_at, int64_t W, int64_t OH, int64_t OW,
+                       int64_t KH, int64_t KW, int64_t SH, int64_t SW) {
+  for (int64_t oh = 0; oh < OH; ++oh) {
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      const int64_t base = oh * SH * W + ow * SW;
+      int64_t at = base;
+      C best = in[base];
+      for (int64_t h = 0; h < KH; ++h) {
+        for (int64_t w = 0; w < KW; ++w) {
+          const int64_t i = base + h * W + w;
+          select_max(in[i], i, best, at);
+        }
+      }
+      res[oh * OW + ow] = best;
+      best_at[oh * OW + ow] = at;
+    }
+  }
+}
+
 void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
                             const Pool2dParams& p) {
   MT_ASSERT(out.is_contiguous() && indices.is_contiguous() && indices.dtype() == DType::I64 &&
@@ -86,6 +120,11 @@ void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
   const Tensor x = contiguous_input(x_in);
   const PoolGeometry g = geometry(x, out);
   int64_t* idx = static_cast<int64_t*>(indices.data_ptr());
+  // Locals, not struct fields: the index stores below could alias an int64_t field otherwise.
+  const int64_t W = g.w, OH = g.oh, OW = g.ow, KH = p.kernel[0], KW = p.kernel[1];
+  const int64_t SH = p.stride[0], SW = p.stride[1];
+  const bool unpadded = p.padding[0] == 0 && p.padding[1] == 0 && (OH - 1) * SH + KH <= g.h &&
+                        (OW - 1) * SW + KW <= g.w;
   dispatch_float(x.dtype(), "max_pool2d", [&]<typename T>() {
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
@@ -95,21 +134,22 @@ void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
       C* res = buf + g.in_plane();
       int64_t* best_at = idx + pl * g.out_plane();
       load_contiguous<T, C>(xp + pl * g.in_plane(), in, g.in_plane());
+      if (unpadded) {
+        max_pool_unpadded(in, res, best_at, W, OH, OW, KH, KW, SH, SW);
+        store_contiguous<C, T>(res, op + pl * g.out_plane(), g.out_plane());
+        return;
+      }
       for (int64_t oh = 0; oh < g.oh; ++oh) {
         const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
         for (int64_t ow = 0; ow < g.ow; ++ow) {
           const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
-          // The first maximum wins; a NaN wins over everything and stops the search.
+          // The first maximum wins; the first NaN wins over everything. Branch-free: the
+          // comparisons are unpredictable, and a mispredicted branch per element cost 4x here.
           int64_t at = wh.begin * g.w + ww.begin;
           C best = -std::numeric_limits<C>::infinity();
-          for (int64_t h = wh.begin; h < wh.end && !std::isnan(best); ++h) {
+          for (int64_t h = wh.begin; h < wh.end; ++h) {
             for (int64_t w = ww.begin; w < ww.end; ++w) {
-              const C v = in[h * g.w + w];
-              if (v > best || std::isnan(v)) {
-                best = v;
-                at = h * g.w + w;
-                if (std::isnan(v)) break;
-              }
+              select_max(in[h * g.w + w], h * g.w + w, best, at);
             }
           }
           res[oh * g.ow + ow] = in[at];
