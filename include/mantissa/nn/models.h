@@ -1,0 +1,73 @@
+// Reference models, built by name. Parameter names follow the PyTorch originals where there is
+// one (torchvision ResNets, timm ViTs, nanoGPT-style GPT-2, torch.nn.LSTM), so checkpoints map
+// key for key, and parameter counts equal the published ones:
+//   resnet18 11,689,512 · resnet50 25,557,032 (in_channels 3, 1000 classes)
+//   vit_base 86,567,656 (224x224, in_channels 3, 1000 classes) · gpt2 124,439,808 (tied)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mantissa/nn/module.h"
+
+namespace mantissa::nn {
+
+struct ModelConfig {
+  int64_t num_classes = 10;  // image models
+  int64_t in_channels = 1;
+  int64_t image_size = 28;    // square images
+  int64_t vocab_size = 256;   // token models (gpt2 itself: 50257)
+  int64_t max_seq_len = 256;  // token models (gpt2 itself: 1024)
+  double dropout = 0.0;
+  uint64_t seed = 0;  // every initial value derives from it
+};
+
+// What a model takes as input.
+enum class ModelInput {
+  Image,   // f32 (B, in_channels, image_size, image_size) -> logits (B, num_classes)
+  Tokens,  // i64 (B, T), T <= max_seq_len -> logits (B, T, vocab)
+};
+
+// The models, by name:
+//   mlp            flatten -> in*size^2 -> 256 -> 128 -> classes, ReLU (and dropout)
+//   cnn            features: [conv 5x5 32, BN, ReLU, maxpool 2] x2 (32, 64 channels);
+//                  classifier: flatten, linear -> 128, ReLU, dropout, linear -> classes
+//   resnet         CIFAR-style ResNet-20 (3x3 stem 16, stages 16/32/64 of 3 BasicBlocks)
+//   resnet_small   the same with 1 block per stage (ResNet-8)
+//   resnet18/50    torchvision layouts (7x7 stride-2 stem + maxpool, 4 stages)
+//   vit            ViT for small images: patch 4 (or 7), dim 64, 4 layers, 4 heads
+//   vit_tiny/small/base   patch 16 (image_size divisible by 16, e.g. 224): dims 192/384/768,
+//                  12 layers, 3/6/12 heads
+//   gpt2           124M: 12 layers, 12 heads, 768 dim, vocab 50257, context 1024, tied
+//                  embeddings, GELU tanh (ignores vocab_size / max_seq_len)
+//   gpt2_tiny      4 layers, 4 heads, 128 dim, vocab_size, context max_seq_len
+//   lstm           language model: embedding 128 -> 2-layer LSTM 256 -> linear to vocab (Tokens)
+//   lstm_classifier  image rows as a sequence: (B, C, H, W) or (B, H, W) -> LSTM 128 -> classes
+// An unknown name throws listing these.
+std::shared_ptr<Module> make_model(const std::string& name, const ModelConfig& config = {});
+std::vector<std::string> model_names();
+ModelInput model_input(const std::string& name);
+// A random input batch the model accepts: images U(-1, 1), or tokens of length
+// min(max_seq_len, seq_len) drawn from the vocabulary.
+Tensor example_input(const std::string& name, const ModelConfig& config, int64_t batch,
+                     int64_t seq_len = 64, uint64_t seed = 0);
+
+// The building blocks, for models that mix them (registered by make_model).
+namespace models {
+std::shared_ptr<Module> mlp(const ModelConfig& c);
+std::shared_ptr<Module> cnn(const ModelConfig& c);
+std::shared_ptr<Module> resnet_cifar(const ModelConfig& c, int64_t blocks_per_stage);
+std::shared_ptr<Module> resnet18(const ModelConfig& c);
+std::shared_ptr<Module> resnet50(const ModelConfig& c);
+std::shared_ptr<Module> vit(const ModelConfig& c, int64_t patch, int64_t dim, int64_t depth,
+                            int64_t heads);
+std::shared_ptr<Module> gpt(const ModelConfig& c, int64_t vocab, int64_t context, int64_t layers,
+                            int64_t heads, int64_t dim);
+std::shared_ptr<Module> lstm_lm(const ModelConfig& c, int64_t embed, int64_t hidden,
+                                int64_t layers);
+std::shared_ptr<Module> lstm_classifier(const ModelConfig& c, int64_t hidden);
+}  // namespace models
+
+}  // namespace mantissa::nn

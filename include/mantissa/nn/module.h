@@ -1,0 +1,165 @@
+// Module: a tree of layers that owns parameters (leaf tensors that require grad) and buffers
+// (state that is saved but not trained, e.g. BatchNorm's running statistics), named with dotted
+// paths exactly as PyTorch's state_dict names them ("features.0.weight", "bn1.running_mean").
+//
+// Tensors are registered into slots the module owns; layers keep a reference to their slot.
+// Everything that changes a model's numbers acts on those handles in place — load_state_dict
+// copies into them, to(DType) swaps their data with Tensor::set_data — so an optimizer built
+// from parameters() before either call keeps training the same tensors.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "mantissa/core/error.h"
+#include "mantissa/tensor/tensor.h"
+
+namespace mantissa::nn {
+
+// Ordered (name, tensor) pairs: what state_dict returns and load_state_dict / safetensors take.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module;
+using ModulePtr = std::shared_ptr<Module>;
+
+// What a non-strict load_state_dict left out.
+struct LoadResult {
+  std::vector<std::string> missing_keys;     // in the model, not in the entries
+  std::vector<std::string> unexpected_keys;  // in the entries, not in the model
+};
+
+class Module {
+ public:
+  explicit Module(std::string type_name = "Module");
+  virtual ~Module() = default;
+  // A module is identified by its tensors' handles: copying one would alias or split them.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The computation. Modules without a single-input forward (e.g. LSTMCell's step) throw.
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // ---- registration (names: non-empty, no '.', unique among this module's tensors/children) --
+  // `value` must be a leaf; a floating one is marked requires_grad. Returns the module's slot.
+  Tensor& register_parameter(const std::string& name, Tensor value);
+  // Buffers never require grad (num_batches_tracked is an I64 buffer).
+  Tensor& register_buffer(const std::string& name, Tensor value);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    static_assert(std::is_base_of_v<Module, M>, "register_module takes a Module subclass");
+    add_child(name, module);
+    return module;
+  }
+  // Swaps an existing child (e.g. a new classification head); returns the new one.
+  template <typename M>
+  std::shared_ptr<M> replace_module(const std::string& name, std::shared_ptr<M> module) {
+    static_assert(std::is_base_of_v<Module, M>, "replace_module takes a Module subclass");
+    set_child(name, module);
+    return module;
+  }
+
+  // ---- traversal (PyTorch order: a module's own parameters, its buffers, then its children
+  //      depth-first, in registration order) ---------------------------------------------------
+  // Each tensor once: a tensor registered twice (tied weights) keeps its first name.
+  NamedTensors named_parameters() const;
+  NamedTensors named_buffers() const;
+  std::vector<Tensor> parameters() const;
+  std::vector<Tensor> buffers() const;
+  // Every parameter and buffer under every name, tied ones included (like torch's state_dict).
+  NamedTensors state_dict() const;
+  // This module ("") and all below it, with their dotted paths.
+  std::vector<std::pair<std::string, Module*>> named_modules();
+  const std::vector<std::pair<std::string, ModulePtr>>& named_children() const { return children_; }
+  // The child called `name` (throws listing the children there are).
+  ModulePtr child(const std::string& name) const;
+  // Calls fn on every submodule, children before parents, this module last (torch's apply).
+  void apply(const std::function<void(Module&)>& fn);
+
+  // Copies `entries` into this module's tensors in place (no graph, dtype converted), after
+  // checking them all: a shape mismatch always throws (naming the key and both shapes); missing
+  // or unexpected keys throw when strict, and are returned otherwise.
+  LoadResult load_state_dict(const NamedTensors& entries, bool strict = true);
+
+  // ---- modes and conversions -----------------------------------------------------------------
+  Module& train(bool on = true);  // recursive
+  Module& eval() { return train(false); }
+  bool is_training() const { return training_; }
+  // Converts floating parameters and buffers to `dtype` in place (Tensor::set_data): the
+  // handles stay the same leaves with requires_grad, so optimizers holding them see the change.
+  // A gradient of the old dtype is dropped. Integer buffers are left alone.
+  Module& to(DType dtype);
+  // The same, only for the tensors owned directly by modules where `include(module)` is true
+  // (e.g. everything but batch norms: Apex O2's keep_batchnorm_fp32).
+  Module& to(DType dtype, const std::function<bool(const Module&)>& include);
+  Module& to(Device device);
+  // Drops (set_to_none) or zeroes every parameter's gradient.
+  void zero_grad(bool set_to_none = true);
+
+  // ---- description ---------------------------------------------------------------------------
+  const std::string& name() const { return type_name_; }  // "Linear", "ResNet", ...
+  // Number of elements of the distinct parameters (tied weights counted once).
+  int64_t num_parameters(bool trainable_only = false) const;
+  // The layer tree, one module per line, with its configuration, tensor shapes and parameter
+  // counts, like PyTorch's print(model) plus sizes.
+  std::string describe() const;
+  // The configuration shown in describe(), e.g. "in=784, out=256".
+  virtual std::string extra_repr() const { return ""; }
+
+ protected:
+  // The slot of a registered parameter or buffer (throws naming the ones there are).
+  Tensor& parameter_slot(const std::string& name);
+
+ private:
+  struct Slot {
+    std::string name;
+    std::unique_ptr<Tensor> tensor;  // stable address: layers keep a reference
+  };
+  friend Tensor functional_call(Module& module, const NamedTensors& replacements, const Tensor& x);
+  void check_new_name(const std::string& name) const;
+  void add_child(const std::string& name, ModulePtr module);
+  void set_child(const std::string& name, ModulePtr module);
+  void collect(const std::string& prefix, bool params, bool buffers, bool dedup, NamedTensors& out,
+               std::vector<const TensorImpl*>& seen) const;
+  void convert(const std::function<Tensor(const Tensor&)>& fn,
+               const std::function<bool(const Module&)>& include);
+  void describe_into(std::string& out, const std::string& label, int depth) const;
+
+  std::string type_name_;
+  bool training_ = true;
+  std::vector<Slot> params_;
+  std::vector<Slot> buffers_;
+  std::vector<std::pair<std::string, ModulePtr>> children_;
+};
+
+// Chains modules: children "0", "1", ... in order; forward feeds each output to the next.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  Sequential(std::initializer_list<ModulePtr> modules);
+  explicit Sequential(std::vector<ModulePtr> modules);
+
+  template <typename M>
+  std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
+    return register_module(std::to_string(size()), std::move(module));
+  }
+  size_t size() const { return named_children().size(); }
+  const ModulePtr& operator[](size_t i) const;
+  Tensor forward(const Tensor& x) override;
+
+ protected:
+  explicit Sequential(std::string type_name) : Module(std::move(type_name)) {}
+};
+
+// Runs module.forward(x) with some of its parameters or buffers temporarily replaced by other
+// tensors (torch.func.functional_call): gradients flow to the replacements. The originals are
+// put back afterwards, also when forward throws. Names are state_dict names.
+Tensor functional_call(Module& module, const NamedTensors& replacements, const Tensor& x);
+
+}  // namespace mantissa::nn
