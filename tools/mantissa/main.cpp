@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
     cli::Command run = adder(app);
     commands[app.get_subcommands({}).back()] = std::move(run);
   };
+  add(cli::add_train_command);
+  add(cli::add_eval_command);
   add(cli::add_formats_command);
   add(cli::add_info_command);
 

@@ -1,0 +1,44 @@
+// Training checkpoints: one safetensors file. The model's tensors keep their PyTorch state_dict
+// names, so Python's safetensors / PyTorch load the weights directly; the optimizer's tensors
+// are under "optimizer."; the step, epoch, random-generator state and the whole TrainConfig are
+// JSON strings in the metadata. Written atomically (temp file + rename).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mantissa/tensor/ops.h"
+#include "mantissa/train/config.h"
+
+namespace mantissa::train {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+inline constexpr const char* kOptimizerPrefix = "optimizer.";
+
+struct TrainState {
+  int64_t step = 0;            // optimizer steps taken
+  int64_t epoch = 0;           // the epoch to continue in (0-based)
+  int64_t batch = 0;           // batches of that epoch already done
+  GeneratorState generator{};  // the default generator (dropout) to continue with
+  double train_seconds = 0;    // training time so far (excluding evaluation)
+};
+
+struct Checkpoint {
+  TrainConfig config;
+  TrainState state;
+  NamedTensors model;
+  NamedTensors optimizer;  // names without the prefix
+  std::map<std::string, std::string> metadata;
+};
+
+void save_checkpoint(const std::string& path, const TrainConfig& config, const TrainState& state,
+                     const NamedTensors& model, const NamedTensors& optimizer);
+
+// Refuses files that are missing, corrupted or not Mantissa checkpoints, naming the file.
+Checkpoint load_checkpoint(const std::string& path);
+
+}  // namespace mantissa::train

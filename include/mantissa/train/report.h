@@ -1,0 +1,58 @@
+// What a training run tells the user while it runs: JSON-lines metrics for tools, and a progress
+// bar for people (plain periodic lines when stderr is not a terminal).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+namespace mantissa::train {
+
+// Appends one JSON object per line to a file, flushed per record (a crash loses nothing written).
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;  // writes nothing
+  // Opens `path` for appending (a resumed run continues the same file); throws naming the path.
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  bool enabled() const { return file_ != nullptr; }
+  void write(const std::string& json_line);
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+struct StepStats {
+  int64_t epoch = 0, epochs = 0;
+  int64_t batch = 0, batches = 0;  // batch counts from 1 in this epoch
+  int64_t step = 0;                // optimizer steps so far
+  double loss = 0;                 // running mean over the epoch
+  double accuracy = 0;             // running train accuracy (0..1)
+  double samples_per_s = 0;
+  double lr = 0;
+  double eta_s = 0;  // for the epoch
+};
+
+class Progress {
+ public:
+  // tty: redraw one line on stderr; otherwise print a line every `every` steps.
+  Progress(bool enabled, int64_t every);
+  void update(const StepStats& s);
+  void end_epoch(const std::string& summary);  // a line of its own, even when disabled
+
+ private:
+  bool enabled_, tty_;
+  int64_t every_;
+  std::chrono::steady_clock::time_point last_draw_{};
+};
+
+std::string format_duration(double seconds);  // "1:05", "1:02:03"
+std::string format_bytes(int64_t bytes);      // "12.3 MiB"
+
+}  // namespace mantissa::train

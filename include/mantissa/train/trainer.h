@@ -1,0 +1,88 @@
+// The training loop behind `mantissa train`: data, model, optimizer, schedule, evaluation every
+// epoch, metrics, progress, checkpoints and exact resumption.
+//
+//   mantissa::train::TrainConfig cfg;
+//   cfg.model = "cnn";
+//   cfg.epochs = 5;
+//   auto result = mantissa::train::Trainer(cfg).fit();
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mantissa/data/loader.h"
+#include "mantissa/nn/module.h"
+#include "mantissa/optim/optimizer.h"
+#include "mantissa/optim/schedule.h"
+#include "mantissa/train/checkpoint.h"
+#include "mantissa/train/config.h"
+#include "mantissa/train/report.h"
+
+namespace mantissa::train {
+
+struct EvalResult {
+  double loss = 0;      // mean cross-entropy
+  double accuracy = 0;  // 0..1
+  int64_t samples = 0;
+  double seconds = 0;
+};
+
+struct EpochResult {
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0, train_accuracy = 0;
+  EvalResult test;
+  double seconds = 0;  // training time of the epoch (evaluation excluded)
+  double samples_per_s = 0;
+};
+
+struct TrainResult {
+  std::vector<EpochResult> epochs;  // the epochs this run trained (after a resume: the rest)
+  EvalResult test;                  // the last evaluation
+  double train_seconds = 0;         // all training time, resumed runs included
+  int64_t steps = 0;
+  int64_t peak_memory_bytes = 0;  // tensor bytes, over this run
+};
+
+class Trainer {
+ public:
+  // Loads the data, builds the model and optimizer, and restores config.resume_path if set
+  // (whose configuration then defines the run; pass the merged config from the CLI).
+  explicit Trainer(TrainConfig config);
+  ~Trainer();
+
+  // Trains to the end of config.epochs (or config.max_steps), or for at most `max_epochs`
+  // epochs in this call when it is positive (a run that stops early, as if interrupted).
+  TrainResult fit(int64_t max_epochs = 0);
+  EvalResult evaluate();  // the test set, in eval mode, without a graph
+
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const TrainConfig& config() const { return config_; }
+  const TrainState& state() const { return state_; }
+  // The loss of every step this Trainer ran, in order (for resume tests and plots).
+  const std::vector<float>& step_losses() const { return step_losses_; }
+  int64_t batches_per_epoch() const;
+
+  void save(const std::string& path) const;  // a checkpoint of the current state
+
+ private:
+  void build();
+  void restore(const Checkpoint& ckpt);
+  double train_step(const data::Batch& batch, int64_t* correct);
+
+  TrainConfig config_;
+  TrainState state_;
+  data::ImageDataset train_set_, test_set_;
+  std::shared_ptr<nn::Module> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LRSchedule> schedule_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::vector<float> step_losses_;
+};
+
+// `mantissa eval`: the test-set loss and accuracy of a checkpoint's weights.
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir = "");
+
+}  // namespace mantissa::train

@@ -1,0 +1,91 @@
+#include "mantissa/train/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+
+#include "mantissa/core/error.h"
+#include "mantissa/io/safetensors.h"
+
+namespace mantissa::train {
+namespace {
+
+constexpr const char* kFormatKey = "mantissa.checkpoint";
+constexpr const char* kFormatVersion = "1";
+
+std::string state_json(const TrainState& s) {
+  nlohmann::ordered_json j;
+  j["step"] = s.step;
+  j["epoch"] = s.epoch;
+  j["batch"] = s.batch;
+  // 64-bit values as strings: JSON readers in other languages keep only 53 bits of a number.
+  j["generator_seed"] = std::to_string(s.generator.seed);
+  j["generator_offset"] = std::to_string(s.generator.offset);
+  j["train_seconds"] = s.train_seconds;
+  return j.dump();
+}
+
+TrainState parse_state(const std::string& text, const std::string& path) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    TrainState s;
+    s.step = j.at("step").get<int64_t>();
+    s.epoch = j.at("epoch").get<int64_t>();
+    s.batch = j.at("batch").get<int64_t>();
+    s.generator.seed = std::stoull(j.at("generator_seed").get<std::string>());
+    s.generator.offset = std::stoull(j.at("generator_offset").get<std::string>());
+    s.train_seconds = j.value("train_seconds", 0.0);
+    return s;
+  } catch (const std::exception& e) {
+    MT_CHECK(false, "checkpoint '", path, "': the training state in its metadata is damaged (",
+             e.what(), ")");
+  }
+  return {};
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const TrainConfig& config, const TrainState& state,
+                     const NamedTensors& model, const NamedTensors& optimizer) {
+  NamedTensors all = model;
+  for (const auto& [name, t] : optimizer)
+    all.emplace_back(kOptimizerPrefix + name, t);
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"},  // what safetensors.torch expects of a PyTorch-loadable file
+      {kFormatKey, kFormatVersion},
+      {"mantissa.config", config.to_json()},
+      {"mantissa.state", state_json(state)},
+  };
+  save_safetensors(path, all, metadata);
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  SafetensorsFile file = load_safetensors(path);
+  const auto format = file.metadata.find(kFormatKey);
+  MT_CHECK(format != file.metadata.end(), "'", path,
+           "' is a safetensors file but not a Mantissa checkpoint (it has no training state); "
+           "give a file written by 'mantissa train --checkpoint'");
+  MT_CHECK(format->second == kFormatVersion, "checkpoint '", path, "' has format version ",
+           format->second, "; this Mantissa reads version ", kFormatVersion);
+  Checkpoint c;
+  c.metadata = file.metadata;
+  const auto config = file.metadata.find("mantissa.config");
+  const auto state = file.metadata.find("mantissa.state");
+  MT_CHECK(config != file.metadata.end() && state != file.metadata.end(), "checkpoint '", path,
+           "' lacks its configuration or training state");
+  try {
+    c.config = TrainConfig::from_json(config->second);
+  } catch (const Error& e) {
+    MT_CHECK(false, "checkpoint '", path, "': ", e.message());
+  }
+  c.state = parse_state(state->second, path);
+  const std::string prefix = kOptimizerPrefix;
+  for (auto& [name, t] : file.tensors) {
+    if (name.rfind(prefix, 0) == 0) {
+      c.optimizer.emplace_back(name.substr(prefix.size()), t);
+    } else {
+      c.model.emplace_back(name, t);
+    }
+  }
+  return c;
+}
+
+}  // namespace mantissa::train

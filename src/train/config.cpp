@@ -1,0 +1,73 @@
+#include "mantissa/train/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "mantissa/core/error.h"
+
+namespace mantissa::train {
+
+// One list of fields serves both directions.
+#define MT_TRAIN_CONFIG_FIELDS(_)                                                             \
+  _(model)                                                                                    \
+  _(data) _(data_dir) _(synthetic_size) _(dropout) _(epochs) _(max_steps) _(batch_size)       \
+      _(eval_batch_size) _(optimizer) _(lr) _(momentum) _(nesterov) _(weight_decay) _(beta1)  \
+          _(beta2) _(eps) _(schedule) _(warmup_steps) _(step_size) _(gamma) _(clip_grad_norm) \
+              _(seed) _(threads) _(workers) _(metrics_path) _(checkpoint_path) _(resume_path) \
+                  _(log_every) _(progress)
+
+std::string TrainConfig::to_json() const {
+  nlohmann::ordered_json j;
+#define MT_TO_JSON(f) j[#f] = f;
+  MT_TRAIN_CONFIG_FIELDS(MT_TO_JSON)
+#undef MT_TO_JSON
+  return j.dump();
+}
+
+TrainConfig TrainConfig::from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    MT_CHECK(false, "the training configuration is not valid JSON: ", e.what());
+  }
+  MT_CHECK(j.is_object(), "the training configuration must be a JSON object");
+  TrainConfig c;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    bool known = false;
+    try {
+#define MT_FROM_JSON(f)     \
+  if (key == #f) {          \
+    it.value().get_to(c.f); \
+    known = true;           \
+  }
+      MT_TRAIN_CONFIG_FIELDS(MT_FROM_JSON)
+#undef MT_FROM_JSON
+    } catch (const nlohmann::json::exception& e) {
+      MT_CHECK(false, "training configuration: '", key, "' has the wrong type (", e.what(), ")");
+    }
+    MT_CHECK(known, "training configuration: unknown key '", key, "'");
+  }
+  return c;
+}
+
+void TrainConfig::validate() const {
+  MT_CHECK(data == "fashion-mnist" || data == "synthetic", "unknown dataset '", data,
+           "'; use fashion-mnist or synthetic");
+  MT_CHECK(epochs > 0 || max_steps > 0, "give a positive --epochs or --steps");
+  MT_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
+  MT_CHECK(eval_batch_size > 0, "the eval batch size must be positive, got ", eval_batch_size);
+  MT_CHECK(optimizer == "sgd" || optimizer == "adamw", "unknown optimizer '", optimizer,
+           "'; use sgd or adamw");
+  MT_CHECK(lr > 0, "--lr must be positive, got ", lr);
+  MT_CHECK(momentum >= 0 && momentum < 1, "--momentum must be in [0, 1), got ", momentum);
+  MT_CHECK(weight_decay >= 0, "--weight-decay must be non-negative, got ", weight_decay);
+  MT_CHECK(dropout >= 0 && dropout < 1, "--dropout must be in [0, 1), got ", dropout);
+  MT_CHECK(threads >= 0, "--threads must be 0 (all cores) or positive, got ", threads);
+  MT_CHECK(workers >= 0, "--workers must be non-negative, got ", workers);
+  MT_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
+  MT_CHECK(clip_grad_norm >= 0, "--clip-grad-norm must be non-negative, got ", clip_grad_norm);
+  MT_CHECK(synthetic_size > 0, "the synthetic dataset size must be positive");
+}
+
+}  // namespace mantissa::train

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""`mantissa train` / `mantissa eval` as a user runs them (small synthetic runs)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BIN = sys.argv[1]
+failures = []
+
+
+def run(*args):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+small = ["--data", "synthetic", "--model", "mlp", "--batch-size", "64", "--threads", "2",
+         "--no-progress"]
+with tempfile.TemporaryDirectory() as tmp:
+    ckpt = os.path.join(tmp, "run.safetensors")
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    rc, out, err = run("train", *small, "--epochs", "1", "--json", "--checkpoint", ckpt,
+                       "--metrics", metrics)
+    check(rc == 0, f"train exits 0 ({rc}): {err[-500:]}")
+    result = json.loads(out) if rc == 0 else {}
+    check(result.get("steps", 0) > 0 and 0 <= result.get("test_accuracy", -1) <= 1,
+          f"train prints a JSON result: {out!r}")
+    check("epoch 1/1" in err, f"an epoch summary line is printed: {err[-300:]!r}")
+    kinds = [json.loads(line)["kind"] for line in open(metrics)] if os.path.exists(metrics) else []
+    check(kinds and kinds[-1] == "summary" and "eval" in kinds, f"metrics records: {kinds}")
+
+    rc, out, err = run("eval", "--checkpoint", ckpt, "--json")
+    check(rc == 0 and abs(json.loads(out)["test_accuracy"] - result.get("test_accuracy", -1)) < 1e-12,
+          f"eval reproduces the final test accuracy ({rc}, {out!r}, {err[-300:]!r})")
+
+    # Resume for one more epoch; a run-defining flag that disagrees is refused.
+    rc, out, err = run("train", "--resume", ckpt, "--epochs", "2", "--json", "--no-progress")
+    check(rc == 0 and json.loads(out)["steps"] == 2 * result.get("steps", 0),
+          f"resume continues to epoch 2 ({rc}, {out!r}, {err[-300:]!r})")
+    rc, out, err = run("train", "--resume", ckpt, "--model", "cnn")
+    check(rc == 2 and "--model" in err and "mlp" in err, f"resume with another --model: {rc} {err!r}")
+
+    # Mistakes: exit 2, one clear message, nothing written.
+    rc, _, err = run("train", "--model", "transformer9000", "--data", "synthetic")
+    check(rc == 2 and "transformer9000" in err and "cnn" in err, f"unknown model: {rc} {err!r}")
+    rc, _, err = run("train", "--data-dir", os.path.join(tmp, "nowhere"))
+    check(rc == 2 and "nowhere" in err, f"missing data dir: {rc} {err!r}")
+    rc, _, err = run("train", "--data", "synthetic", "--batch-size", "0")
+    check(rc == 2 and "batch-size" in err, f"bad batch size: {rc} {err!r}")
+    bad = os.path.join(tmp, "bad.safetensors")
+    with open(bad, "wb") as f:
+        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    rc, _, err = run("eval", "--checkpoint", bad)
+    check(rc == 2 and "bad.safetensors" in err, f"corrupted checkpoint: {rc} {err!r}")
+    rc, _, err = run("train", "--data", "synthetic", "--metrics", os.path.join(tmp, "no", "dir", "m.jsonl"))
+    check(rc == 2 and "metrics" in err, f"unwritable metrics path: {rc} {err!r}")
+
+print("all train CLI checks passed" if not failures else f"{len(failures)} train CLI checks failed")
+sys.exit(1 if failures else 0)

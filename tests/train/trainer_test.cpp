@@ -1,0 +1,211 @@
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "mantissa/io/safetensors.h"
+#include "mantissa/train/trainer.h"
+
+namespace mantissa::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("mantissa_train_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A small, fast run: synthetic images, a CNN with dropout (so the generator state matters)
+  // and batch norm (so running statistics matter).
+  static TrainConfig small(const std::string& model = "cnn") {
+    TrainConfig c;
+    c.model = model;
+    c.data = "synthetic";
+    c.synthetic_size = 512;
+    c.batch_size = 64;
+    c.eval_batch_size = 128;
+    c.epochs = 2;
+    c.lr = 0.05;
+    c.dropout = 0.25;
+    c.seed = 7;
+    c.threads = 2;
+    c.workers = 2;
+    c.progress = false;
+    return c;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TrainerTest, ResumeReproducesTheSecondEpochBitwise) {
+  TrainConfig straight = small();
+  Trainer a(straight);
+  a.fit();
+  const std::vector<float>& all = a.step_losses();
+  const int64_t per_epoch = a.batches_per_epoch();
+  ASSERT_EQ(int64_t(all.size()), 2 * per_epoch);
+
+  // The same run, interrupted after its first epoch (its checkpoint is the last thing written).
+  TrainConfig first = small();
+  first.checkpoint_path = file("epoch1.safetensors");
+  Trainer b(first);
+  b.fit(/*max_epochs=*/1);
+  ASSERT_TRUE(fs::exists(first.checkpoint_path));
+
+  TrainConfig resumed = small();
+  resumed.resume_path = first.checkpoint_path;
+  Trainer c(resumed);
+  EXPECT_EQ(c.state().epoch, 1);
+  EXPECT_EQ(c.state().step, per_epoch);
+  c.fit();
+  const std::vector<float>& second = c.step_losses();
+  ASSERT_EQ(int64_t(second.size()), per_epoch);
+  for (int64_t i = 0; i < per_epoch; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(second[size_t(i)]),
+              std::bit_cast<uint32_t>(all[size_t(per_epoch + i)]))
+        << "step " << per_epoch + i << ": " << second[size_t(i)] << " vs "
+        << all[size_t(per_epoch + i)];
+  }
+  // And the final weights agree bit for bit.
+  const auto wa = a.model().state_dict(), wc = c.model().state_dict();
+  ASSERT_EQ(wa.size(), wc.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_EQ(wa[i].second.to_vector<double>(), wc[i].second.to_vector<double>()) << wa[i].first;
+  }
+}
+
+TEST_F(TrainerTest, LearnsAndWritesMetrics) {
+  TrainConfig c = small("mlp");
+  c.dropout = 0;
+  c.metrics_path = file("metrics.jsonl");
+  c.log_every = 4;
+  Trainer t(c);
+  const TrainResult r = t.fit();
+  EXPECT_GT(r.test.accuracy, 0.5) << "the synthetic classes are learnable";
+  EXPECT_EQ(r.steps, 2 * t.batches_per_epoch());
+  std::ifstream in(c.metrics_path);
+  std::string line;
+  int train = 0, eval = 0, summary = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    const std::string kind = j.at("kind");
+    if (kind == "train") {
+      ++train;
+      for (const char* k : {"step", "epoch", "loss", "lr", "samples_per_s"})
+        EXPECT_TRUE(j.contains(k)) << k;
+      EXPECT_EQ(j["step"].get<int64_t>() % 4, 0);
+    } else if (kind == "eval") {
+      ++eval;
+      for (const char* k : {"epoch", "test_loss", "test_accuracy"})
+        EXPECT_TRUE(j.contains(k)) << k;
+    } else {
+      EXPECT_EQ(kind, "summary");
+      ++summary;
+      for (const char* k : {"test_accuracy", "train_seconds", "peak_memory_bytes", "steps"}) {
+        EXPECT_TRUE(j.contains(k)) << k;
+      }
+      EXPECT_EQ(j["steps"].get<int64_t>(), r.steps);
+    }
+  }
+  EXPECT_EQ(train, int(r.steps / 4));
+  EXPECT_EQ(eval, 2);
+  EXPECT_EQ(summary, 1);
+}
+
+TEST_F(TrainerTest, BadCheckpointsAreRefusedWithTheirName) {
+  TrainConfig c = small("mlp");
+  c.epochs = 1;
+  c.checkpoint_path = file("ok.safetensors");
+  Trainer(c).fit();
+  std::ifstream in(c.checkpoint_path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::string truncated = file("truncated.safetensors");
+  std::ofstream(truncated, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size() / 2));
+  for (const std::string& bad : {truncated, file("missing.safetensors")}) {
+    TrainConfig r = small("mlp");
+    r.resume_path = bad;
+    try {
+      Trainer t(r);
+      FAIL() << "resuming from " << bad << " did not fail";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(bad), std::string::npos) << e.message();
+    }
+  }
+  // A safetensors file that is not a checkpoint.
+  const std::string plain = file("plain.safetensors");
+  save_safetensors(plain, {{"w", Tensor::ones({2})}});
+  EXPECT_THROW(load_checkpoint(plain), Error);
+  // And the good one evaluates.
+  const EvalResult e = evaluate_checkpoint(c.checkpoint_path);
+  EXPECT_GT(e.samples, 0);
+}
+
+TEST_F(TrainerTest, CheckpointLoadsInPythonSafetensors) {
+  const std::string python = MANTISSA_PYTHON;
+  if (python.empty() ||
+      std::system((python + " -c 'import safetensors, numpy' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "skipped: no Python with safetensors and numpy (scripts/setup installs them)";
+  }
+  TrainConfig c = small("cnn");
+  c.epochs = 1;
+  c.checkpoint_path = file("cnn.safetensors");
+  Trainer t(c);
+  t.fit();
+  const std::string out = file("names.json");
+  const std::string script =
+      "import json,sys\n"
+      "from safetensors.numpy import load_file\n"
+      "from safetensors import safe_open\n"
+      "d = load_file(sys.argv[1])\n"
+      "with safe_open(sys.argv[1], 'np') as f: meta = f.metadata()\n"
+      "json.dump({'tensors': {k: [str(v.dtype), list(v.shape)] for k, v in d.items()},"
+      " 'metadata': meta}, open(sys.argv[2], 'w'))\n";
+  const std::string py = file("check.py");
+  std::ofstream(py) << script;
+  ASSERT_EQ(std::system((python + " " + py + " " + c.checkpoint_path + " " + out).c_str()), 0);
+  const auto j = nlohmann::json::parse(std::ifstream(out));
+  const auto& tensors = j["tensors"];
+  for (const auto& [name, tensor] : t.model().state_dict()) {
+    ASSERT_TRUE(tensors.contains(name)) << name << " missing from the Python view";
+    EXPECT_EQ(tensors[name][1].get<std::vector<int64_t>>(), tensor.shape().vec()) << name;
+    EXPECT_EQ(tensors[name][0].get<std::string>(),
+              tensor.dtype() == DType::I64 ? "int64" : "float32")
+        << name;
+  }
+  EXPECT_EQ(j["metadata"]["format"], "pt");
+  EXPECT_TRUE(j["metadata"].contains("mantissa.config"));
+}
+
+TEST(TrainConfigTest, JsonRoundTripAndValidation) {
+  TrainConfig c;
+  c.model = "mlp";
+  c.lr = 0.125;
+  c.seed = 0xffffffffffffull;
+  const TrainConfig back = TrainConfig::from_json(c.to_json());
+  EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_THROW(TrainConfig::from_json("{\"modle\": \"cnn\"}"), Error);
+  TrainConfig bad;
+  bad.optimizer = "lion";
+  EXPECT_THROW(bad.validate(), Error);
+  bad = TrainConfig();
+  bad.batch_size = 0;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
+}  // namespace
+}  // namespace mantissa::train

@@ -1,0 +1,165 @@
+// `mantissa train` and `mantissa eval`.
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "mantissa/core/error.h"
+#include "mantissa/nn/models.h"
+#include "mantissa/train/trainer.h"
+
+namespace mantissa::cli {
+namespace {
+
+struct TrainArgs {
+  train::TrainConfig config;
+  bool no_progress = false;
+  bool json = false;
+};
+
+// The options that define the run itself: a resumed run takes them from its checkpoint, and
+// giving a different value is refused rather than silently ignored.
+constexpr const char* kRunDefining[] = {"--model", "--data",         "--batch-size", "--optimizer",
+                                        "--lr",    "--momentum",     "--schedule",   "--warmup",
+                                        "--seed",  "--weight-decay", "--dropout"};
+
+void print_result(const train::TrainResult& r, const train::TrainConfig& c, bool json) {
+  if (json) {
+    nlohmann::ordered_json j;
+    j["model"] = c.model;
+    j["test_accuracy"] = r.test.accuracy;
+    j["test_loss"] = r.test.loss;
+    j["train_seconds"] = r.train_seconds;
+    j["steps"] = r.steps;
+    j["peak_memory_bytes"] = r.peak_memory_bytes;
+    nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
+    for (const auto& e : r.epochs) {
+      epochs.push_back({{"epoch", e.epoch},
+                        {"train_loss", e.train_loss},
+                        {"test_accuracy", e.test.accuracy},
+                        {"seconds", e.seconds}});
+    }
+    j["epochs"] = epochs;
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  const double per_epoch = r.epochs.empty() ? 0 : r.train_seconds / double(r.epochs.size());
+  fmt::print(
+      "{} on {}: test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
+      "({:.1f} s/epoch), peak memory {}\n",
+      c.model, c.data, 100 * r.test.accuracy, r.test.loss, r.steps, r.train_seconds, per_epoch,
+      train::format_bytes(r.peak_memory_bytes));
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  train::TrainConfig& c = args->config;
+  CLI::App* cmd = app.add_subcommand("train", "Train a model (default: the cnn on Fashion-MNIST)");
+  cmd->add_option("--model", c.model,
+                  "Model: " + fmt::format("{}", fmt::join(nn::model_names(), ", ")))
+      ->capture_default_str();
+  cmd->add_option("--data", c.data, "Dataset: fashion-mnist or synthetic")->capture_default_str();
+  cmd->add_option("--data-dir", c.data_dir, "Directory of the Fashion-MNIST .gz files")
+      ->capture_default_str();
+  cmd->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
+  cmd->add_option("--steps", c.max_steps, "Stop after this many steps (0: run all epochs)")
+      ->capture_default_str();
+  cmd->add_option("--batch-size", c.batch_size, "Training batch size")->capture_default_str();
+  cmd->add_option("--optimizer", c.optimizer, "sgd or adamw")->capture_default_str();
+  cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum");
+  cmd->add_option("--weight-decay", c.weight_decay, "Weight decay")->capture_default_str();
+  cmd->add_option("--schedule", c.schedule, "constant, step or cosine")->capture_default_str();
+  cmd->add_option("--warmup", c.warmup_steps, "Linear warmup steps")->capture_default_str();
+  cmd->add_option("--clip-grad-norm", c.clip_grad_norm, "Clip the gradient norm (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--dropout", c.dropout, "Dropout probability where the model has dropout")
+      ->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed of the initialisation, shuffling and dropout")
+      ->capture_default_str();
+  cmd->add_option("--threads", c.threads, "Compute threads (0: every core)")->capture_default_str();
+  cmd->add_option("--workers", c.workers, "Data-loader threads")->capture_default_str();
+  cmd->add_option("--metrics", c.metrics_path, "Append JSON-lines metrics to FILE");
+  cmd->add_option("--checkpoint", c.checkpoint_path,
+                  "Write a checkpoint (safetensors) to FILE after every epoch");
+  cmd->add_option("--resume", c.resume_path, "Continue the run saved in checkpoint FILE");
+  cmd->add_option("--log-every", c.log_every, "Steps between metric records / progress lines")
+      ->capture_default_str();
+  cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
+  cmd->add_flag("--json", args->json, "Print the final result as JSON");
+  return [args, cmd] {
+    train::TrainConfig config = args->config;
+    config.progress = !args->no_progress;
+    if (!config.resume_path.empty()) {
+      // The run continues as saved; only where to write, how long and how fast may change.
+      const train::Checkpoint ckpt = train::load_checkpoint(config.resume_path);
+      train::TrainConfig merged = ckpt.config;
+      train::TrainConfig given = args->config;
+      for (const char* opt : kRunDefining) {
+        if (cmd->count(opt) == 0) continue;
+        // Compare the option's value in the given config against the checkpoint's.
+        const nlohmann::json g = nlohmann::json::parse(given.to_json());
+        const nlohmann::json s = nlohmann::json::parse(ckpt.config.to_json());
+        std::string key = std::string(opt).substr(2);
+        for (auto& ch : key)
+          ch = ch == '-' ? '_' : ch;
+        if (key == "warmup") key = "warmup_steps";
+        MT_CHECK(!g.contains(key) || g[key] == s[key], "--resume continues the run saved in '",
+                 config.resume_path, "', whose ", opt, " is ", s[key].dump(), "; drop ", opt,
+                 " or start a new run");
+      }
+      merged.resume_path = config.resume_path;
+      if (cmd->count("--epochs")) merged.epochs = config.epochs;
+      if (cmd->count("--steps")) merged.max_steps = config.max_steps;
+      if (cmd->count("--metrics")) merged.metrics_path = config.metrics_path;
+      if (cmd->count("--checkpoint")) merged.checkpoint_path = config.checkpoint_path;
+      if (cmd->count("--threads")) merged.threads = config.threads;
+      if (cmd->count("--workers")) merged.workers = config.workers;
+      if (cmd->count("--data-dir")) merged.data_dir = config.data_dir;
+      if (cmd->count("--log-every")) merged.log_every = config.log_every;
+      merged.progress = config.progress;
+      config = merged;
+    }
+    train::Trainer trainer(config);
+    const train::TrainResult r = trainer.fit();
+    print_result(r, trainer.config(), args->json);
+    return 0;
+  };
+}
+
+Command add_eval_command(CLI::App& app) {
+  struct EvalArgs {
+    std::string checkpoint, data_dir;
+    bool json = false;
+  };
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* cmd = app.add_subcommand("eval", "Test-set loss and accuracy of a checkpoint");
+  cmd->add_option("--checkpoint", args->checkpoint, "A checkpoint written by mantissa train")
+      ->required();
+  cmd->add_option("--data-dir", args->data_dir, "Directory of the Fashion-MNIST .gz files");
+  cmd->add_flag("--json", args->json, "Print JSON");
+  return [args] {
+    const train::Checkpoint ckpt = train::load_checkpoint(args->checkpoint);
+    const train::EvalResult r = train::evaluate_checkpoint(args->checkpoint, args->data_dir);
+    if (args->json) {
+      nlohmann::ordered_json j;
+      j["checkpoint"] = args->checkpoint;
+      j["model"] = ckpt.config.model;
+      j["test_loss"] = r.loss;
+      j["test_accuracy"] = r.accuracy;
+      j["samples"] = r.samples;
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("{} ({} after {} steps): test accuracy {:.2f}%, test loss {:.4f} on {} images\n",
+                 args->checkpoint, ckpt.config.model, ckpt.state.step, 100 * r.accuracy, r.loss,
+                 r.samples);
+    }
+    return 0;
+  };
+}
+
+}  // namespace mantissa::cli
