@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "harness/temp_dir.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/dataset.h"
 #include "mantissa/data/loader.h"
@@ -85,27 +86,12 @@ std::string idx(uint32_t magic, const std::vector<uint32_t>& dims,
   return s;
 }
 
-// A fresh directory per test (CTest runs the tests of this program in parallel).
-class DataFiles : public ::testing::Test {
+class DataFiles : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("mantissa_data_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
   std::string write(const std::string& name, const std::string& bytes) const {
     write_bytes(file(name), bytes);
     return file(name);
   }
-
-  fs::path dir_;
 };
 
 // ---- Fashion-MNIST ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 #include "mantissa/io/safetensors.h"
+#include "harness/temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -27,22 +28,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test (CTest runs the tests of this program in parallel).
-class Safetensors : public ::testing::Test {
+class Safetensors : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("mantissa_io_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
   // Every file in the directory: a failed save must leave no temporary file behind.
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
@@ -51,8 +38,6 @@ class Safetensors : public ::testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-
-  fs::path dir_;
 };
 
 std::string read_bytes(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "harness/temp_dir.h"
 #include "mantissa/io/safetensors.h"
 #include "mantissa/train/trainer.h"
 
@@ -15,21 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("mantissa_train_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
   // A small, fast run: synthetic images, a CNN with dropout (so the generator state matters)
   // and batch norm (so running statistics matter).
   static TrainConfig small(const std::string& model = "cnn") {
@@ -48,8 +36,6 @@ class TrainerTest : public ::testing::Test {
     c.progress = false;
     return c;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(TrainerTest, ResumeReproducesTheSecondEpochBitwise) {
