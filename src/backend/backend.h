@@ -232,6 +232,16 @@ class Backend {
                                  Tensor& out) = 0;
   // Every tensor *= factor in place (compute type, one rounding).
   virtual void multi_tensor_scale(std::span<Tensor> tensors, double factor) = 0;
+  // The loss scaler's fused pass (DESIGN.md §4): every gradient *= inv_scale in place (loaded in
+  // its dtype, multiplied in the compute type, fp32 for f32/half, one rounding on store; left
+  // untouched when inv_scale == 1) and, in the same pass, a check for inf/NaN, as PyTorch's
+  // _amp_foreach_non_finite_check_and_unscale_ (the values are written even when non-finite ones
+  // are found). Returns whether any element of any tensor is inf or NaN. found_inf, when given,
+  // is a one-element F32 tensor on this device that is set to 1 when this call found one and
+  // otherwise left as it is, so that calls accumulate into it: a device backend can keep the
+  // flag there (the optimizer kernels could read it and no-op) and only a host that must decide
+  // reads it back. Every tensor is floating, contiguous and on this device.
+  virtual bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) = 0;
 };
 
 Backend& backend_for(Device device);

@@ -74,10 +74,16 @@ class CpuBackend final : public Backend {
                   std::span<const int64_t> steps, const AdamWStep& hyper) override;
   void multi_tensor_norm(std::span<const Tensor> tensors, double norm_type, Tensor& out) override;
   void multi_tensor_scale(std::span<Tensor> tensors, double factor) override;
+
+  // amp_kernels.cpp
+  bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) override;
 };
 
 // How many multi-tensor kernel calls (sgd_step, adamw_step, multi_tensor_norm,
 // multi_tensor_scale) this process has made: tests show that an optimizer step is one call.
 int64_t multi_tensor_calls();
+// How many unscale_and_check calls this process has made: tests show that the loss scaler's
+// unscale is one fused pass over all gradients of an optimizer.
+int64_t unscale_calls();
 
 }  // namespace mantissa::backend::cpu

@@ -1,0 +1,101 @@
+// CPU kernels of the mixed-precision recipe (DESIGN.md §4): the loss scaler's fused unscale and
+// inf/NaN check. One call is one pass over all gradients: the work is cut into (tensor, chunk)
+// items of kChunk elements, numbered across tensors and spread over one OpenMP parallel region.
+// An item loads its chunk into a compute-type buffer (fp32 for f32 and half types, f64 for f64),
+// notes whether any element is inf or NaN, multiplies by inv_scale and rounds once on store.
+// Per-item flags are combined after the region, so the result does not depend on the thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace mantissa::backend::cpu {
+namespace {
+
+std::atomic<int64_t> g_unscale_calls{0};
+
+// Whether any of x[0, n) is inf or NaN, and x *= f unless f == 1 (then x is left bit-identical,
+// NaN payloads included, as PyTorch).
+template <typename C>
+bool check_and_scale(C* x, int64_t n, C f) {
+  constexpr C kMax = std::numeric_limits<C>::max();
+  int bad = 0;
+  // |v| <= max is false exactly for inf and NaN; no early exit: the loop stays vectorizable.
+#pragma omp simd reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i)
+    bad |= !(std::abs(x[i]) <= kMax) ? 1 : 0;
+  if (f != C(1)) {
+    for (int64_t i = 0; i < n; ++i)
+      x[i] = x[i] * f;
+  }
+  return bad != 0;
+}
+
+}  // namespace
+
+int64_t unscale_calls() {
+  return g_unscale_calls.load(std::memory_order_relaxed);
+}
+
+bool CpuBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) {
+  g_unscale_calls.fetch_add(1, std::memory_order_relaxed);
+  if (found_inf != nullptr) {
+    MT_ASSERT(found_inf->dtype() == DType::F32 && found_inf->numel() == 1 &&
+                  found_inf->device().is_cpu() && found_inf->is_contiguous(),
+              "unscale_and_check: the found-inf flag is one f32 element, got ",
+              found_inf->describe());
+  }
+  std::vector<int64_t> first_chunk;  // (T + 1): chunk c belongs to the last t with first <= c
+  first_chunk.reserve(grads.size() + 1);
+  int64_t chunks = 0, total = 0;
+  for (const Tensor& g : grads) {
+    MT_ASSERT(g.is_floating_point() && g.is_contiguous() && g.device().is_cpu(),
+              "unscale_and_check of ", g.describe());
+    first_chunk.push_back(chunks);
+    chunks += (g.numel() + kChunk - 1) / kChunk;
+    total += g.numel();
+  }
+  first_chunk.push_back(chunks);
+
+  std::vector<unsigned char> bad(size_t(chunks), 0);
+  auto item = [&](int64_t c) {
+    const size_t t = size_t(std::upper_bound(first_chunk.begin(), first_chunk.end() - 1, c) -
+                            first_chunk.begin()) -
+                     1;
+    const Tensor& g = grads[t];
+    const int64_t start = (c - first_chunk[t]) * kChunk;
+    const int64_t n = std::min(kChunk, g.numel() - start);
+    dispatch_float(g.dtype(), "unscale_and_check", [&]<typename T>() {
+      using C = compute_t<T>;
+      const C f = C(inv_scale);
+      T* dst = static_cast<T*>(g.data_ptr()) + start;
+      if constexpr (std::is_same_v<T, C>) {
+        bad[size_t(c)] = check_and_scale<C>(dst, n, f) ? 1 : 0;
+      } else {
+        alignas(64) C buf[kChunk];
+        load_contiguous<T, C>(dst, buf, n);
+        bad[size_t(c)] = check_and_scale<C>(buf, n, f) ? 1 : 0;
+        if (f != C(1)) store_contiguous<C, T>(buf, dst, n);
+      }
+    });
+  };
+  if (total < kParallelGrain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    for (int64_t c = 0; c < chunks; ++c)
+      item(c);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c)
+      item(c);
+  }
+  const bool found = std::any_of(bad.begin(), bad.end(), [](unsigned char b) { return b != 0; });
+  if (found && found_inf != nullptr) *static_cast<float*>(found_inf->data_ptr()) = 1.0f;
+  return found;
+}
+
+}  // namespace mantissa::backend::cpu
