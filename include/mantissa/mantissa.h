@@ -1,6 +1,8 @@
 // Everything public, in one include.
 #pragma once
 
+#include "mantissa/amp/autocast.h"
+#include "mantissa/amp/grad_scaler.h"
 #include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/autograd/grad_mode.h"

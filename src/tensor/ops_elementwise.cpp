@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "backend/backend.h"
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
@@ -213,16 +214,19 @@ Tensor neg(const Tensor& x) {
   return unary_op(UnaryOp::Neg, x);
 }
 Tensor exp(const Tensor& x) {
-  return unary_op(UnaryOp::Exp, x);
+  const amp::AutocastInputs cast_in(amp::OpId::Exp, x);
+  return unary_op(UnaryOp::Exp, cast_in[0]);
 }
 Tensor log(const Tensor& x) {
-  return unary_op(UnaryOp::Log, x);
+  const amp::AutocastInputs cast_in(amp::OpId::Log, x);
+  return unary_op(UnaryOp::Log, cast_in[0]);
 }
 Tensor sqrt(const Tensor& x) {
   return unary_op(UnaryOp::Sqrt, x);
 }
 Tensor rsqrt(const Tensor& x) {
-  return unary_op(UnaryOp::Rsqrt, x);
+  const amp::AutocastInputs cast_in(amp::OpId::Rsqrt, x);
+  return unary_op(UnaryOp::Rsqrt, cast_in[0]);
 }
 Tensor abs(const Tensor& x) {
   return unary_op(UnaryOp::Abs, x);
@@ -231,7 +235,8 @@ Tensor square(const Tensor& x) {
   return unary_op(UnaryOp::Square, x);
 }
 Tensor reciprocal(const Tensor& x) {
-  return unary_op(UnaryOp::Reciprocal, x);
+  const amp::AutocastInputs cast_in(amp::OpId::Reciprocal, x);
+  return unary_op(UnaryOp::Reciprocal, cast_in[0]);
 }
 Tensor relu(const Tensor& x) {
   return unary_op(UnaryOp::Relu, x);
@@ -249,7 +254,8 @@ Tensor tanh(const Tensor& x) {
   return unary_op(UnaryOp::Tanh, x);
 }
 Tensor pow(const Tensor& a, double exponent) {
-  return unary_op(UnaryOp::PowScalar, a, {exponent});
+  const amp::AutocastInputs cast_in(amp::OpId::Pow, a);
+  return unary_op(UnaryOp::PowScalar, cast_in[0], {exponent});
 }
 Tensor add(const Tensor& a, double b) {
   return unary_op(UnaryOp::AddScalar, a, {b});
@@ -396,25 +402,32 @@ Tensor binary_op(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  return binary_op(BinaryOp::Add, a, b);
+  const amp::AutocastInputs cast_in(amp::OpId::Add, a, b);
+  return binary_op(BinaryOp::Add, cast_in[0], cast_in[1]);
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return binary_op(BinaryOp::Sub, a, b);
+  const amp::AutocastInputs cast_in(amp::OpId::Sub, a, b);
+  return binary_op(BinaryOp::Sub, cast_in[0], cast_in[1]);
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return binary_op(BinaryOp::Mul, a, b);
+  const amp::AutocastInputs cast_in(amp::OpId::Mul, a, b);
+  return binary_op(BinaryOp::Mul, cast_in[0], cast_in[1]);
 }
 Tensor div(const Tensor& a, const Tensor& b) {
-  return binary_op(BinaryOp::Div, a, b);
+  const amp::AutocastInputs cast_in(amp::OpId::Div, a, b);
+  return binary_op(BinaryOp::Div, cast_in[0], cast_in[1]);
 }
 Tensor pow(const Tensor& a, const Tensor& b) {
-  return binary_op(BinaryOp::Pow, a, b);
+  const amp::AutocastInputs cast_in(amp::OpId::Pow, a, b);
+  return binary_op(BinaryOp::Pow, cast_in[0], cast_in[1]);
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  return binary_op(BinaryOp::Maximum, a, b);
+  const amp::AutocastInputs cast_in(amp::OpId::Maximum, a, b);
+  return binary_op(BinaryOp::Maximum, cast_in[0], cast_in[1]);
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  return binary_op(BinaryOp::Minimum, a, b);
+  const amp::AutocastInputs cast_in(amp::OpId::Minimum, a, b);
+  return binary_op(BinaryOp::Minimum, cast_in[0], cast_in[1]);
 }
 Tensor eq(const Tensor& a, const Tensor& b) {
   return binary_op(BinaryOp::Eq, a, b);
@@ -466,7 +479,9 @@ Tensor operator-(const Tensor& x) {
   return neg(x);
 }
 
-Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {
+Tensor where(const Tensor& cond, const Tensor& a_arg, const Tensor& b_arg) {
+  const amp::AutocastInputs cast_in(amp::OpId::Where, a_arg, b_arg);
+  const Tensor &a_in = cast_in[0], &b_in = cast_in[1];
   MT_CHECK(cond.dtype() == DType::Bool, "where: the condition must be a bool tensor, got a ",
            cond.describe(), "; compare first (e.g. gt(x, y))");
   check_same_device(a_in, b_in, "where");

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backend/backend.h"
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
@@ -98,7 +99,9 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b) {
 // ---- matmul
 // --------------------------------------------------------------------------------------
 
-Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+Tensor matmul(const Tensor& a_arg, const Tensor& b_arg) {
+  const amp::AutocastInputs cast_in(amp::OpId::Matmul, a_arg, b_arg);
+  const Tensor &a_in = cast_in[0], &b_in = cast_in[1];
   check_defined(a_in, "matmul", "a");
   check_defined(b_in, "matmul", "b");
   check_same_device(a_in, b_in, "matmul");
@@ -162,7 +165,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 // ---- linear
 // --------------------------------------------------------------------------------------
 
-Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+Tensor linear(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg) {
+  const amp::AutocastInputs cast_in(amp::OpId::Linear, x_arg, w_arg, b_arg);
+  const Tensor &x_in = cast_in[0], &w_in = cast_in[1], &b_in = cast_in[2];
   check_defined(x_in, "linear", "x");
   check_defined(w_in, "linear", "weight");
   check_same_device(x_in, w_in, "linear");
@@ -230,8 +235,10 @@ void pair_option(const std::vector<int64_t>& v, const char* name, int64_t out[2]
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
+Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg,
               const Conv2dOptions& options) {
+  const amp::AutocastInputs cast_in(amp::OpId::Conv2d, x_arg, w_arg, b_arg);
+  const Tensor &x_in = cast_in[0], &w_in = cast_in[1], &b_in = cast_in[2];
   check_defined(x_in, "conv2d", "x");
   check_defined(w_in, "conv2d", "weight");
   check_same_device(x_in, w_in, "conv2d");

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
@@ -171,9 +172,12 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_s
 
 // ---- normalization ---------------------------------------------------------------------------
 
-Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+Tensor batch_norm(const Tensor& x_arg, const Tensor& weight_arg, const Tensor& bias_arg,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps) {
+  // The running statistics are updated in place, so autocast never replaces them by copies.
+  const amp::AutocastInputs cast_in(amp::OpId::BatchNorm, x_arg, weight_arg, bias_arg);
+  const Tensor &x = cast_in[0], &weight = cast_in[1], &bias = cast_in[2];
   check_floating(x, "batch_norm", "the input");
   MT_CHECK(x.dim() >= 2, "batch_norm: expected an input of shape (N, C, ...), got a ",
            x.describe());
@@ -241,8 +245,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
   return out;
 }
 
-Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
-                  const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_arg, const std::vector<int64_t>& normalized_shape,
+                  const Tensor& weight_arg, const Tensor& bias_arg, double eps) {
+  const amp::AutocastInputs cast_in(amp::OpId::LayerNorm, x_arg, weight_arg, bias_arg);
+  const Tensor &x = cast_in[0], &weight = cast_in[1], &bias = cast_in[2];
   check_floating(x, "layer_norm", "the input");
   const int k = int(normalized_shape.size());
   MT_CHECK(k >= 1, "layer_norm: normalized_shape is empty; give the trailing dims to normalize");
@@ -319,16 +325,20 @@ Tensor softmax_op(const Tensor& x, int64_t dim_in, bool log) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  return softmax_op(x, dim, false);
+  const amp::AutocastInputs cast_in(amp::OpId::Softmax, x);
+  return softmax_op(cast_in[0], dim, false);
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  return softmax_op(x, dim, true);
+  const amp::AutocastInputs cast_in(amp::OpId::LogSoftmax, x);
+  return softmax_op(cast_in[0], dim, true);
 }
 
 // ---- cross entropy ---------------------------------------------------------------------------
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+Tensor cross_entropy(const Tensor& logits_arg, const Tensor& target,
                      const CrossEntropyOptions& options) {
+  const amp::AutocastInputs cast_in(amp::OpId::CrossEntropy, logits_arg);
+  const Tensor& logits = cast_in[0];
   check_floating(logits, "cross_entropy", "the logits");
   MT_CHECK(target.defined(), "cross_entropy: the target is undefined");
   MT_CHECK(target.dtype() == DType::I64 || target.dtype() == DType::I32,
@@ -402,10 +412,102 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target,
   return loss;
 }
 
+// ---- binary cross entropy --------------------------------------------------------------------
+
+namespace {
+
+void check_binary_loss(const Tensor& input, const Tensor& target, const char* op,
+                       const char* what) {
+  check_floating(input, op, what);
+  check_floating(target, op, "the targets");
+  MT_CHECK(target.device() == input.device(), op, ": ", what, " are on ", input.device().str(),
+           " but the targets are on ", target.device().str());
+  MT_CHECK(target.shape() == input.shape(), op, ": the targets ", target.describe(),
+           " must have the shape of ", what, " ", input.describe());
+}
+
+Tensor reduce_loss(const Tensor& loss, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::None:
+      return loss;
+    case Reduction::Sum:
+      return sum(loss);
+    case Reduction::Mean:
+      return mean(loss);
+  }
+  return loss;
+}
+
+}  // namespace
+
+Tensor binary_cross_entropy(const Tensor& p_arg, const Tensor& y_arg, Reduction reduction) {
+  const char* op = "binary_cross_entropy";
+  const amp::AutocastInputs cast_in(amp::OpId::BinaryCrossEntropy, p_arg, y_arg);
+  const Tensor &probs = cast_in[0], &target = cast_in[1];
+  check_binary_loss(probs, target, op, "the probabilities");
+  const DType ldt = stats_dtype(promote_types(probs.dtype(), target.dtype()));
+  Tensor p, y, log_p, log_1mp, loss;
+  {
+    NoGrad ng;
+    p = probs.to(ldt).detach();
+    y = target.to(ldt).detach();
+    log_p = clamp(log(p), -100.0, std::nullopt);
+    log_1mp = clamp(log(rsub(p, 1.0)), -100.0, std::nullopt);
+    loss = neg(add(mul(y, log_p), mul(rsub(y, 1.0), log_1mp)));
+  }
+  if (autograd::needs_grad({&probs, &target})) {
+    const bool gp = probs.requires_grad(), gy = target.requires_grad();
+    autograd::record("binary_cross_entropyBackward", {probs, target}, {loss},
+                     [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                       if (!g[0].defined()) return {Tensor(), Tensor()};
+                       // d/dp = (p - y) / (p (1 - p)), the denominator kept >= 1e-12 as PyTorch
+                       // does.
+                       Tensor dp, dy;
+                       if (gp) {
+                         const Tensor denom = clamp(mul(p, rsub(p, 1.0)), 1e-12, std::nullopt);
+                         dp = mul(g[0], div(sub(p, y), denom));
+                       }
+                       if (gy) dy = mul(g[0], sub(log_1mp, log_p));
+                       return {dp, dy};
+                     });
+  }
+  return reduce_loss(loss, reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& x_arg, const Tensor& y_arg,
+                                        Reduction reduction) {
+  const char* op = "binary_cross_entropy_with_logits";
+  const amp::AutocastInputs cast_in(amp::OpId::BinaryCrossEntropyWithLogits, x_arg, y_arg);
+  const Tensor &logits = cast_in[0], &target = cast_in[1];
+  check_binary_loss(logits, target, op, "the logits");
+  const DType ldt = stats_dtype(promote_types(logits.dtype(), target.dtype()));
+  Tensor x, y, loss;
+  {
+    NoGrad ng;
+    x = logits.to(ldt).detach();
+    y = target.to(ldt).detach();
+    // max(x, 0) - x y + log(1 + exp(-|x|)): no overflow for any x.
+    loss = add(sub(relu(x), mul(x, y)), log(add(exp(neg(abs(x))), 1.0)));
+  }
+  if (autograd::needs_grad({&logits, &target})) {
+    const bool gx = logits.requires_grad(), gy = target.requires_grad();
+    autograd::record("binary_cross_entropy_with_logitsBackward", {logits, target}, {loss},
+                     [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                       if (!g[0].defined()) return {Tensor(), Tensor()};
+                       Tensor dx = gx ? mul(g[0], sub(sigmoid(x), y)) : Tensor();
+                       Tensor dy = gy ? mul(g[0], neg(x)) : Tensor();
+                       return {dx, dy};
+                     });
+  }
+  return reduce_loss(loss, reduction);
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+Tensor scaled_dot_product_attention(const Tensor& q_arg, const Tensor& k_arg, const Tensor& v_arg,
                                     const Tensor& mask, bool causal, std::optional<double> scale) {
+  const amp::AutocastInputs cast_in(amp::OpId::ScaledDotProductAttention, q_arg, k_arg, v_arg);
+  const Tensor &q = cast_in[0], &k = cast_in[1], &v = cast_in[2];
   const char* op = "scaled_dot_product_attention";
   check_floating(q, op, "the query");
   check_floating(k, op, "the key");

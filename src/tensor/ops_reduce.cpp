@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "backend/backend.h"
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
@@ -67,7 +68,9 @@ DType sum_dtype(const Tensor& x) {
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+Tensor sum(const Tensor& x_arg, const std::vector<int64_t>& dims_in, bool keepdim) {
+  const amp::AutocastInputs cast_in(amp::OpId::Sum, x_arg);
+  const Tensor& x = cast_in[0];
   const std::vector<int> dims = normalize_dims(x, dims_in);
   const Tensor src = x.dtype() == DType::Bool ? x.to(DType::I64) : x;
   Tensor out;
@@ -88,7 +91,9 @@ Tensor sum(const Tensor& x) {
   return sum(x, {}, false);
 }
 
-Tensor mean(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+Tensor mean(const Tensor& x_arg, const std::vector<int64_t>& dims_in, bool keepdim) {
+  const amp::AutocastInputs cast_in(amp::OpId::Mean, x_arg);
+  const Tensor& x = cast_in[0];
   MT_CHECK(x.is_floating_point(), "mean needs a floating tensor, got a ", x.describe(),
            "; cast with to(DType::F32)");
   const std::vector<int> dims = normalize_dims(x, dims_in);
@@ -114,7 +119,10 @@ Tensor mean(const Tensor& x) {
   return mean(x, {}, false);
 }
 
-Tensor var(const Tensor& x, const std::vector<int64_t>& dims_in, int64_t correction, bool keepdim) {
+Tensor var(const Tensor& x_arg, const std::vector<int64_t>& dims_in, int64_t correction,
+           bool keepdim) {
+  const amp::AutocastInputs cast_in(amp::OpId::Var, x_arg);
+  const Tensor& x = cast_in[0];
   MT_CHECK(x.is_floating_point(), "var needs a floating tensor, got a ", x.describe());
   const std::vector<int> dims = normalize_dims(x, dims_in);
   Tensor out;

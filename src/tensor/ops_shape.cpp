@@ -1,13 +1,17 @@
 // Joining, splitting and indexing: cat, stack, split, chunk, index_select, gather, embedding.
 #include "backend/backend.h"
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa {
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim_in) {
-  MT_CHECK(!tensors.empty(), "cat needs at least one tensor");
+Tensor cat(const std::vector<Tensor>& tensors_arg, int64_t dim_in) {
+  MT_CHECK(!tensors_arg.empty(), "cat needs at least one tensor");
+  std::vector<Tensor> cast_list;
+  if (amp::autocast_active()) cast_list = amp::autocast_list(amp::OpId::Cat, tensors_arg);
+  const std::vector<Tensor>& tensors = amp::autocast_active() ? cast_list : tensors_arg;
   const Tensor& first = tensors[0];
   const int dim = wrap_dim(dim_in, first.dim());
   DType dt = first.dtype();
@@ -53,8 +57,11 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim_in) {
   return out;
 }
 
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  MT_CHECK(!tensors.empty(), "stack needs at least one tensor");
+Tensor stack(const std::vector<Tensor>& tensors_arg, int64_t dim) {
+  MT_CHECK(!tensors_arg.empty(), "stack needs at least one tensor");
+  std::vector<Tensor> cast_list;
+  if (amp::autocast_active()) cast_list = amp::autocast_list(amp::OpId::Stack, tensors_arg);
+  const std::vector<Tensor>& tensors = amp::autocast_active() ? cast_list : tensors_arg;
   const int d = wrap_dim(dim, tensors[0].dim() + 1);
   std::vector<Tensor> expanded;
   for (size_t i = 0; i < tensors.size(); ++i) {

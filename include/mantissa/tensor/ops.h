@@ -145,6 +145,16 @@ struct CrossEntropyOptions {
 // half inputs (computed in fp32), F64 for f64.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                      const CrossEntropyOptions& options = {});
+// -(y log p + (1 - y) log(1 - p)) for probabilities p in [0, 1] and (soft) targets y of p's
+// shape; the logs are clamped at -100 (PyTorch's rule) so p = 0 or 1 gives a finite loss. F32 for
+// half inputs (computed in fp32), F64 for f64. Unsafe under fp16 autocast (its gradient
+// underflows there): an fp16 region refuses it, pointing to the logits form.
+Tensor binary_cross_entropy(const Tensor& probabilities, const Tensor& targets,
+                            Reduction reduction = Reduction::Mean);
+// binary_cross_entropy(sigmoid(logits), targets) computed stably (log-sum-exp form): safe in
+// every precision.
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,
+                                        Reduction reduction = Reduction::Mean);
 
 // ---- embedding, dropout, indexing, joining
 // -------------------------------------------------------
