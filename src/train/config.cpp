@@ -7,15 +7,39 @@
 namespace mantissa::train {
 
 // One list of fields serves both directions.
-#define MT_TRAIN_CONFIG_FIELDS(_)                                                                \
-  _(model)                                                                                       \
-  _(data)                                                                                        \
-  _(data_dir)                                                                                    \
-  _(synthetic_size) _(dropout) _(epochs) _(max_steps) _(batch_size) _(eval_batch_size)           \
-      _(optimizer) _(lr) _(momentum) _(nesterov) _(weight_decay) _(beta1) _(beta2) _(eps)        \
-          _(schedule) _(warmup_steps) _(step_size) _(gamma) _(clip_grad_norm) _(seed) _(threads) \
-              _(workers) _(metrics_path) _(checkpoint_path) _(resume_path) _(log_every)          \
-                  _(progress)
+// clang-format off  (clang-format 14 reflows this list differently on every run)
+#define MT_TRAIN_CONFIG_FIELDS(_) \
+  _(model)                        \
+  _(data)                         \
+  _(data_dir)                     \
+  _(synthetic_size)               \
+  _(dropout)                      \
+  _(epochs)                       \
+  _(max_steps)                    \
+  _(batch_size)                   \
+  _(eval_batch_size)              \
+  _(optimizer)                    \
+  _(lr)                           \
+  _(momentum)                     \
+  _(nesterov)                     \
+  _(weight_decay)                 \
+  _(beta1)                        \
+  _(beta2)                        \
+  _(eps)                          \
+  _(schedule)                     \
+  _(warmup_steps)                 \
+  _(step_size)                    \
+  _(gamma)                        \
+  _(clip_grad_norm)               \
+  _(seed)                         \
+  _(threads)                      \
+  _(workers)                      \
+  _(metrics_path)                 \
+  _(checkpoint_path)              \
+  _(resume_path)                  \
+  _(log_every)                    \
+  _(progress)
+// clang-format on
 
 std::string TrainConfig::to_json() const {
   nlohmann::ordered_json j;
