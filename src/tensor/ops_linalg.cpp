@@ -18,9 +18,11 @@ backend::Backend& backend_of(const Tensor& t) {
   return backend::backend_for(t.device());
 }
 
-// The global matmul precision is not consulted yet: fp32 stays fp32.
+// set_matmul_precision("high"): f32 GEMM/convolution inputs go through the tf32 grid.
 backend::MatmulOptions matmul_options() {
-  return {};
+  backend::MatmulOptions o;
+  if (get_matmul_precision() == MatmulPrecision::High) o.input_rounding = Format::TF32;
+  return o;
 }
 
 void check_defined(const Tensor& t, const char* op, const char* what) {

@@ -1,6 +1,7 @@
 // Threads, the default random generator, and dropout (the op that draws from it).
 #include <omp.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "backend/backend.h"
@@ -9,6 +10,25 @@
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa {
+
+namespace {
+std::atomic<MatmulPrecision> g_matmul_precision{MatmulPrecision::Highest};
+}  // namespace
+
+void set_matmul_precision(MatmulPrecision precision) {
+  g_matmul_precision.store(precision);
+}
+
+void set_matmul_precision(const std::string& precision) {
+  if (precision == "highest") return set_matmul_precision(MatmulPrecision::Highest);
+  if (precision == "high") return set_matmul_precision(MatmulPrecision::High);
+  MT_CHECK(false, "unknown matmul precision '", precision,
+           "'; use highest (fp32) or high (tf32 inputs, fp32 accumulation)");
+}
+
+MatmulPrecision get_matmul_precision() {
+  return g_matmul_precision.load();
+}
 
 void set_num_threads(int n) {
   MT_CHECK(n >= 1, "the number of threads must be at least 1, got ", n);

@@ -434,3 +434,33 @@ TEST(Conv2dEmulation, F16ConvIsTheF32ConvRoundedOnce) {
 
 }  // namespace
 }  // namespace mantissa
+
+namespace mantissa {
+namespace {
+
+// set_matmul_precision("high") is TF32: the f32 GEMM/convolution of tf32-rounded inputs.
+TEST(MatmulPrecisionTest, HighRoundsF32InputsToTf32) {
+  const Tensor a = Tensor::normal({33, 70}, 0, 1, 11), b = Tensor::normal({70, 19}, 0, 1, 12);
+  auto tf32 = [](const Tensor& t) {
+    std::vector<float> v = t.to_vector<float>();
+    round_in_place(Format::TF32, v.data(), v.size());
+    return Tensor::from_vector(v, t.shape());
+  };
+  const Tensor exact = matmul(a, b);
+  const Tensor emulated = matmul(tf32(a), tf32(b));
+  set_matmul_precision("high");
+  EXPECT_EQ(get_matmul_precision(), MatmulPrecision::High);
+  const Tensor high = matmul(a, b);
+  const Tensor x = Tensor::normal({2, 3, 9, 9}, 0, 1, 13),
+               w = Tensor::normal({4, 3, 3, 3}, 0, 1, 14);
+  const Tensor conv_high = conv2d(x, w);
+  set_matmul_precision("highest");
+  EXPECT_EQ(high.to_vector<float>(), emulated.to_vector<float>());
+  EXPECT_NE(high.to_vector<float>(), exact.to_vector<float>()) << "tf32 must change some values";
+  EXPECT_EQ(conv_high.to_vector<float>(), conv2d(tf32(x), tf32(w)).to_vector<float>());
+  EXPECT_EQ(matmul(a, b).to_vector<float>(), exact.to_vector<float>()) << "highest is fp32 again";
+  EXPECT_THROW(set_matmul_precision("medium"), Error);
+}
+
+}  // namespace
+}  // namespace mantissa

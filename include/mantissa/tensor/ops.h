@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "mantissa/tensor/tensor.h"
@@ -176,6 +177,16 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& mask = Tensor(), bool causal = false,
                                     std::optional<double> scale = std::nullopt);
+
+// ---- matmul precision
+// ---------------------------------------------------------------------------- PyTorch's
+// torch.set_float32_matmul_precision: "highest" computes f32 GEMMs and convolutions in full fp32;
+// "high" rounds their f32 inputs to tf32 first (what NVIDIA tensor cores do in TF32 mode; on the
+// CPU an exact emulation), accumulating in fp32. Other dtypes are unaffected.
+enum class MatmulPrecision { Highest, High };
+void set_matmul_precision(MatmulPrecision precision);
+void set_matmul_precision(const std::string& precision);  // "highest" | "high"
+MatmulPrecision get_matmul_precision();
 
 // ---- threads and random numbers
 // ------------------------------------------------------------------
