@@ -44,10 +44,13 @@ TrainState parse_state(const std::string& text, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& path, const TrainConfig& config, const TrainState& state,
-                     const NamedTensors& model, const NamedTensors& optimizer) {
+                     const NamedTensors& model, const NamedTensors& optimizer,
+                     const NamedTensors& scaler) {
   NamedTensors all = model;
   for (const auto& [name, t] : optimizer)
     all.emplace_back(kOptimizerPrefix + name, t);
+  for (const auto& [name, t] : scaler)
+    all.emplace_back(kScalerPrefix + name, t);
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},  // what safetensors.torch expects of a PyTorch-loadable file
       {kFormatKey, kFormatVersion},
@@ -77,10 +80,12 @@ Checkpoint load_checkpoint(const std::string& path) {
     MT_CHECK(false, "checkpoint '", path, "': ", e.message());
   }
   c.state = parse_state(state->second, path);
-  const std::string prefix = kOptimizerPrefix;
+  const std::string prefix = kOptimizerPrefix, scaler_prefix = kScalerPrefix;
   for (auto& [name, t] : file.tensors) {
     if (name.rfind(prefix, 0) == 0) {
       c.optimizer.emplace_back(name.substr(prefix.size()), t);
+    } else if (name.rfind(scaler_prefix, 0) == 0) {
+      c.scaler.emplace_back(name.substr(scaler_prefix.size()), t);
     } else {
       c.model.emplace_back(name, t);
     }

@@ -1,5 +1,8 @@
 #include "mantissa/train/config.h"
 
+#include <cmath>
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 #include "mantissa/core/error.h"
@@ -7,7 +10,7 @@
 namespace mantissa::train {
 
 // One list of fields serves both directions.
-// clang-format off  (clang-format 14 reflows this list differently on every run)
+// clang-format off
 #define MT_TRAIN_CONFIG_FIELDS(_) \
   _(model)                        \
   _(data)                         \
@@ -31,6 +34,8 @@ namespace mantissa::train {
   _(step_size)                    \
   _(gamma)                        \
   _(clip_grad_norm)               \
+  _(precision)                    \
+  _(loss_scale)                   \
   _(seed)                         \
   _(threads)                      \
   _(workers)                      \
@@ -94,6 +99,17 @@ void TrainConfig::validate() const {
   MT_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
   MT_CHECK(clip_grad_norm >= 0, "--clip-grad-norm must be non-negative, got ", clip_grad_norm);
   MT_CHECK(synthetic_size > 0, "the synthetic dataset size must be positive");
+  MT_CHECK(precision == "fp32" || precision == "tf32" || precision == "bf16" || precision == "fp16",
+           "unknown --precision '", precision, "'; use fp32, tf32, bf16 or fp16",
+           precision == "bf16-pure" ? " (bf16-pure needs master-weight-free stochastic rounding, "
+                                      "not available yet)"
+                                    : "");
+  if (loss_scale != "dynamic") {
+    char* end = nullptr;
+    const double v = std::strtod(loss_scale.c_str(), &end);
+    MT_CHECK(end != loss_scale.c_str() && *end == '\0' && v > 0 && std::isfinite(v),
+             "--loss-scale takes 'dynamic' or a positive number, got '", loss_scale, "'");
+  }
 }
 
 }  // namespace mantissa::train

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/dataset.h"
@@ -115,11 +116,35 @@ void Trainer::build() {
                        : epoch_steps;
   schedule_ =
       std::make_unique<optim::LRSchedule>(optim::LRSchedule::from_name(config_.schedule, so));
+
+  // Precision: tf32 is a matmul setting; bf16/fp16 are autocast regions around the forward
+  // pass, and fp16 adds loss scaling (dynamic, or static at a given number).
+  set_matmul_precision(config_.precision == "tf32" ? MatmulPrecision::High
+                                                   : MatmulPrecision::Highest);
+  amp::GradScalerOptions sc;
+  if (config_.precision != "fp16") {
+    sc.mode = amp::ScaleMode::Disabled;
+  } else if (config_.loss_scale != "dynamic") {
+    sc.mode = amp::ScaleMode::Static;
+    sc.init_scale = std::stod(config_.loss_scale);
+    sc.min_scale = std::min(sc.min_scale, sc.init_scale);
+    sc.max_scale = std::max(sc.max_scale, sc.init_scale);
+  }
+  scaler_ = std::make_unique<amp::GradScaler>(sc);
+}
+
+DType Trainer::autocast_dtype() const {
+  if (config_.precision == "bf16") return DType::BF16;
+  if (config_.precision == "fp16") return DType::F16;
+  return DType::F32;
 }
 
 void Trainer::restore(const Checkpoint& ckpt) {
   model_->load_state_dict(ckpt.model);
   optimizer_->load_state_dict(ckpt.optimizer);
+  if (scaler_->options().mode != amp::ScaleMode::Disabled && !ckpt.scaler.empty()) {
+    scaler_->load_state_dict(ckpt.scaler);
+  }
   state_ = ckpt.state;
   set_generator_state(state_.generator);
 }
@@ -131,18 +156,28 @@ int64_t Trainer::batches_per_epoch() const {
 void Trainer::save(const std::string& path) const {
   TrainState s = state_;
   s.generator = generator_state();
-  save_checkpoint(path, config_, s, model_->state_dict(), optimizer_->state_dict());
+  save_checkpoint(path, config_, s, model_->state_dict(), optimizer_->state_dict(),
+                  scaler_->state_dict());
 }
 
-double Trainer::train_step(const data::Batch& batch, int64_t* correct) {
+double Trainer::train_step(const data::Batch& batch, int64_t* correct, bool* skipped) {
   optimizer_->set_lr(schedule_->lr_at(state_.step));
   optimizer_->zero_grad(true);
-  const Tensor logits = (*model_)(batch.x);
-  const Tensor loss = cross_entropy(logits, batch.y);
-  loss.backward();
-  if (config_.clip_grad_norm > 0)
+  const DType half = autocast_dtype();
+  Tensor logits;
+  {
+    amp::Autocast region(DeviceType::CPU, half == DType::F32 ? DType::BF16 : half,
+                         /*enabled=*/half != DType::F32);
+    logits = (*model_)(batch.x);
+  }
+  const Tensor loss = cross_entropy(logits, batch.y);  // fp32 for half logits
+  scaler_->scale(loss).backward();
+  if (config_.clip_grad_norm > 0) {
+    scaler_->unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
     optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm);
-  optimizer_->step();
+  }
+  *skipped = scaler_->step(*optimizer_);
+  scaler_->update();
   ++state_.step;
   *correct += count_correct(logits, batch.y);
   return loss.item();
@@ -191,7 +226,9 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     while (!steps_done()) {
       std::optional<data::Batch> batch = loader_->next();
       if (!batch) break;
-      const double loss = train_step(*batch, &correct);
+      bool skipped = false;
+      const double loss = train_step(*batch, &correct, &skipped);
+      result.skipped_steps += skipped;
       step_losses_.push_back(float(loss));
       loss_sum += loss;
       seen += batch->y.numel();
@@ -217,6 +254,8 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         j["loss"] = loss;
         j["lr"] = optimizer_->lr();
         j["samples_per_s"] = s.samples_per_s;
+        j["loss_scale"] = scaler_->get_scale();
+        j["skipped"] = skipped;
         metrics_->write(j.dump());
       }
     }
@@ -259,6 +298,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   }
   result.train_seconds = state_.train_seconds;
   result.steps = state_.step;
+  result.loss_scale = scaler_->get_scale();
   result.peak_memory_bytes = memory_stats().peak_bytes;
   if (metrics_->enabled()) {
     auto j = record("summary");
@@ -267,6 +307,9 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     j["train_seconds"] = result.train_seconds;
     j["peak_memory_bytes"] = result.peak_memory_bytes;
     j["steps"] = result.steps;
+    j["skipped_steps"] = result.skipped_steps;
+    j["loss_scale"] = result.loss_scale;
+    j["precision"] = config_.precision;
     j["model"] = config_.model;
     j["parameters"] = model_->num_parameters();
     metrics_->write(j.dump());

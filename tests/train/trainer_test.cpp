@@ -75,6 +75,41 @@ TEST_F(TrainerTest, ResumeReproducesTheSecondEpochBitwise) {
   }
 }
 
+// fp16 autocast with dynamic loss scaling: the scaler's state (scale, growth tracker) travels
+// in the checkpoint, so the resumed run scales, skips and grows exactly as the straight one.
+TEST_F(TrainerTest, Fp16ResumeKeepsTheLossScale) {
+  TrainConfig straight = small("cnn");
+  straight.precision = "fp16";
+  straight.dropout = 0;
+  Trainer a(straight);
+  const TrainResult ra = a.fit();
+  TrainConfig first = straight;
+  first.checkpoint_path = file("fp16.safetensors");
+  Trainer b(first);
+  b.fit(1);
+  TrainConfig resumed = straight;
+  resumed.resume_path = first.checkpoint_path;
+  resumed.metrics_path = file("fp16.jsonl");
+  resumed.log_every = 1;
+  Trainer c(resumed);
+  EXPECT_EQ(c.scaler().get_scale(), b.scaler().get_scale());
+  EXPECT_EQ(c.scaler().growth_tracker(), b.scaler().growth_tracker());
+  EXPECT_GT(b.scaler().growth_tracker(), 0) << "clean steps were counted in epoch 1";
+  const TrainResult rc = c.fit();
+  const int64_t per_epoch = a.batches_per_epoch();
+  for (int64_t i = 0; i < per_epoch; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(c.step_losses()[size_t(i)]),
+              std::bit_cast<uint32_t>(a.step_losses()[size_t(per_epoch + i)]))
+        << "step " << per_epoch + i;
+  }
+  EXPECT_EQ(rc.loss_scale, ra.loss_scale);
+  std::ifstream in(resumed.metrics_path);
+  std::string line;
+  std::getline(in, line);
+  const auto j = nlohmann::json::parse(line);
+  EXPECT_TRUE(j.contains("loss_scale") && j.contains("skipped")) << line;
+}
+
 TEST_F(TrainerTest, LearnsAndWritesMetrics) {
   TrainConfig c = small("mlp");
   c.dropout = 0;

@@ -20,9 +20,10 @@ struct TrainArgs {
 
 // The options that define the run itself: a resumed run takes them from its checkpoint, and
 // giving a different value is refused rather than silently ignored.
-constexpr const char* kRunDefining[] = {"--model", "--data",         "--batch-size", "--optimizer",
-                                        "--lr",    "--momentum",     "--schedule",   "--warmup",
-                                        "--seed",  "--weight-decay", "--dropout"};
+constexpr const char* kRunDefining[] = {
+    "--model",    "--data",      "--batch-size", "--optimizer", "--lr",
+    "--momentum", "--schedule",  "--warmup",     "--seed",      "--weight-decay",
+    "--dropout",  "--precision", "--loss-scale"};
 
 void print_result(const train::TrainResult& r, const train::TrainConfig& c, bool json) {
   if (json) {
@@ -32,6 +33,9 @@ void print_result(const train::TrainResult& r, const train::TrainConfig& c, bool
     j["test_loss"] = r.test.loss;
     j["train_seconds"] = r.train_seconds;
     j["steps"] = r.steps;
+    j["precision"] = c.precision;
+    j["skipped_steps"] = r.skipped_steps;
+    j["loss_scale"] = r.loss_scale;
     j["peak_memory_bytes"] = r.peak_memory_bytes;
     nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
     for (const auto& e : r.epochs) {
@@ -45,11 +49,15 @@ void print_result(const train::TrainResult& r, const train::TrainConfig& c, bool
     return;
   }
   const double per_epoch = r.epochs.empty() ? 0 : r.train_seconds / double(r.epochs.size());
+  std::string scaling;
+  if (c.precision == "fp16") {
+    scaling = fmt::format(", loss scale {:g}, {} skipped steps", r.loss_scale, r.skipped_steps);
+  }
   fmt::print(
-      "{} on {}: test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
-      "({:.1f} s/epoch), peak memory {}\n",
-      c.model, c.data, 100 * r.test.accuracy, r.test.loss, r.steps, r.train_seconds, per_epoch,
-      train::format_bytes(r.peak_memory_bytes));
+      "{} on {} ({}): test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
+      "({:.1f} s/epoch), peak memory {}{}\n",
+      c.model, c.data, c.precision, 100 * r.test.accuracy, r.test.loss, r.steps, r.train_seconds,
+      per_epoch, train::format_bytes(r.peak_memory_bytes), scaling);
 }
 
 }  // namespace
@@ -78,6 +86,12 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--clip-grad-norm", c.clip_grad_norm, "Clip the gradient norm (0: off)")
       ->capture_default_str();
   cmd->add_option("--dropout", c.dropout, "Dropout probability where the model has dropout")
+      ->capture_default_str();
+  cmd->add_option("--precision", c.precision,
+                  "fp32, tf32 (f32 GEMM inputs rounded to tf32), bf16 or fp16 (autocast: "
+                  "GEMM/conv in the half type, fp32 weights; fp16 with loss scaling)")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale", c.loss_scale, "fp16 loss scaling: dynamic or a fixed number")
       ->capture_default_str();
   cmd->add_option("--seed", c.seed, "Seed of the initialisation, shuffling and dropout")
       ->capture_default_str();

@@ -18,6 +18,7 @@ namespace mantissa::train {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 inline constexpr const char* kOptimizerPrefix = "optimizer.";
+inline constexpr const char* kScalerPrefix = "scaler.";
 
 struct TrainState {
   int64_t step = 0;            // optimizer steps taken
@@ -32,11 +33,13 @@ struct Checkpoint {
   TrainState state;
   NamedTensors model;
   NamedTensors optimizer;  // names without the prefix
+  NamedTensors scaler;     // the loss scaler's state (fp16 runs), names without the prefix
   std::map<std::string, std::string> metadata;
 };
 
 void save_checkpoint(const std::string& path, const TrainConfig& config, const TrainState& state,
-                     const NamedTensors& model, const NamedTensors& optimizer);
+                     const NamedTensors& model, const NamedTensors& optimizer,
+                     const NamedTensors& scaler = {});
 
 // Refuses files that are missing, corrupted or not Mantissa checkpoints, naming the file.
 Checkpoint load_checkpoint(const std::string& path);

@@ -36,6 +36,12 @@ struct TrainConfig {
   double gamma = 0.1;         // step schedule
   double clip_grad_norm = 0;  // 0: off
 
+  // precision (PyTorch AMP / Apex O1): fp32 | tf32 (f32 GEMM/conv inputs rounded to tf32) |
+  // bf16 | fp16 (autocast: GEMM/conv in the half type, softmax/norms/loss in fp32; fp32
+  // weights; fp16 with loss scaling)
+  std::string precision = "fp32";
+  std::string loss_scale = "dynamic";  // fp16: "dynamic" or a fixed number
+
   // machine
   uint64_t seed = 0;
   int threads = 0;  // 0: every core

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mantissa/amp/grad_scaler.h"
 #include "mantissa/data/loader.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/optim/optimizer.h"
@@ -41,6 +42,8 @@ struct TrainResult {
   EvalResult test;                  // the last evaluation
   double train_seconds = 0;         // all training time, resumed runs included
   int64_t steps = 0;
+  int64_t skipped_steps = 0;      // fp16: steps skipped for inf/NaN gradients (this run)
+  double loss_scale = 1;          // fp16: the scale at the end
   int64_t peak_memory_bytes = 0;  // tensor bytes, over this run
 };
 
@@ -58,6 +61,7 @@ class Trainer {
 
   nn::Module& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
+  amp::GradScaler& scaler() { return *scaler_; }
   const TrainConfig& config() const { return config_; }
   const TrainState& state() const { return state_; }
   // The loss of every step this Trainer ran, in order (for resume tests and plots).
@@ -69,7 +73,9 @@ class Trainer {
  private:
   void build();
   void restore(const Checkpoint& ckpt);
-  double train_step(const data::Batch& batch, int64_t* correct);
+  double train_step(const data::Batch& batch, int64_t* correct, bool* skipped);
+  // The autocast dtype of the run's precision (F32: no autocast).
+  DType autocast_dtype() const;
 
   TrainConfig config_;
   TrainState state_;
@@ -77,6 +83,7 @@ class Trainer {
   std::shared_ptr<nn::Module> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
+  std::unique_ptr<amp::GradScaler> scaler_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<float> step_losses_;
