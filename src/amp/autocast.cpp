@@ -16,6 +16,10 @@ namespace detail {
 thread_local bool t_any_enabled = false;
 }  // namespace detail
 
+bool autocast_active() {
+  return detail::t_any_enabled;
+}
+
 namespace {
 
 struct State {

@@ -154,15 +154,14 @@ void clear_cast_cache();
 // ---- the op layer's entry point ------------------------------------------------------------
 
 namespace detail {
-extern thread_local bool t_any_enabled;
 // Replaces ins[i] by the cast ones where the policy casts (writing them to store[i]).
 void apply_policy(OpId op, const Tensor** ins, Tensor* store, size_t n);
 }  // namespace detail
 
 // Whether any autocast region is enabled on this thread: the one check an op pays outside.
-inline bool autocast_active() {
-  return detail::t_any_enabled;
-}
+// Not inline: an extern thread_local read from other files goes through a TLS wrapper that
+// UBSan saw return null (GCC 12, static library); one call per op costs nothing measurable.
+bool autocast_active();
 
 // An op's inputs after its autocast policy: `AutocastInputs in(OpId::Matmul, a, b);` then
 // in[0], in[1]. Outside a region it only holds pointers to the arguments.
