@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "harness/op_harness.h"
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/core/error.h"
 #include "mantissa/io/safetensors.h"
@@ -36,22 +37,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // ---- the fused kernel --------------------------------------------------------------------------
 
-// A value of dtype dt as double after storing x (RNE).
-double store_as(DType dt, double x) {
-  switch (dt) {
-    case DType::F64:
-      return x;
-    case DType::F32:
-      return double(float(x));
-    case DType::BF16:
-      return double(float(bfloat16(float(x))));
-    case DType::F16:
-      return double(float(half(float(x))));
-    default:
-      ADD_FAILURE() << "no reference for " << dtype_name(dt);
-      return x;
-  }
-}
+using testing::store_as;
 
 // The raw bytes of a tensor.
 std::vector<unsigned char> bytes_of(const Tensor& t) {

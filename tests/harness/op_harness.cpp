@@ -24,6 +24,22 @@ double eps_of(DType d) {
   }
 }
 
+double store_as(DType dt, double x) {
+  switch (dt) {
+    case DType::F64:
+      return x;
+    case DType::F32:
+      return double(float(x));
+    case DType::BF16:
+      return double(float(bfloat16(float(x))));
+    case DType::F16:
+      return double(float(half(float(x))));
+    default:
+      ADD_FAILURE() << "no reference for " << dtype_name(dt);
+      return x;
+  }
+}
+
 Tensor random_f64(const Shape& shape, uint64_t seed, double lo, double hi) {
   return Tensor::uniform(shape, lo, hi, seed, DType::F64);
 }

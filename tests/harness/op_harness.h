@@ -22,6 +22,10 @@ namespace mantissa::testing {
 // Machine epsilon of a dtype: the unit of every tolerance.
 double eps_of(DType d);
 
+// x as a value of dtype `dt` holds it after one store (f64 exact; f32 by the C++ cast; bf16 and
+// f16 through float, as a kernel that computes in fp32 and rounds on store does).
+double store_as(DType dt, double x);
+
 // Uniform values in [lo, hi], as f64 (rounded to a dtype later by the harness).
 Tensor random_f64(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0);
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "harness/op_harness.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/error.h"
 #include "mantissa/io/safetensors.h"
@@ -30,22 +31,7 @@ using Vec = std::vector<double>;
 
 // ---- the float64 reference ---------------------------------------------------------------------
 
-// What a parameter of dtype `dt` holds after a step: the exact update rounded once.
-double store_as(DType dt, double x) {
-  switch (dt) {
-    case DType::F64:
-      return x;
-    case DType::F32:
-      return double(float(x));
-    case DType::BF16:
-      return double(float(bfloat16(float(x))));
-    case DType::F16:
-      return double(float(half(float(x))));
-    default:
-      ADD_FAILURE() << "no reference for " << dtype_name(dt);
-      return x;
-  }
-}
+using testing::store_as;
 
 // torch.optim.SGD, written from its documentation.
 struct RefSGD {

@@ -217,36 +217,52 @@ void CpuBackend::avg_pool2d(const Tensor& x_in, Tensor& out, const Pool2dParams&
   });
 }
 
-void CpuBackend::avg_pool2d_backward(const Tensor& grad_out_in, Tensor& grad_x,
-                                     const Pool2dParams& p) {
-  MT_ASSERT(grad_x.is_contiguous() && grad_x.dtype() == grad_out_in.dtype(),
-            "avg_pool2d_backward arguments");
+namespace {
+
+// The backward of average pooling: each output gradient spread evenly over its input window.
+// windows(oh, ow, wh, ww) sets the window and returns its divisor.
+template <typename Windows>
+void spread_pool_gradient(const Tensor& grad_out_in, Tensor& grad_x, const char* op,
+                          Windows windows) {
+  MT_ASSERT(grad_x.is_contiguous() && grad_x.dtype() == grad_out_in.dtype(), op, " arguments");
   const Tensor go = contiguous_input(grad_out_in);
   const PoolGeometry g = geometry(grad_x, go);
-  dispatch_float(go.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+  dispatch_float(go.dtype(), op, [&]<typename T>() {
     using C = compute_t<T>;
     const T* gp = static_cast<const T*>(go.data_ptr());
     T* gxp = static_cast<T*>(grad_x.data_ptr());
-    for_each_plane<C>(
-        g.planes, grad_x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
-          C* acc = buf;
-          C* gin = buf + g.in_plane();
-          std::fill(acc, acc + g.in_plane(), C(0));
-          load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
-          for (int64_t oh = 0; oh < g.oh; ++oh) {
-            const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
-            for (int64_t ow = 0; ow < g.ow; ++ow) {
-              const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
-              const C share = gin[oh * g.ow + ow] / C(avg_divisor(oh, ow, g, p));
-              for (int64_t h = wh.begin; h < wh.end; ++h) {
-                for (int64_t w = ww.begin; w < ww.end; ++w)
-                  acc[h * g.w + w] += share;
-              }
-            }
-          }
-          store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
-        });
+    for_each_plane<C>(g.planes, grad_x.numel(), g.in_plane() + g.out_plane(),
+                      [&](int64_t pl, C* buf) {
+                        C* acc = buf;
+                        C* gin = buf + g.in_plane();
+                        std::fill(acc, acc + g.in_plane(), C(0));
+                        load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
+                        for (int64_t oh = 0; oh < g.oh; ++oh) {
+                          for (int64_t ow = 0; ow < g.ow; ++ow) {
+                            Window wh, ww;
+                            const int64_t divisor = windows(g, oh, ow, wh, ww);
+                            const C share = gin[oh * g.ow + ow] / C(divisor);
+                            for (int64_t h = wh.begin; h < wh.end; ++h) {
+                              for (int64_t w = ww.begin; w < ww.end; ++w)
+                                acc[h * g.w + w] += share;
+                            }
+                          }
+                        }
+                        store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
+                      });
   });
+}
+
+}  // namespace
+
+void CpuBackend::avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x,
+                                     const Pool2dParams& p) {
+  spread_pool_gradient(grad_out, grad_x, "avg_pool2d_backward",
+                       [&p](const PoolGeometry& g, int64_t oh, int64_t ow, Window& wh, Window& ww) {
+                         wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
+                         ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+                         return avg_divisor(oh, ow, g, p);
+                       });
 }
 
 void CpuBackend::adaptive_avg_pool2d(const Tensor& x_in, Tensor& out) {
@@ -278,35 +294,13 @@ void CpuBackend::adaptive_avg_pool2d(const Tensor& x_in, Tensor& out) {
   });
 }
 
-void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out_in, Tensor& grad_x) {
-  MT_ASSERT(grad_x.is_contiguous() && grad_x.dtype() == grad_out_in.dtype(),
-            "adaptive_avg_pool2d_backward arguments");
-  const Tensor go = contiguous_input(grad_out_in);
-  const PoolGeometry g = geometry(grad_x, go);
-  dispatch_float(go.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
-    using C = compute_t<T>;
-    const T* gp = static_cast<const T*>(go.data_ptr());
-    T* gxp = static_cast<T*>(grad_x.data_ptr());
-    for_each_plane<C>(
-        g.planes, grad_x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
-          C* acc = buf;
-          C* gin = buf + g.in_plane();
-          std::fill(acc, acc + g.in_plane(), C(0));
-          load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
-          for (int64_t oh = 0; oh < g.oh; ++oh) {
-            const Window wh = adaptive_window(oh, g.h, g.oh);
-            for (int64_t ow = 0; ow < g.ow; ++ow) {
-              const Window ww = adaptive_window(ow, g.w, g.ow);
-              const C share = gin[oh * g.ow + ow] / C((wh.end - wh.begin) * (ww.end - ww.begin));
-              for (int64_t h = wh.begin; h < wh.end; ++h) {
-                for (int64_t w = ww.begin; w < ww.end; ++w)
-                  acc[h * g.w + w] += share;
-              }
-            }
-          }
-          store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
-        });
-  });
+void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x) {
+  spread_pool_gradient(grad_out, grad_x, "adaptive_avg_pool2d_backward",
+                       [](const PoolGeometry& g, int64_t oh, int64_t ow, Window& wh, Window& ww) {
+                         wh = adaptive_window(oh, g.h, g.oh);
+                         ww = adaptive_window(ow, g.w, g.ow);
+                         return (wh.end - wh.begin) * (ww.end - ww.begin);
+                       });
 }
 
 }  // namespace mantissa::backend::cpu
