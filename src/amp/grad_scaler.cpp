@@ -86,7 +86,12 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
              "GradScaler: the gradient of "
              "optimizer parameter ",
              i, " is a ", g.describe(), " for a ", p.describe());
-    if (!g.is_contiguous()) {
+    if (g.dtype() == DType::F16) {
+      // An fp16 gradient (of an fp16 parameter: O2/O3) is unscaled into fp32: S * g fits fp16,
+      // but g itself may be below fp16's smallest subnormal. The fused step reads any dtype.
+      g = g.to(DType::F32).contiguous();
+      p.set_grad(g);
+    } else if (!g.is_contiguous()) {
       g = g.contiguous();
       p.set_grad(g);
     }

@@ -91,12 +91,22 @@ struct Pool2dParams {
 // state buffers are written, not read, so they may be passed uninitialized.
 // Results do not depend on the thread count.
 //
-// Room for the mixed-precision recipe (a later issue, DESIGN.md §4): fp32 master weights (the
-// update goes to the master, the parameter receives its rounding), a found-inf flag that turns
-// the step into a no-op on the device, and stochastic rounding on store. They belong in
-// MultiTensorOptions; the kernels refuse what they do not implement yet.
+// The mixed-precision recipe (DESIGN.md §4) lives in MultiTensorOptions:
+// - fp32 master weights: when `masters` is not empty it has one entry per parameter; a defined
+//   masters[i] (F32, contiguous, the parameter's shape) is what the update reads and writes, and
+//   the parameter then receives the updated master rounded to its own dtype. An undefined entry
+//   updates the parameter itself.
+// - the rounding of every store into a narrower parameter dtype: NearestEven, or Stochastic with
+//   element j of tensor i drawing random_bits(seed, offset, (tensor_ids[i] << 40) + j) — the
+//   optimizer passes its step count as offset, so every step draws fresh bits, and a parameter's
+//   own index as tensor id, so the bits do not depend on which parameters have gradients.
+//   Stores into f32/f64 parameters are exact: the rounding mode does not apply to them.
 struct MultiTensorOptions {
-  RoundingMode store_rounding = RoundingMode::NearestEven;  // only NearestEven so far
+  std::span<Tensor> masters;
+  RoundingMode store_rounding = RoundingMode::NearestEven;  // NearestEven | Stochastic
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  std::span<const uint64_t> tensor_ids;  // Stochastic: one per parameter
 };
 
 // PyTorch's torch.optim.SGD: g += wd * p; buf = momentum * buf + (1 - dampening) * g (buf = g on

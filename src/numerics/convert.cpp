@@ -17,7 +17,8 @@ bool vectorizable(const RoundingOptions& o) {
   return o.mode != RoundingMode::Stochastic && o.overflow == Overflow::Infinity;
 }
 
-// The scalar definition for any format and options; element i draws random_bits(seed, offset, i).
+// The scalar definition for any format and options; element i draws
+// random_bits(seed, offset, index + i).
 template <Format F, typename Out>
 void encode_generic(const float* src, Out* dst, size_t n, const RoundingOptions& o) {
   constexpr FormatSpec spec = format_spec(F);
@@ -36,13 +37,16 @@ void encode_generic(const float* src, Out* dst, size_t n, const RoundingOptions&
     return;
   }
   const std::array<uint32_t, 2> key = {uint32_t(o.seed), uint32_t(o.seed >> 32)};
-  for (size_t i = 0; i < n; i += 4) {
-    const uint64_t block = i >> 2;
+  // Element i uses word (index + i) % 4 of Philox block (index + i) / 4.
+  size_t i = 0;
+  while (i < n) {
+    const uint64_t pos = o.index + i;
+    const uint64_t block = pos >> 2;
     const PhiloxBlock r = philox4x32_10(
         {uint32_t(block), uint32_t(block >> 32), uint32_t(o.offset), uint32_t(o.offset >> 32)},
         key);
-    for (size_t j = 0; j < 4 && i + j < n; ++j)
-      put(i + j, r[j]);
+    for (size_t w = size_t(pos & 3); w < 4 && i < n; ++w, ++i)
+      put(i, r[w]);
   }
 }
 

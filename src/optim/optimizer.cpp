@@ -8,7 +8,9 @@
 #include <span>
 
 #include "backend/backend.h"
+#include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
+#include "mantissa/tensor/ops.h"
 
 namespace mantissa::optim {
 namespace {
@@ -114,8 +116,79 @@ Optimizer::StepBatch Optimizer::begin_step(size_t num_states) {
     for (size_t k = 0; k < num_states; ++k)
       b.states[k].push_back(s.tensors[k]);
     b.steps.push_back(s.steps + 1);
+    b.ids.push_back(uint64_t(i));
+    if (master_weights_) b.masters.push_back(prepare_master(i));
   }
   return b;
+}
+
+void Optimizer::fill_options(StepBatch& b, backend::MultiTensorOptions& o) const {
+  o.masters = b.masters;
+  o.store_rounding = store_rounding_;
+  o.seed = rounding_seed_;
+  o.offset = uint64_t(step_count_ + 1);
+  o.tensor_ids = b.ids;
+}
+
+void Optimizer::set_master_weights(bool on) {
+  master_weights_ = on;
+  masters_.assign(params_.size(), Master{});
+  if (!on) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    if (p.dtype() == DType::F64) continue;
+    Master& m = masters_[i];
+    m.value = own_copy(p.to(DType::F32), p.device());
+    m.data = p.data_ptr();
+    m.version = p.version();
+  }
+}
+
+const Tensor& Optimizer::master(size_t i) const {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  static const Tensor kNone;
+  return i < masters_.size() ? masters_[i].value : kNone;
+}
+
+void Optimizer::set_store_rounding(RoundingMode mode, uint64_t seed) {
+  MT_CHECK(mode == RoundingMode::NearestEven || mode == RoundingMode::Stochastic,
+           "an optimizer stores parameters rounded to nearest even or stochastically, not ",
+           rounding_name(mode));
+  store_rounding_ = mode;
+  rounding_seed_ = seed;
+}
+
+namespace {
+
+// Whether every element of `p` (stored narrower than f32) is one of the two values of its
+// format next to the master's: what a rounding of the master (nearest or stochastic) gives.
+bool is_rounding_of(const Tensor& p, const Tensor& master) {
+  NoGrad ng;
+  const FormatInfo& f = kFormatTable[size_t(*dtype_format(p.dtype()))];
+  const double rel = f.epsilon, tiny = f.min_subnormal;
+  const Tensor diff = abs(sub(p.to(DType::F32), master));
+  const Tensor bound = maximum(mul(abs(master), rel), Tensor::scalar(tiny, DType::F32));
+  return sum(gt(diff, bound)).item() == 0;
+}
+
+}  // namespace
+
+Tensor& Optimizer::prepare_master(size_t i) {
+  const Tensor& p = params_[i];
+  Master& m = masters_[i];
+  if (p.dtype() == DType::F32 || p.dtype() == DType::F64) {
+    m = Master{};  // the update is exact in the parameter itself
+    return m.value;
+  }
+  const bool untouched = m.value.defined() && m.data == p.data_ptr() && m.version == p.version();
+  if (!untouched) {
+    if (!m.value.defined() || m.value.shape() != p.shape() || !is_rounding_of(p, m.value)) {
+      m.value = own_copy(p.to(DType::F32), p.device());
+    }
+  }
+  m.data = p.data_ptr();
+  return m.value;
 }
 
 void Optimizer::end_step(const StepBatch& b) {
@@ -123,6 +196,7 @@ void Optimizer::end_step(const StepBatch& b) {
   for (size_t k = 0; k < b.index.size(); ++k) {
     state_[b.index[k]].steps = b.steps[k];
     b.params[k].bump_version();  // written in place: saved copies of it are now stale
+    if (master_weights_) masters_[b.index[k]].version = b.params[k].version();
   }
 }
 
@@ -139,6 +213,10 @@ StateDict Optimizer::state_dict() const {
     for (size_t k = 0; k < names.size(); ++k)
       out.emplace_back(prefix + names[k], own_copy(s.tensors[k], s.tensors[k].device()));
   }
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    const Tensor& m = masters_[i].value;
+    if (m.defined()) out.emplace_back("master." + std::to_string(i), own_copy(m, m.device()));
+  }
   return out;
 }
 
@@ -154,6 +232,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   int64_t step = 0;
   double lr = 0;
   std::vector<ParamState> fresh(params_.size());
+  std::vector<Tensor> masters(params_.size());
   std::vector<std::vector<bool>> found(params_.size(), std::vector<bool>(names.size() + 1, false));
 
   auto one_element = [](const std::string& key, const Tensor& t, bool integer) {
@@ -180,8 +259,24 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       have_lr = true;
       continue;
     }
-    // state.<i>.<name>
     const std::string_view k(key);
+    if (k.starts_with("master.")) {
+      size_t i = 0;
+      const auto r = std::from_chars(k.data() + 7, k.data() + k.size(), i);
+      MT_CHECK(r.ec == std::errc() && r.ptr == k.data() + k.size() && k.size() > 7,
+               "unexpected optimizer state '", key, "'; a master weight is 'master.<index>'");
+      MT_CHECK(i < params_.size(), "optimizer state '", key, "' is for parameter ", i,
+               " but this optimizer has ", params_.size(), " parameters");
+      MT_CHECK(master_weights_, "optimizer state '", key,
+               "' is an fp32 master weight but this optimizer keeps none; turn master weights "
+               "on first (set_master_weights(true), or amp::initialize with O2)");
+      MT_CHECK(t.dtype() == DType::F32 && t.shape() == params_[i].shape(), "optimizer state '",
+               key, "' is a ", t.describe(), " but the master of parameter ", i, " is f32 of shape ",
+               params_[i].shape().str());
+      masters[i] = own_copy(t, device);
+      continue;
+    }
+    // state.<i>.<name>
     const size_t dot = k.find('.', 6);
     size_t i = 0;
     bool ok = k.starts_with("state.") && dot != std::string_view::npos && dot > 6;
@@ -233,6 +328,10 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   state_ = std::move(fresh);
   step_count_ = step;
   lr_ = lr;
+  for (size_t i = 0; i < masters.size(); ++i) {
+    if (!masters[i].defined()) continue;
+    masters_[i] = Master{masters[i], params_[i].data_ptr(), params_[i].version()};
+  }
 }
 
 // ---- SGD ---------------------------------------------------------------------------------------
@@ -271,6 +370,7 @@ void SGD::step() {
     h.dampening = options_.dampening;
     h.weight_decay = options_.weight_decay;
     h.nesterov = options_.nesterov;
+    fill_options(b, h.options);
     std::span<Tensor> bufs;
     if (momentum) bufs = b.states[0];
     backend::backend_for(params_[0].device()).sgd_step(b.params, b.grads, bufs, b.steps, h);
@@ -311,6 +411,7 @@ void AdamW::step() {
     h.beta2 = options_.beta2;
     h.eps = options_.eps;
     h.weight_decay = options_.weight_decay;
+    fill_options(b, h.options);
     backend::backend_for(params_[0].device())
         .adamw_step(b.params, b.grads, b.states[0], b.states[1], b.steps, h);
   }

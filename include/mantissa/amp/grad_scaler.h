@@ -61,7 +61,10 @@ class GradScaler {
 
   // Divides the gradients of `opt` by S and records whether any is inf/NaN, in one fused pass.
   // At most once per optimizer between update() calls, and not after step(): a mantissa::Error
-  // says so. Parameters without a gradient are skipped. No-op when disabled.
+  // says so. Parameters without a gradient are skipped. No-op when disabled. An f16 gradient
+  // (an f16 parameter's) is replaced by an f32 one first, so that the true gradient does not
+  // underflow in fp16 (PyTorch refuses f16 gradients here; Apex O2 copies them to fp32 masters).
+  // The first use of GradScaler::step(opt) includes this: once per optimizer per iteration.
   void unscale_(optim::Optimizer& opt);
 
   // Unscales if unscale_(opt) was not called, then calls opt.step() unless a gradient of `opt`

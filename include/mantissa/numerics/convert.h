@@ -4,7 +4,7 @@
 //
 // Round-to-nearest-even and truncation are vectorized (AVX-512, AVX512-BF16, AVX2 + F16C), chosen
 // at run time, and bit-identical to the scalar encode()/decode() of round.h, which remain the
-// definition. Stochastic rounding draws element i's bits from random_bits(seed, offset, i).
+// definition. Stochastic rounding draws element i's bits from random_bits(seed, offset, index + i).
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,7 @@ struct RoundingOptions {
   Overflow overflow = Overflow::Infinity;
   uint64_t seed = 0;    // Stochastic only
   uint64_t offset = 0;  // Stochastic only: advance it between uses of the same seed
+  uint64_t index = 0;   // Stochastic only: the stream position of element 0 (a chunk's start)
 };
 
 void convert(const float* src, bfloat16* dst, size_t n, const RoundingOptions& options = {});

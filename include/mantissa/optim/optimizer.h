@@ -7,8 +7,13 @@
 // undefined are skipped and their state is left alone, as in PyTorch; each parameter counts its
 // own updates (AdamW's bias corrections use that count).
 //
-// The fp32 master weights, the found-inf skip and stochastic rounding of the mixed-precision
-// recipe (DESIGN.md §4) come in a later issue, inside the same fused kernels.
+// Mixed precision (DESIGN.md §4), inside the same fused kernels: with set_master_weights(true)
+// the optimizer keeps an fp32 master copy of every parameter stored narrower than f32 (f16, bf16,
+// fp8); the update reads and writes the master in fp32 and the parameter receives the result
+// rounded once. set_store_rounding() picks how updated values are rounded into narrow
+// parameters, with or without masters: to nearest even, or stochastically (unbiased: small
+// updates survive in expectation, which is what bf16 parameters without a master need). Steps
+// with inf/NaN gradients are skipped by amp::GradScaler before step() is called.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include "mantissa/numerics/format.h"
 #include "mantissa/tensor/tensor.h"
+
+namespace mantissa::backend {
+struct MultiTensorOptions;
+}
 
 namespace mantissa::optim {
 
@@ -50,17 +60,39 @@ class Optimizer {
   //   "lr"                 F64 scalar: lr()
   //   "state.<i>.step"     I64 scalar: updates of parameter i so far
   //   "state.<i>.<name>"   state tensor `name` of parameter i (state_names()), its shape
+  //   "master.<i>"         F32: the fp32 master of parameter i (with master weights on)
   // Parameters never updated have no "state.<i>.*" entries.
   virtual StateDict state_dict() const;
   // Strict: every key must be one state_dict() could write for these parameters, "step" and
   // "lr" must be there, a parameter's entries must be complete, and dtypes and shapes must
   // match; an error names the offending key. Nothing changes unless the whole dict is accepted.
-  // The tensors are copied.
+  // The tensors are copied. Masters are accepted only with master weights on; a parameter whose
+  // master is not in the dict keeps its current one.
   virtual void load_state_dict(const StateDict& dict);
 
   // The per-parameter state tensors, in state_dict order ("momentum_buffer"; "exp_avg",
   // "exp_avg_sq").
   virtual std::vector<std::string> state_names() const = 0;
+
+  // ---- mixed precision -----------------------------------------------------------------------
+  // On: copies every parameter not stored in f64 into an fp32 master now (call it while the
+  // parameters still hold their fp32 values, i.e. before casting the model, as
+  // amp::initialize does; a parameter that is narrower already starts its master from its
+  // rounded value). From then on, a step updates the master of each parameter stored narrower
+  // than f32 and writes its rounding into the parameter; parameters stored in f32/f64 need no
+  // master and theirs is dropped. A parameter written by anything but step() (e.g. a
+  // load_state_dict into the model) is detected at the next step: if it no longer is a
+  // rounding of its master, the master restarts from it. Off: drops the masters.
+  // state_dict() saves the masters as "master.<i>" (F32).
+  void set_master_weights(bool on);
+  bool master_weights() const { return master_weights_; }
+  // The master of parameter i; undefined when it has none.
+  const Tensor& master(size_t i) const;
+  // How a step rounds updated values into parameters stored narrower than the compute type:
+  // NearestEven (the default) or Stochastic, where element j of parameter i at step s (1-based)
+  // draws random_bits(seed, s, (i << 40) + j): reproducible, and fresh bits every step.
+  void set_store_rounding(RoundingMode mode, uint64_t seed = 0);
+  RoundingMode store_rounding() const { return store_rounding_; }
 
  protected:
   struct ParamState {
@@ -77,15 +109,33 @@ class Optimizer {
     std::vector<Tensor> grads;
     std::vector<std::vector<Tensor>> states;  // [state name][k]
     std::vector<int64_t> steps;
+    std::vector<Tensor> masters;  // [k]: empty without master weights; undefined: none
+    std::vector<uint64_t> ids;    // [k]: the parameter's index (stochastic rounding's stream)
   };
   StepBatch begin_step(size_t num_states);
   // Counts the step and bumps the versions of what the kernel wrote.
   void end_step(const StepBatch& batch);
+  // Tells the kernel about this batch's masters and the store rounding.
+  void fill_options(StepBatch& batch, backend::MultiTensorOptions& options) const;
 
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;
   double lr_;
   int64_t step_count_ = 0;
+
+ private:
+  // The master of parameter i for this step (made, kept, dropped or restarted as documented).
+  Tensor& prepare_master(size_t i);
+
+  bool master_weights_ = false;
+  struct Master {
+    Tensor value;                  // F32; undefined: none
+    const void* data = nullptr;    // the parameter's storage and version when it was last
+    uint32_t version = 0;          //   known to be the master's rounding
+  };
+  std::vector<Master> masters_;
+  RoundingMode store_rounding_ = RoundingMode::NearestEven;
+  uint64_t rounding_seed_ = 0;
 };
 
 struct SGDOptions {

@@ -2,8 +2,9 @@
 // the in-place scale that clipping needs. Each call is one pass over all its tensors: the work
 // is cut into (tensor, chunk) items of kChunk elements, numbered across tensors, and the items
 // are spread over one OpenMP parallel region. An item loads its parameter chunk from storage
-// into compute-type buffers, updates it together with the state (kept in the compute type), and
-// rounds it once on store. No element depends on another, and the norm's per-chunk partial sums
+// into compute-type buffers (or works on the parameter's fp32 master copy), updates it together
+// with the state (kept in the compute type), and rounds it once on store (to nearest even or
+// stochastically). No element depends on another, and the norm's per-chunk partial sums
 // are combined in item order, so results do not depend on the thread count.
 #include <omp.h>
 
@@ -101,11 +102,72 @@ DType state_dtype(DType param) {
   return param == DType::F64 ? DType::F64 : DType::F32;
 }
 
-void check_options(const MultiTensorOptions& o, const char* kernel) {
-  MT_CHECK(o.store_rounding == RoundingMode::NearestEven, kernel, ": rounding mode ",
-           rounding_name(o.store_rounding),
-           " on store is not implemented yet; use round-to-nearest-even");
+void check_options(const MultiTensorOptions& o, std::span<Tensor> params, const char* kernel) {
+  MT_CHECK(o.store_rounding == RoundingMode::NearestEven ||
+               o.store_rounding == RoundingMode::Stochastic,
+           kernel, ": rounding mode ", rounding_name(o.store_rounding),
+           " on store is not supported; use round-to-nearest-even or stochastic rounding");
+  MT_ASSERT(o.masters.empty() || o.masters.size() == params.size(), kernel,
+            ": one master entry per parameter");
+  MT_ASSERT(o.store_rounding != RoundingMode::Stochastic || o.tensor_ids.size() == params.size(),
+            kernel, ": stochastic rounding needs one tensor id per parameter");
+  for (size_t i = 0; i < o.masters.size(); ++i) {
+    const Tensor& m = o.masters[i];
+    if (!m.defined()) continue;
+    MT_ASSERT(m.dtype() == DType::F32 && m.is_contiguous() && m.shape() == params[i].shape() &&
+                  m.device().is_cpu() && params[i].dtype() != DType::F64,
+              kernel, ": master ", m.describe(), " of parameter ", params[i].describe());
+  }
 }
+
+// The values one chunk of a parameter's update reads and writes: the fp32 master (the parameter
+// then receives its rounding), the parameter itself (f32/f64: in place, nothing to round), or a
+// compute-type copy of a narrower parameter (rounded back on store).
+template <typename T>
+class ParamChunk {
+ public:
+  using C = compute_t<T>;
+  ParamChunk(const Tensor& param, const Tensor* master, int64_t start, int64_t n)
+      : store_(static_cast<T*>(param.data_ptr()) + start), start_(start), n_(n) {
+    if constexpr (std::is_same_v<T, C>) {
+      MT_ASSERT(master == nullptr, "a master copy of a ", dtype_name(param.dtype()), " parameter");
+      data_ = store_;
+    } else {
+      if (master != nullptr) {
+        data_ = static_cast<float*>(master->data_ptr()) + start;
+      } else {
+        data_ = buf_;
+        load_contiguous<T, C>(store_, buf_, n);
+      }
+    }
+  }
+  C* data() { return data_; }
+
+  // Writes the updated values into the parameter (rounded as `o` says; tensor `t` of the call).
+  void store(const MultiTensorOptions& o, size_t t) {
+    if constexpr (!std::is_same_v<T, C>) {
+      if (o.store_rounding == RoundingMode::Stochastic) {
+        RoundingOptions r;
+        r.mode = RoundingMode::Stochastic;
+        r.seed = o.seed;
+        r.offset = o.offset;
+        r.index = (o.tensor_ids[t] << 40) + uint64_t(start_);
+        convert(data_, store_, size_t(n_), r);
+      } else {
+        store_contiguous<C, T>(data_, store_, n_);
+      }
+    } else {
+      (void)o;
+      (void)t;
+    }
+  }
+
+ private:
+  T* store_;
+  int64_t start_, n_;
+  C* data_ = nullptr;
+  alignas(64) C buf_[std::is_same_v<T, C> ? 1 : kChunk];
+};
 
 // The invariants the optim layer guarantees for every tensor i of a step.
 void check_step_tensors(const char* kernel, std::span<Tensor> params, std::span<const Tensor> grads,
@@ -132,21 +194,19 @@ void check_step_tensors(const char* kernel, std::span<Tensor> params, std::span<
   }
 }
 
+const Tensor* master_of(const MultiTensorOptions& o, size_t t) {
+  return t < o.masters.size() && o.masters[t].defined() ? &o.masters[t] : nullptr;
+}
+
 // ---- SGD ---------------------------------------------------------------------------------------
 
 template <typename T>
-void sgd_chunk(const Tensor& param, const Tensor& grad, const Tensor* buf_t, bool first,
-               int64_t start, int64_t n, const SgdStep& h) {
+void sgd_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
+               const Tensor* buf_t, bool first, int64_t start, int64_t n, const SgdStep& h) {
   using C = compute_t<T>;
-  alignas(64) C p_buf[kChunk];
+  ParamChunk<T> chunk(param, master, start, n);
+  C* p = chunk.data();
   alignas(64) C g[kChunk];
-  T* p_store = static_cast<T*>(param.data_ptr()) + start;
-  C* p = p_buf;
-  if constexpr (std::is_same_v<T, C>) {
-    p = p_store;  // f32/f64: update in place
-  } else {
-    load_contiguous<T, C>(p_store, p, n);
-  }
   load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
 
   const C lr = C(h.lr), wd = C(h.weight_decay), mom = C(h.momentum);
@@ -173,7 +233,7 @@ void sgd_chunk(const Tensor& param, const Tensor& grad, const Tensor* buf_t, boo
   }
   for (int64_t i = 0; i < n; ++i)
     p[i] = p[i] - lr * d[i];
-  if constexpr (!std::is_same_v<T, C>) store_contiguous<C, T>(p, p_store, n);
+  chunk.store(h.options, t);
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
@@ -218,19 +278,13 @@ void adamw_moments(C* m, C* v, const C* g, C* v_out, int64_t n, C w, C b2, C omb
 }
 
 template <typename T>
-void adamw_chunk(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                 const Tensor& exp_avg_sq, bool first, const AdamWTensorConsts& k, int64_t start,
-                 int64_t n, const AdamWStep& h) {
+void adamw_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
+                 const Tensor& exp_avg, const Tensor& exp_avg_sq, bool first,
+                 const AdamWTensorConsts& k, int64_t start, int64_t n, const AdamWStep& h) {
   using C = compute_t<T>;
-  alignas(64) C p_buf[kChunk];
+  ParamChunk<T> chunk(param, master, start, n);
+  C* p = chunk.data();
   alignas(64) C g[kChunk];
-  T* p_store = static_cast<T*>(param.data_ptr()) + start;
-  C* p = p_buf;
-  if constexpr (std::is_same_v<T, C>) {
-    p = p_store;
-  } else {
-    load_contiguous<T, C>(p_store, p, n);
-  }
   load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
   C* m = static_cast<C*>(exp_avg.data_ptr()) + start;
   C* v = static_cast<C*>(exp_avg_sq.data_ptr()) + start;
@@ -254,7 +308,7 @@ void adamw_chunk(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   sqrt_inplace(denom, n);
   for (int64_t i = 0; i < n; ++i)
     p[i] = p[i] * decay + neg_step * m[i] / (denom[i] / bc2_sqrt + eps);
-  if constexpr (!std::is_same_v<T, C>) store_contiguous<C, T>(p, p_store, n);
+  chunk.store(h.options, t);
 }
 
 // ---- norm and scale ----------------------------------------------------------------------------
@@ -309,7 +363,7 @@ void CpuBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grad
                           std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
                           const SgdStep& hyper) {
   g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
-  check_options(hyper.options, "sgd_step");
+  check_options(hyper.options, params, "sgd_step");
   const bool with_momentum = hyper.momentum != 0;
   if (with_momentum) {
     check_step_tensors("sgd_step", params, grads, steps, {momentum_bufs});
@@ -320,8 +374,9 @@ void CpuBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grad
   const ChunkPlan plan(params);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
     const Tensor* buf = with_momentum ? &momentum_bufs[t] : nullptr;
+    const Tensor* master = master_of(hyper.options, t);
     dispatch_param(params[t].dtype(), [&]<typename T>() {
-      sgd_chunk<T>(params[t], grads[t], buf, steps[t] == 1, start, n, hyper);
+      sgd_chunk<T>(t, params[t], master, grads[t], buf, steps[t] == 1, start, n, hyper);
     });
   });
 }
@@ -330,7 +385,7 @@ void CpuBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> gr
                             std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
                             std::span<const int64_t> steps, const AdamWStep& hyper) {
   g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
-  check_options(hyper.options, "adamw_step");
+  check_options(hyper.options, params, "adamw_step");
   check_step_tensors("adamw_step", params, grads, steps, {exp_avgs, exp_avg_sqs});
   // The bias corrections in double, per tensor (a tensor's step count is its own, as PyTorch).
   std::vector<AdamWTensorConsts> consts(params.size());
@@ -341,9 +396,10 @@ void CpuBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> gr
   }
   const ChunkPlan plan(params);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
+    const Tensor* master = master_of(hyper.options, t);
     dispatch_param(params[t].dtype(), [&]<typename T>() {
-      adamw_chunk<T>(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], steps[t] == 1, consts[t],
-                     start, n, hyper);
+      adamw_chunk<T>(t, params[t], master, grads[t], exp_avgs[t], exp_avg_sqs[t], steps[t] == 1,
+                     consts[t], start, n, hyper);
     });
   });
 }
