@@ -1,0 +1,96 @@
+// Opt levels: the whole mixed-precision recipe set up in one call, with NVIDIA Apex's meaning
+// (DESIGN.md §4), for fp16 and for bf16.
+//
+//   level  model weights                    forward                  master   loss scale
+//   O0     fp32                             fp32                     -        none
+//   O1     fp32                             autocast(dtype)          -        fp16: dynamic
+//   O2     dtype, batch norm kept fp32      in dtype (inputs cast)   fp32     fp16: dynamic
+//   O3     dtype, everything                in dtype (inputs cast)   -        none (scale 1)
+//
+// bf16 has fp32's range: no bf16 level scales the loss. O2/O3 cast the model's floating inputs
+// to dtype and its outputs back to fp32 (Apex's patched forward), so the loss runs in fp32.
+// `bf16_pure_options()` is the memory-lean variant of bf16 O3 (llm.c's recipe): bf16 weights
+// with no master copy, stochastic rounding on every store so that updates smaller than half an
+// ulp survive in expectation, and batch norm kept fp32.
+//
+//   optim::SGD opt(model->parameters(), {...});
+//   amp::Amp amp = amp::initialize(*model, opt, amp::OptLevel::O2, DType::F16);
+//   Tensor loss = cross_entropy(amp.forward(*model, x), y);
+//   amp.scaler().scale(loss).backward();
+//   amp.scaler().step(opt);
+//   amp.scaler().update();
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "mantissa/amp/grad_scaler.h"
+#include "mantissa/core/dtype.h"
+#include "mantissa/nn/module.h"
+#include "mantissa/numerics/format.h"
+#include "mantissa/optim/optimizer.h"
+
+namespace mantissa::amp {
+
+enum class OptLevel { O0, O1, O2, O3 };
+std::string_view opt_level_name(OptLevel level);  // "O0" ... "O3"
+std::optional<OptLevel> parse_opt_level(std::string_view name);
+
+// Overrides of a level's defaults (Apex's keyword arguments). Unset: the level's value.
+struct AmpOptions {
+  std::optional<bool> keep_batchnorm_fp32;  // O2: true, O3: false (other levels: must be unset)
+  std::optional<bool> master_weights;       // O2: true, else false (O2/O3 only)
+  // A number: static scaling at that scale (fp16 or bf16). Unset: dynamic for fp16 O1/O2,
+  // none otherwise. The other fields of `scaler` (growth, hysteresis, ...) are used as given.
+  std::optional<double> loss_scale;
+  GradScalerOptions scaler;
+  // How updates are stored into dtype weights (O2/O3): to nearest even or stochastically.
+  RoundingMode rounding = RoundingMode::NearestEven;
+  uint64_t rounding_seed = 0;
+};
+
+// bf16 O3 with stochastic rounding and batch norm kept fp32 (see above).
+AmpOptions bf16_pure_options(uint64_t seed = 0);
+
+// What initialize() set up.
+struct AmpProperties {
+  OptLevel level = OptLevel::O0;
+  DType dtype = DType::F32;      // the low-precision dtype (F32 for O0)
+  bool autocast = false;         // O1
+  bool cast_model = false;       // O2, O3: weights (and inputs) in dtype
+  bool keep_batchnorm_fp32 = false;
+  bool master_weights = false;
+  RoundingMode rounding = RoundingMode::NearestEven;
+  ScaleMode scale_mode = ScaleMode::Disabled;
+  double init_scale = 1;
+};
+
+class Amp {
+ public:
+  Amp(const AmpProperties& properties, const GradScalerOptions& scaler);
+
+  // model(x) in the level's precision: under autocast (O1), or with floating inputs cast to
+  // dtype and the output cast to fp32 (O2/O3); plain for O0. Also for evaluation.
+  Tensor forward(nn::Module& model, const Tensor& x) const;
+
+  GradScaler& scaler() { return scaler_; }
+  const GradScaler& scaler() const { return scaler_; }
+  const AmpProperties& properties() const { return properties_; }
+  // One line, e.g. "fp16 O2: weights fp16 (batch norm fp32), fp32 master weights, dynamic loss
+  // scale from 65536, rounding nearest-even".
+  std::string describe() const;
+
+ private:
+  AmpProperties properties_;
+  GradScaler scaler_;
+};
+
+// Sets `model` and `opt` up for `level` in `dtype` (F16 or BF16; ignored for O0): turns the
+// optimizer's fp32 master weights on from the current fp32 values, then casts the model (O2,
+// O3), and sets the optimizer's store rounding. The model must be all fp32 and `opt` built on
+// its parameters. Errors name what does not fit (e.g. keep_batchnorm_fp32 with O1).
+Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType dtype,
+               const AmpOptions& options = {});
+
+}  // namespace mantissa::amp

@@ -1,0 +1,169 @@
+// amp::initialize: the opt levels' table (amp.h) turned into settings of the model, the
+// optimizer, the scaler and the forward pass.
+#include "mantissa/amp/amp.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "mantissa/amp/autocast.h"
+#include "mantissa/core/error.h"
+#include "mantissa/nn/layers.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa::amp {
+
+std::string_view opt_level_name(OptLevel level) {
+  switch (level) {
+    case OptLevel::O0:
+      return "O0";
+    case OptLevel::O1:
+      return "O1";
+    case OptLevel::O2:
+      return "O2";
+    case OptLevel::O3:
+      return "O3";
+  }
+  return "?";
+}
+
+std::optional<OptLevel> parse_opt_level(std::string_view name) {
+  for (OptLevel l : {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3}) {
+    if (name == opt_level_name(l)) return l;
+  }
+  return std::nullopt;
+}
+
+AmpOptions bf16_pure_options(uint64_t seed) {
+  AmpOptions o;
+  o.keep_batchnorm_fp32 = true;
+  o.master_weights = false;
+  o.rounding = RoundingMode::Stochastic;
+  o.rounding_seed = seed;
+  return o;
+}
+
+namespace {
+
+GradScalerOptions scaler_options(const AmpProperties& p, const GradScalerOptions& base) {
+  GradScalerOptions o = base;
+  o.mode = p.scale_mode;
+  if (p.scale_mode != ScaleMode::Disabled) o.init_scale = p.init_scale;
+  if (p.scale_mode == ScaleMode::Static) {
+    o.min_scale = std::min(o.min_scale, p.init_scale);
+    o.max_scale = std::max(o.max_scale, p.init_scale);
+  }
+  return o;
+}
+
+}  // namespace
+
+Amp::Amp(const AmpProperties& properties, const GradScalerOptions& scaler)
+    : properties_(properties), scaler_(scaler_options(properties, scaler)) {}
+
+Tensor Amp::forward(nn::Module& model, const Tensor& x) const {
+  const AmpProperties& p = properties_;
+  if (p.autocast) {
+    Autocast region(x.device().type, p.dtype);
+    return model(x);
+  }
+  if (!p.cast_model) return model(x);
+  // Apex's patched forward: floating inputs in the model's dtype, the output back in fp32 (the
+  // loss and what follows run in fp32). f64 inputs are cast as well: the model is dtype.
+  const Tensor in = x.is_floating_point() ? cast(x, p.dtype) : x;
+  const Tensor out = model(in);
+  return out.is_floating_point() ? cast(out, DType::F32) : out;
+}
+
+std::string Amp::describe() const {
+  const AmpProperties& p = properties_;
+  std::ostringstream os;
+  if (p.level == OptLevel::O0) {
+    os << "fp32 O0: no mixed precision";
+    return os.str();
+  }
+  const std::string_view d = dtype_name(p.dtype);
+  os << d << " " << opt_level_name(p.level) << ": ";
+  if (p.autocast) {
+    os << "fp32 weights, autocast to " << d;
+  } else {
+    os << "weights " << d << (p.keep_batchnorm_fp32 ? " (batch norm fp32)" : "");
+  }
+  if (p.master_weights) os << ", fp32 master weights";
+  if (p.cast_model && !p.master_weights) os << ", no master weights";
+  switch (p.scale_mode) {
+    case ScaleMode::Dynamic:
+      os << ", dynamic loss scale from " << p.init_scale;
+      break;
+    case ScaleMode::Static:
+      os << ", static loss scale " << p.init_scale;
+      break;
+    case ScaleMode::Disabled:
+      os << ", no loss scaling";
+      break;
+  }
+  if (p.cast_model) os << ", rounding " << rounding_name(p.rounding);
+  return os.str();
+}
+
+Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType dtype,
+               const AmpOptions& options) {
+  const std::string where = "amp::initialize(" + std::string(opt_level_name(level)) + ")";
+  AmpProperties p;
+  p.level = level;
+  if (level == OptLevel::O0) {
+    p.dtype = DType::F32;
+  } else {
+    MT_CHECK(dtype == DType::F16 || dtype == DType::BF16, where,
+             ": the low-precision dtype must be f16 or bf16, got ", dtype_name(dtype));
+    p.dtype = dtype;
+  }
+  const bool casts = level == OptLevel::O2 || level == OptLevel::O3;
+  MT_CHECK(casts || !options.keep_batchnorm_fp32.has_value(), where,
+           ": keep_batchnorm_fp32 applies to O2 and O3, where the model is cast");
+  MT_CHECK(casts || !options.master_weights.value_or(false), where,
+           ": master weights apply to O2 and O3, where the weights are ", "half; at ",
+           opt_level_name(level), " they are fp32 already");
+  MT_CHECK(casts || options.rounding == RoundingMode::NearestEven, where, ": ",
+           rounding_name(options.rounding),
+           " rounding applies to half weights (O2, O3, bf16-pure); at ", opt_level_name(level),
+           " the weights are fp32");
+  MT_CHECK(options.rounding == RoundingMode::NearestEven ||
+               options.rounding == RoundingMode::Stochastic,
+           where, ": weights are stored rounded to nearest even or stochastically, not ",
+           rounding_name(options.rounding));
+  for (const auto& [name, t] : model.named_parameters()) {
+    MT_CHECK(!t.is_floating_point() || t.dtype() == DType::F32, where,
+             ": expects an fp32 model, but parameter '", name, "' is ", dtype_name(t.dtype()),
+             "; build the model in fp32 and let initialize cast it");
+  }
+  p.autocast = level == OptLevel::O1;
+  p.cast_model = casts;
+  p.keep_batchnorm_fp32 = casts && options.keep_batchnorm_fp32.value_or(level == OptLevel::O2);
+  p.master_weights = casts && options.master_weights.value_or(level == OptLevel::O2);
+  p.rounding = options.rounding;
+  if (options.loss_scale.has_value()) {
+    const double s = *options.loss_scale;
+    MT_CHECK(std::isfinite(s) && s > 0, where, ": a static loss scale must be finite and > 0, got ",
+             s);
+    MT_CHECK(level != OptLevel::O0, where, ": O0 trains in fp32 and scales no loss");
+    p.scale_mode = ScaleMode::Static;
+    p.init_scale = s;
+  } else if (dtype == DType::F16 && (level == OptLevel::O1 || level == OptLevel::O2)) {
+    p.scale_mode = ScaleMode::Dynamic;
+    p.init_scale = options.scaler.init_scale;
+  }
+
+  // Masters first, from the fp32 values; then the cast (the optimizer holds the same handles).
+  opt.set_master_weights(p.master_weights);
+  opt.set_store_rounding(p.rounding, options.rounding_seed);
+  if (casts) {
+    if (p.keep_batchnorm_fp32) {
+      model.to(p.dtype, [](const nn::Module& m) { return !nn::is_batch_norm(m); });
+    } else {
+      model.to(p.dtype);
+    }
+  }
+  return Amp(p, options.scaler);
+}
+
+}  // namespace mantissa::amp
