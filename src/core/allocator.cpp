@@ -138,6 +138,9 @@ MemoryStats memory_stats(Device d) {
 void reset_peak_memory(Device d) {
   allocator_for(d).reset_peak();
 }
+void empty_cache(Device d) {
+  allocator_for(d).empty_cache();
+}
 
 std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);

@@ -270,8 +270,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       MT_CHECK(master_weights_, "optimizer state '", key,
                "' is an fp32 master weight but this optimizer keeps none; turn master weights "
                "on first (set_master_weights(true), or amp::initialize with O2)");
-      MT_CHECK(t.dtype() == DType::F32 && t.shape() == params_[i].shape(), "optimizer state '",
-               key, "' is a ", t.describe(), " but the master of parameter ", i, " is f32 of shape ",
+      MT_CHECK(t.dtype() == DType::F32 && t.shape() == params_[i].shape(), "optimizer state '", key,
+               "' is a ", t.describe(), " but the master of parameter ", i, " is f32 of shape ",
                params_[i].shape().str());
       masters[i] = own_copy(t, device);
       continue;

@@ -35,7 +35,10 @@ namespace mantissa::train {
   _(gamma)                        \
   _(clip_grad_norm)               \
   _(precision)                    \
+  _(opt_level)                    \
   _(loss_scale)                   \
+  _(rounding)                     \
+  _(underflow_every)              \
   _(seed)                         \
   _(threads)                      \
   _(workers)                      \
@@ -99,11 +102,44 @@ void TrainConfig::validate() const {
   MT_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
   MT_CHECK(clip_grad_norm >= 0, "--clip-grad-norm must be non-negative, got ", clip_grad_norm);
   MT_CHECK(synthetic_size > 0, "the synthetic dataset size must be positive");
-  MT_CHECK(precision == "fp32" || precision == "tf32" || precision == "bf16" || precision == "fp16",
-           "unknown --precision '", precision, "'; use fp32, tf32, bf16 or fp16",
-           precision == "bf16-pure" ? " (bf16-pure needs master-weight-free stochastic rounding, "
-                                      "not available yet)"
-                                    : "");
+  const bool half = precision == "bf16" || precision == "fp16";
+  MT_CHECK(half || precision == "fp32" || precision == "tf32" || precision == "bf16-pure" ||
+               precision == "auto",
+           "unknown --precision '", precision,
+           "'; use fp32, tf32, bf16, fp16, bf16-pure or auto (bf16 where the CPU has it, else "
+           "fp16)");
+  MT_CHECK(opt_level.empty() || opt_level == "O0" || opt_level == "O1" || opt_level == "O2" ||
+               opt_level == "O3",
+           "unknown --opt-level '", opt_level, "'; use O0, O1, O2 or O3");
+  if (precision == "fp32" || precision == "tf32") {
+    MT_CHECK(opt_level.empty() || opt_level == "O0", "--opt-level ", opt_level,
+             " needs a half precision: add --precision bf16 or fp16 (", precision, " is O0 only)");
+  } else if (precision == "bf16-pure") {
+    MT_CHECK(opt_level.empty(),
+             "--precision bf16-pure is its own level (bf16 O3 with stochastic "
+             "rounding); drop --opt-level ",
+             opt_level);
+  } else {
+    MT_CHECK(opt_level != "O0", "--opt-level O0 trains in fp32: use --precision fp32");
+  }
+  MT_CHECK(rounding.empty() || rounding == "nearest" || rounding == "stochastic",
+           "unknown --rounding '", rounding, "'; use nearest or stochastic");
+  const bool half_weights = precision == "bf16-pure" || opt_level == "O2" || opt_level == "O3";
+  MT_CHECK(rounding != "stochastic" || half_weights,
+           "--rounding stochastic applies to half weights (--opt-level O2 or O3, or --precision "
+           "bf16-pure); with ",
+           precision, opt_level.empty() ? "" : " " + opt_level, " the weights are fp32");
+  MT_CHECK(!(precision == "bf16-pure" && rounding == "nearest"),
+           "--precision bf16-pure keeps no fp32 master and needs --rounding stochastic; for "
+           "nearest rounding use --precision bf16 --opt-level O3");
+  MT_CHECK(underflow_every >= 0, "--underflow-every must be 0 (off) or positive, got ",
+           underflow_every);
+  MT_CHECK(
+      underflow_every == 0 || (precision == "fp16" && (opt_level.empty() || opt_level == "O1")),
+      "--underflow-every measures fp16 underflow against fp32 gradients of the same weights, "
+      "so it needs --precision fp16 at O1 (fp32 weights)");
+  MT_CHECK(loss_scale == "dynamic" || half || precision == "auto", "--loss-scale ", loss_scale,
+           " applies to --precision fp16 or bf16, not ", precision);
   if (loss_scale != "dynamic") {
     char* end = nullptr;
     const double v = std::strtod(loss_scale.c_str(), &end);

@@ -55,6 +55,20 @@ std::string format_bytes(int64_t bytes) {
 Progress::Progress(bool enabled, int64_t every)
     : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0), every_(every) {}
 
+namespace {
+
+// "  scale 32768 (2 skipped)" for a run with loss scaling, else "".
+std::string scale_text(const StepStats& s) {
+  if (s.loss_scale <= 0) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "  scale %g", s.loss_scale);
+  std::string out = buf;
+  if (s.skipped > 0) out += " (" + std::to_string(s.skipped) + " skipped)";
+  return out;
+}
+
+}  // namespace
+
 void Progress::update(const StepStats& s) {
   if (!enabled_) return;
   if (tty_) {
@@ -69,18 +83,18 @@ void Progress::update(const StepStats& s) {
     bar.resize(kWidth, ' ');
     std::fprintf(stderr,
                  "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  acc %.2f%%  %.0f samples/s  "
-                 "lr %.3g  ETA %s",
+                 "lr %.3g%s  ETA %s",
                  (long long)s.epoch, (long long)s.epochs, bar.c_str(), (long long)s.batch,
                  (long long)s.batches, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr,
-                 format_duration(s.eta_s).c_str());
+                 scale_text(s).c_str(), format_duration(s.eta_s).c_str());
     std::fflush(stderr);
   } else if (s.step % every_ == 0 || s.batch == s.batches) {
     std::fprintf(stderr,
                  "epoch %lld/%lld batch %lld/%lld step %lld: loss %.4f acc %.2f%% %.0f samples/s "
-                 "lr %.3g ETA %s\n",
+                 "lr %.3g%s ETA %s\n",
                  (long long)s.epoch, (long long)s.epochs, (long long)s.batch, (long long)s.batches,
                  (long long)s.step, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr,
-                 format_duration(s.eta_s).c_str());
+                 scale_text(s).c_str(), format_duration(s.eta_s).c_str());
   }
 }
 

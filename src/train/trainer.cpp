@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "mantissa/amp/autocast.h"
+#include "mantissa/autograd/engine.h"
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/cpu.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/dataset.h"
 #include "mantissa/nn/models.h"
@@ -38,7 +40,38 @@ int64_t count_correct(const Tensor& logits, const Tensor& y) {
 
 }  // namespace
 
+std::string resolve_precision(const std::string& precision) {
+  if (precision != "auto") return precision;
+  return cpu_features().avx512_bf16 ? "bf16" : "fp16";
+}
+
+amp::Amp initialize_precision(nn::Module& model, optim::Optimizer& opt, const TrainConfig& c) {
+  // tf32 is a matmul setting; bf16/fp16 are Apex opt levels (amp::initialize sets up the model,
+  // the optimizer's masters and rounding, and the scaler); bf16-pure is bf16 O3 with stochastic
+  // rounding and batch norm kept fp32.
+  const std::string precision = resolve_precision(c.precision);
+  set_matmul_precision(precision == "tf32" ? MatmulPrecision::High : MatmulPrecision::Highest);
+  amp::OptLevel level = amp::OptLevel::O0;
+  DType half = DType::F32;
+  amp::AmpOptions ao;
+  if (precision == "bf16-pure") {
+    level = amp::OptLevel::O3;
+    half = DType::BF16;
+    ao = amp::bf16_pure_options(c.seed);
+  } else if (precision == "bf16" || precision == "fp16") {
+    half = precision == "bf16" ? DType::BF16 : DType::F16;
+    level = *amp::parse_opt_level(c.opt_level.empty() ? "O1" : c.opt_level);
+    if (c.rounding == "stochastic") ao.rounding = RoundingMode::Stochastic;
+    ao.rounding_seed = c.seed;
+  }
+  if (c.loss_scale != "dynamic") ao.loss_scale = std::stod(c.loss_scale);
+  return amp::initialize(model, opt, level, half, ao);
+}
+
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
+  // "auto" becomes the precision this machine runs fastest, stored as such (checkpoints and
+  // metrics name what ran).
+  config_.precision = resolve_precision(config_.precision);
   config_.validate();
   set_num_threads(config_.threads > 0 ? config_.threads
                                       : int(std::max(1u, std::thread::hardware_concurrency())));
@@ -117,33 +150,14 @@ void Trainer::build() {
   schedule_ =
       std::make_unique<optim::LRSchedule>(optim::LRSchedule::from_name(config_.schedule, so));
 
-  // Precision: tf32 is a matmul setting; bf16/fp16 are autocast regions around the forward
-  // pass, and fp16 adds loss scaling (dynamic, or static at a given number).
-  set_matmul_precision(config_.precision == "tf32" ? MatmulPrecision::High
-                                                   : MatmulPrecision::Highest);
-  amp::GradScalerOptions sc;
-  if (config_.precision != "fp16") {
-    sc.mode = amp::ScaleMode::Disabled;
-  } else if (config_.loss_scale != "dynamic") {
-    sc.mode = amp::ScaleMode::Static;
-    sc.init_scale = std::stod(config_.loss_scale);
-    sc.min_scale = std::min(sc.min_scale, sc.init_scale);
-    sc.max_scale = std::max(sc.max_scale, sc.init_scale);
-  }
-  scaler_ = std::make_unique<amp::GradScaler>(sc);
-}
-
-DType Trainer::autocast_dtype() const {
-  if (config_.precision == "bf16") return DType::BF16;
-  if (config_.precision == "fp16") return DType::F16;
-  return DType::F32;
+  amp_ = std::make_unique<amp::Amp>(initialize_precision(*model_, *optimizer_, config_));
 }
 
 void Trainer::restore(const Checkpoint& ckpt) {
   model_->load_state_dict(ckpt.model);
   optimizer_->load_state_dict(ckpt.optimizer);
-  if (scaler_->options().mode != amp::ScaleMode::Disabled && !ckpt.scaler.empty()) {
-    scaler_->load_state_dict(ckpt.scaler);
+  if (scaler().options().mode != amp::ScaleMode::Disabled && !ckpt.scaler.empty()) {
+    scaler().load_state_dict(ckpt.scaler);
   }
   state_ = ckpt.state;
   set_generator_state(state_.generator);
@@ -157,30 +171,99 @@ void Trainer::save(const std::string& path) const {
   TrainState s = state_;
   s.generator = generator_state();
   save_checkpoint(path, config_, s, model_->state_dict(), optimizer_->state_dict(),
-                  scaler_->state_dict());
+                  amp_->scaler().state_dict());
 }
 
 double Trainer::train_step(const data::Batch& batch, int64_t* correct, bool* skipped) {
   optimizer_->set_lr(schedule_->lr_at(state_.step));
   optimizer_->zero_grad(true);
-  const DType half = autocast_dtype();
-  Tensor logits;
-  {
-    amp::Autocast region(DeviceType::CPU, half == DType::F32 ? DType::BF16 : half,
-                         /*enabled=*/half != DType::F32);
-    logits = (*model_)(batch.x);
-  }
+  amp::GradScaler& sc = scaler();
+  const bool measure = config_.underflow_every > 0 && state_.step % config_.underflow_every == 0;
+  std::vector<Tensor> reference;
+  if (measure) reference = reference_gradients(batch);
+  const Tensor logits = amp_->forward(*model_, batch.x);
   const Tensor loss = cross_entropy(logits, batch.y);  // fp32 for half logits
-  scaler_->scale(loss).backward();
+  sc.scale(loss).backward();
+  if (measure) {
+    const UnderflowStats u = measure_underflow(reference);
+    underflow_ += u;
+    if (metrics_->enabled()) {
+      auto j = record("underflow");
+      j["step"] = state_.step + 1;
+      j["loss_scale"] = sc.get_scale();
+      j["nonzero"] = u.nonzero;
+      j["cast_unscaled"] = u.cast_unscaled;
+      j["cast_scaled"] = u.cast_scaled;
+      j["observed"] = u.observed;
+      metrics_->write(j.dump());
+    }
+  }
   if (config_.clip_grad_norm > 0) {
-    scaler_->unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
+    sc.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
     optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm);
   }
-  *skipped = scaler_->step(*optimizer_);
-  scaler_->update();
+  *skipped = sc.step(*optimizer_);
+  sc.update();
   ++state_.step;
   *correct += count_correct(logits, batch.y);
   return loss.item();
+}
+
+std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch) {
+  // The same weights and batch in fp32, without touching .grad, batch norm's running statistics
+  // or the random generator (the real step then draws the same dropout masks).
+  const GeneratorState gen = generator_state();
+  std::vector<Tensor> buffers;
+  for (const Tensor& b : model_->buffers())
+    buffers.push_back(b.clone());
+  std::vector<Tensor> grads;
+  {
+    amp::NoAutocast off;
+    const Tensor loss = cross_entropy((*model_)(batch.x), batch.y);
+    grads = autograd::grad({loss}, {}, model_->parameters());
+  }
+  {
+    NoGrad ng;
+    const std::vector<Tensor> live = model_->buffers();
+    for (size_t i = 0; i < live.size(); ++i)
+      Tensor(live[i]).copy_(buffers[i]);
+  }
+  set_generator_state(gen);
+  return grads;
+}
+
+UnderflowStats Trainer::measure_underflow(const std::vector<Tensor>& reference) const {
+  NoGrad ng;
+  UnderflowStats u;
+  u.measurements = 1;
+  const double scale = amp_->scaler().get_scale();
+  const std::vector<Tensor> params = model_->parameters();
+  // Elements where both masks are true.
+  auto both = [](const Tensor& a, const Tensor& b) {
+    return int64_t(sum(mul(a.to(DType::F32), b.to(DType::F32))).item());
+  };
+  const Tensor zero16 = Tensor::scalar(0.0, DType::F16);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!reference[i].defined()) continue;
+    const Tensor r = reference[i].to(DType::F32);
+    const Tensor nz = ne(r, Tensor::scalar(0.0, DType::F32));
+    u.nonzero += int64_t(sum(nz.to(DType::F32)).item());
+    u.cast_unscaled += both(nz, eq(r.to(DType::F16), zero16));
+    u.cast_scaled += both(nz, eq(mul(r, scale).to(DType::F16), zero16));
+    const Tensor own = params[i].grad();
+    u.observed +=
+        own.defined() ? both(nz, eq(own, Tensor::scalar(0.0, own.dtype()))) : both(nz, nz);
+  }
+  return u;
+}
+
+UnderflowStats& UnderflowStats::operator+=(const UnderflowStats& o) {
+  measurements += o.measurements;
+  nonzero += o.nonzero;
+  cast_unscaled += o.cast_unscaled;
+  cast_scaled += o.cast_scaled;
+  observed += o.observed;
+  return *this;
 }
 
 EvalResult Trainer::evaluate() {
@@ -195,7 +278,7 @@ EvalResult Trainer::evaluate() {
   double loss_sum = 0;
   int64_t correct = 0, n = 0;
   for (auto& batch : loader) {
-    const Tensor logits = (*model_)(batch.x);
+    const Tensor logits = amp_->forward(*model_, batch.x);
     CrossEntropyOptions ce;
     ce.reduction = Reduction::Sum;
     loss_sum += cross_entropy(logits, batch.y, ce).item();
@@ -246,6 +329,10 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       s.samples_per_s = elapsed > 0 ? double(seen) / elapsed : 0;
       s.lr = optimizer_->lr();
       s.eta_s = run_batches ? elapsed / double(run_batches) * double(batches - state_.batch) : 0;
+      if (scaler().options().mode != amp::ScaleMode::Disabled) {
+        s.loss_scale = scaler().get_scale();
+        s.skipped = result.skipped_steps;
+      }
       progress.update(s);
       if (metrics_->enabled() && state_.step % config_.log_every == 0) {
         auto j = record("train");
@@ -254,7 +341,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         j["loss"] = loss;
         j["lr"] = optimizer_->lr();
         j["samples_per_s"] = s.samples_per_s;
-        j["loss_scale"] = scaler_->get_scale();
+        j["loss_scale"] = scaler().get_scale();
         j["skipped"] = skipped;
         metrics_->write(j.dump());
       }
@@ -298,7 +385,8 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   }
   result.train_seconds = state_.train_seconds;
   result.steps = state_.step;
-  result.loss_scale = scaler_->get_scale();
+  result.loss_scale = scaler().get_scale();
+  result.underflow = underflow_;
   result.peak_memory_bytes = memory_stats().peak_bytes;
   if (metrics_->enabled()) {
     auto j = record("summary");
@@ -310,6 +398,14 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     j["skipped_steps"] = result.skipped_steps;
     j["loss_scale"] = result.loss_scale;
     j["precision"] = config_.precision;
+    j["opt_level"] = std::string(amp::opt_level_name(amp_->properties().level));
+    if (underflow_.measurements > 0) {
+      j["underflow"] = {{"measurements", underflow_.measurements},
+                        {"nonzero", underflow_.nonzero},
+                        {"cast_unscaled", underflow_.cast_unscaled},
+                        {"cast_scaled", underflow_.cast_scaled},
+                        {"observed", underflow_.observed}};
+    }
     j["model"] = config_.model;
     j["parameters"] = model_->num_parameters();
     metrics_->write(j.dump());

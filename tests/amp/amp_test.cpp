@@ -130,9 +130,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{OptLevel::O3, DType::BF16}),
     [](const auto& param_info) {
       return std::string(opt_level_name(param_info.param.level)) +
-             std::string(param_info.param.level == OptLevel::O0
-                             ? ""
-                             : dtype_name(param_info.param.dtype));
+             std::string(
+                 param_info.param.level == OptLevel::O0 ? "" : dtype_name(param_info.param.dtype));
     });
 
 TEST(Bf16Pure, Bf16WeightsNoMastersStochasticRoundingBatchNormFp32) {

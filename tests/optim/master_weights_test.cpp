@@ -82,7 +82,9 @@ TEST_P(MasterWeights, MasterFollowsTheFp32TrajectoryExactly) {
 INSTANTIATE_TEST_SUITE_P(Optimizers, MasterWeights,
                          ::testing::Values(std::make_pair("SGD", Factory(make_sgd)),
                                            std::make_pair("AdamW", Factory(make_adamw))),
-                         [](const auto& param_info) { return std::string(param_info.param.first); });
+                         [](const auto& param_info) {
+                           return std::string(param_info.param.first);
+                         });
 
 TEST(MasterWeightsBasics, OnlyNarrowParametersKeepAMaster) {
   Tensor a = leaf(Tensor::ones({4}, DType::F32));

@@ -11,18 +11,22 @@
 #include <vector>
 
 #include "commands.h"
+#include "mantissa/amp/amp.h"
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/allocator.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/optimizer.h"
 #include "mantissa/tensor/ops.h"
 #include "mantissa/train/report.h"
+#include "mantissa/train/trainer.h"
 
 namespace mantissa::cli {
 namespace {
 
 struct BenchArgs {
   std::string model = "cnn";
+  std::string precisions = "fp32";
   int64_t batch_size = 128;
   int64_t seq_len = 64;
   int steps = 30;
@@ -33,70 +37,178 @@ struct BenchArgs {
   bool json = false;
 };
 
+// One precision to measure: "bf16" (O1), "bf16:O2", "fp16:O3", "bf16-pure", "tf32", ...
+struct Variant {
+  std::string label;
+  train::TrainConfig config;  // precision, opt_level (what initialize_precision reads)
+};
+
+std::vector<Variant> parse_variants(const std::string& list) {
+  std::vector<Variant> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string item = list.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    Variant v;
+    const size_t colon = item.find(':');
+    v.config.precision = item.substr(0, colon);
+    if (colon != std::string::npos) v.config.opt_level = item.substr(colon + 1);
+    v.config.precision = train::resolve_precision(v.config.precision);
+    try {
+      v.config.validate();
+    } catch (const Error& e) {
+      MT_CHECK(false, "bench: --precision entry '", item, "': ", e.message());
+    }
+    v.label = v.config.precision + (v.config.opt_level.empty() ? "" : " " + v.config.opt_level);
+    const bool half = v.config.precision == "bf16" || v.config.precision == "fp16";
+    if (half && v.config.opt_level.empty()) v.label += " O1";
+    out.push_back(std::move(v));
+  }
+  MT_CHECK(!out.empty(), "bench: --precision needs at least one entry, e.g. fp32,bf16,bf16:O2");
+  return out;
+}
+
+// A model, its optimizer and its precision set-up, with one training step.
+class Runner {
+ public:
+  Runner(const BenchArgs& a, const Variant& v) : config_(v.config) {
+    nn::ModelConfig mc;
+    mc.image_size = a.image_size;
+    mc.in_channels = a.in_channels;
+    mc.max_seq_len = std::max<int64_t>(mc.max_seq_len, a.seq_len);
+    model_ = nn::make_model(a.model, mc);
+    x_ = nn::example_input(a.model, mc, a.batch_size, a.seq_len, 1);
+    tokens_ = nn::model_input(a.model) == nn::ModelInput::Tokens;
+    // Targets: a class per image, or a next token per position.
+    const int64_t classes = tokens_ ? (a.model == "gpt2" ? 50257 : mc.vocab_size) : mc.num_classes;
+    const Shape target_shape = tokens_ ? x_.shape() : Shape{a.batch_size};
+    y_ = Tensor::uniform(target_shape, 0, double(classes), 2, DType::F32).to(DType::I64);
+    optim::SGDOptions so;
+    so.lr = 0.01;
+    so.momentum = 0.9;
+    opt_ = std::make_unique<optim::SGD>(model_->parameters(), so);
+    amp_ = std::make_unique<amp::Amp>(train::initialize_precision(*model_, *opt_, config_));
+    model_->train();
+  }
+
+  // Forward, cross-entropy, backward (scaled), optimizer step through the scaler.
+  void step() {
+    set_matmul_precision(config_.precision == "tf32" ? MatmulPrecision::High
+                                                     : MatmulPrecision::Highest);
+    opt_->zero_grad();
+    Tensor logits = amp_->forward(*model_, x_);
+    if (tokens_) logits = logits.reshape({-1, logits.size(-1)});
+    const Tensor loss = cross_entropy(logits, tokens_ ? y_.reshape({-1}) : y_);
+    amp::GradScaler& sc = amp_->scaler();
+    sc.scale(loss).backward();
+    sc.step(*opt_);
+    sc.update();
+  }
+
+  const nn::Module& model() const { return *model_; }
+  bool tokens() const { return tokens_; }
+
+ private:
+  train::TrainConfig config_;
+  std::shared_ptr<nn::Module> model_;
+  Tensor x_, y_;
+  bool tokens_ = false;
+  std::unique_ptr<optim::SGD> opt_;
+  std::unique_ptr<amp::Amp> amp_;
+};
+
+struct Row {
+  std::string label;
+  double ms = 0;
+  int64_t peak = 0;
+};
+
 int run_bench(const BenchArgs& a) {
   MT_CHECK(a.steps > 0 && a.warmup >= 0 && a.batch_size > 0,
            "bench: --steps and --batch-size must be positive");
   set_num_threads(a.threads > 0 ? a.threads
                                 : int(std::max(1u, std::thread::hardware_concurrency())));
-  nn::ModelConfig mc;
-  mc.image_size = a.image_size;
-  mc.in_channels = a.in_channels;
-  mc.max_seq_len = std::max<int64_t>(mc.max_seq_len, a.seq_len);
-  auto model = nn::make_model(a.model, mc);
-  const Tensor x = nn::example_input(a.model, mc, a.batch_size, a.seq_len, 1);
-  const bool tokens = nn::model_input(a.model) == nn::ModelInput::Tokens;
-  // Targets: a class per image, or a next token per position.
-  const int64_t classes = tokens ? (a.model == "gpt2" ? 50257 : mc.vocab_size) : mc.num_classes;
-  const Shape target_shape = tokens ? x.shape() : Shape{a.batch_size};
-  const Tensor y = Tensor::uniform(target_shape, 0, double(classes), 2, DType::F32).to(DType::I64);
-  optim::SGDOptions so;
-  so.lr = 0.01;
-  so.momentum = 0.9;
-  optim::SGD opt(model->parameters(), so);
-  model->train();
+  const std::vector<Variant> variants = parse_variants(a.precisions);
+  std::vector<Row> rows(variants.size());
 
-  auto step = [&] {
-    opt.zero_grad();
-    Tensor logits = (*model)(x);
-    if (tokens) logits = logits.reshape({-1, logits.size(-1)});
-    const Tensor loss = cross_entropy(logits, tokens ? y.reshape({-1}) : y);
-    loss.backward();
-    opt.step();
-  };
-  for (int i = 0; i < a.warmup; ++i)
-    step();
-  reset_peak_memory();
-  std::vector<double> times;
-  for (int i = 0; i < a.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  // Memory, one variant at a time (nothing else alive): the peak of a step after warm-up,
+  // counting everything the step needs (weights, masters, optimizer state, gradients, input).
+  int64_t parameters = 0;
+  bool tokens = false;
+  for (size_t k = 0; k < variants.size(); ++k) {
+    empty_cache();
+    reset_peak_memory();
+    Runner r(a, variants[k]);
+    parameters = r.model().num_parameters();
+    tokens = r.tokens();
+    for (int i = 0; i < std::max(a.warmup, 2); ++i)
+      r.step();
+    reset_peak_memory();
+    r.step();
+    rows[k].label = variants[k].label;
+    rows[k].peak = memory_stats().peak_bytes;
   }
-  std::sort(times.begin(), times.end());
-  const double ms = times[times.size() / 2] * 1e3;
+
+  // Time, all variants alive and interleaved step by step, so that the machine's noise falls on
+  // all of them alike; the median step of each.
+  std::vector<std::unique_ptr<Runner>> runners;
+  for (const Variant& v : variants)
+    runners.push_back(std::make_unique<Runner>(a, v));
+  for (int i = 0; i < a.warmup; ++i) {
+    for (auto& r : runners)
+      r->step();
+  }
+  std::vector<std::vector<double>> times(variants.size());
+  for (int i = 0; i < a.steps; ++i) {
+    for (size_t k = 0; k < runners.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      runners[k]->step();
+      times[k].push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  for (size_t k = 0; k < rows.size(); ++k) {
+    std::sort(times[k].begin(), times[k].end());
+    rows[k].ms = times[k][times[k].size() / 2] * 1e3;
+  }
+
   const int64_t samples = tokens ? a.batch_size * a.seq_len : a.batch_size;
+  const Row& base = rows[0];
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   if (a.json) {
-    nlohmann::ordered_json j;
-    j["impl"] = "mantissa";
-    j["model"] = a.model;
-    j["batch_size"] = a.batch_size;
-    j["threads"] = get_num_threads();
-    j["ms_per_step"] = ms;
-    j[tokens ? "tokens_per_s" : "samples_per_s"] = double(samples) / (ms / 1e3);
-    j["peak_memory_bytes"] = memory_stats().peak_bytes;
-    j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
-    j["parameters"] = model->num_parameters();
-    fmt::print("{}\n", j.dump());
-  } else {
-    fmt::print(
-        "{} ({} parameters), batch {}, {} thread(s): {:.2f} ms/step, {:.0f} {}/s, "
-        "peak memory {}\n",
-        a.model, model->num_parameters(), a.batch_size, get_num_threads(), ms,
-        double(samples) / (ms / 1e3), tokens ? "tokens" : "samples",
-        train::format_bytes(memory_stats().peak_bytes));
+    for (const Row& row : rows) {
+      nlohmann::ordered_json j;
+      j["impl"] = "mantissa";
+      j["model"] = a.model;
+      j["precision"] = row.label;
+      j["batch_size"] = a.batch_size;
+      j["threads"] = get_num_threads();
+      j["ms_per_step"] = row.ms;
+      j[tokens ? "tokens_per_s" : "samples_per_s"] = double(samples) / (row.ms / 1e3);
+      j["peak_memory_bytes"] = row.peak;
+      j["speedup_vs_first"] = base.ms / row.ms;
+      j["memory_vs_first"] = double(row.peak) / double(base.peak);
+      j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
+      j["parameters"] = parameters;
+      fmt::print("{}\n", j.dump());
+    }
+    return 0;
   }
+  fmt::print(
+      "{} ({} parameters), batch {}, {} thread(s); median of {} steps interleaved across "
+      "precisions; peak memory of one step measured alone\n",
+      a.model, parameters, a.batch_size, get_num_threads(), a.steps);
+  fmt::print("{:<12} {:>9} {:>12} {:>9} {:>12} {:>9}\n", "precision", "ms/step",
+             tokens ? "tokens/s" : "samples/s", "speedup", "peak memory", "memory");
+  for (const Row& row : rows) {
+    fmt::print("{:<12} {:>9.2f} {:>12.0f} {:>8.2f}x {:>12} {:>8.2f}x\n", row.label, row.ms,
+               double(samples) / (row.ms / 1e3), base.ms / row.ms, train::format_bytes(row.peak),
+               double(row.peak) / double(base.peak));
+  }
+  if (rows.size() > 1) fmt::print("(speedup and memory relative to {})\n", base.label);
   return 0;
 }
 
@@ -106,8 +218,13 @@ Command add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Time one training step (forward, loss, backward, SGD) of a model on synthetic data");
+      "Time one training step (forward, loss, backward, SGD) of a model on synthetic data, in "
+      "one or several precisions side by side");
   cmd->add_option("--model", a->model, "Model name (as for train)")->capture_default_str();
+  cmd->add_option("--precision", a->precisions,
+                  "Comma-separated precisions to compare, each PRECISION[:LEVEL] as for train, "
+                  "e.g. fp32,bf16,bf16:O2,fp16:O2,bf16-pure (ratios are to the first)")
+      ->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Batch size")->capture_default_str();
   cmd->add_option("--seq-len", a->seq_len, "Sequence length (token models)")->capture_default_str();
   cmd->add_option("--image-size", a->image_size, "Image side (image models)")

@@ -23,9 +23,18 @@ struct TrainArgs {
 constexpr const char* kRunDefining[] = {
     "--model",    "--data",      "--batch-size", "--optimizer", "--lr",
     "--momentum", "--schedule",  "--warmup",     "--seed",      "--weight-decay",
-    "--dropout",  "--precision", "--loss-scale"};
+    "--dropout",  "--precision", "--loss-scale", "--opt-level", "--rounding"};
 
-void print_result(const train::TrainResult& r, const train::TrainConfig& c, bool json) {
+// Percent of `part` in `whole` (0 when whole is 0).
+double percent(int64_t part, int64_t whole) {
+  return whole > 0 ? 100.0 * double(part) / double(whole) : 0.0;
+}
+
+void print_result(const train::TrainResult& r, const train::Trainer& trainer, bool json) {
+  const train::TrainConfig& c = trainer.config();
+  const amp::Amp& amp = trainer.amp();
+  const bool scaled = amp.scaler().options().mode != amp::ScaleMode::Disabled;
+  const train::UnderflowStats& u = r.underflow;
   if (json) {
     nlohmann::ordered_json j;
     j["model"] = c.model;
@@ -34,9 +43,18 @@ void print_result(const train::TrainResult& r, const train::TrainConfig& c, bool
     j["train_seconds"] = r.train_seconds;
     j["steps"] = r.steps;
     j["precision"] = c.precision;
+    j["opt_level"] = std::string(amp::opt_level_name(amp.properties().level));
+    j["amp"] = amp.describe();
     j["skipped_steps"] = r.skipped_steps;
     j["loss_scale"] = r.loss_scale;
     j["peak_memory_bytes"] = r.peak_memory_bytes;
+    if (u.measurements > 0) {
+      j["underflow"] = {{"measurements", u.measurements},
+                        {"nonzero", u.nonzero},
+                        {"cast_unscaled", u.cast_unscaled},
+                        {"cast_scaled", u.cast_scaled},
+                        {"observed", u.observed}};
+    }
     nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
     for (const auto& e : r.epochs) {
       epochs.push_back({{"epoch", e.epoch},
@@ -50,14 +68,22 @@ void print_result(const train::TrainResult& r, const train::TrainConfig& c, bool
   }
   const double per_epoch = r.epochs.empty() ? 0 : r.train_seconds / double(r.epochs.size());
   std::string scaling;
-  if (c.precision == "fp16") {
+  if (scaled) {
     scaling = fmt::format(", loss scale {:g}, {} skipped steps", r.loss_scale, r.skipped_steps);
   }
   fmt::print(
       "{} on {} ({}): test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
       "({:.1f} s/epoch), peak memory {}{}\n",
-      c.model, c.data, c.precision, 100 * r.test.accuracy, r.test.loss, r.steps, r.train_seconds,
+      c.model, c.data, amp.describe(), 100 * r.test.accuracy, r.test.loss, r.steps, r.train_seconds,
       per_epoch, train::format_bytes(r.peak_memory_bytes), scaling);
+  if (u.measurements > 0) {
+    fmt::print(
+        "fp16 gradient underflow over {} measured steps, of {} non-zero fp32 gradient values: "
+        "{:.3f}% become zero cast to fp16 unscaled, {:.3f}% at the loss scale, {:.3f}% are zero "
+        "in this run's gradients\n",
+        u.measurements, u.nonzero, percent(u.cast_unscaled, u.nonzero),
+        percent(u.cast_scaled, u.nonzero), percent(u.observed, u.nonzero));
+  }
 }
 
 }  // namespace
@@ -88,10 +114,22 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--dropout", c.dropout, "Dropout probability where the model has dropout")
       ->capture_default_str();
   cmd->add_option("--precision", c.precision,
-                  "fp32, tf32 (f32 GEMM inputs rounded to tf32), bf16 or fp16 (autocast: "
-                  "GEMM/conv in the half type, fp32 weights; fp16 with loss scaling)")
+                  "fp32, tf32 (f32 GEMM/conv inputs rounded to tf32), bf16 or fp16 (mixed "
+                  "precision at --opt-level), bf16-pure (bf16 weights, no fp32 master, stochastic "
+                  "rounding) or auto (bf16 where the CPU has native bf16, else fp16)")
       ->capture_default_str();
-  cmd->add_option("--loss-scale", c.loss_scale, "fp16 loss scaling: dynamic or a fixed number")
+  cmd->add_option("--opt-level", c.opt_level,
+                  "bf16/fp16: O1 (autocast, fp32 weights; default), O2 (half weights except "
+                  "batch norm, fp32 master weights) or O3 (all half)");
+  cmd->add_option("--loss-scale", c.loss_scale,
+                  "dynamic (fp16 O1/O2; none for bf16) or a fixed number")
+      ->capture_default_str();
+  cmd->add_option("--rounding", c.rounding,
+                  "How updates are stored into half weights (O2, O3, bf16-pure): nearest or "
+                  "stochastic");
+  cmd->add_option("--underflow-every", c.underflow_every,
+                  "Every N steps, measure fp16 gradient underflow against fp32 gradients "
+                  "(bf16/fp16 O1; 0: off)")
       ->capture_default_str();
   cmd->add_option("--seed", c.seed, "Seed of the initialisation, shuffling and dropout")
       ->capture_default_str();
@@ -140,7 +178,7 @@ Command add_train_command(CLI::App& app) {
     }
     train::Trainer trainer(config);
     const train::TrainResult r = trainer.fit();
-    print_result(r, trainer.config(), args->json);
+    print_result(r, trainer, args->json);
     return 0;
   };
 }

@@ -56,9 +56,9 @@ AmpOptions bf16_pure_options(uint64_t seed = 0);
 // What initialize() set up.
 struct AmpProperties {
   OptLevel level = OptLevel::O0;
-  DType dtype = DType::F32;      // the low-precision dtype (F32 for O0)
-  bool autocast = false;         // O1
-  bool cast_model = false;       // O2, O3: weights (and inputs) in dtype
+  DType dtype = DType::F32;  // the low-precision dtype (F32 for O0)
+  bool autocast = false;     // O1
+  bool cast_model = false;   // O2, O3: weights (and inputs) in dtype
   bool keep_batchnorm_fp32 = false;
   bool master_weights = false;
   RoundingMode rounding = RoundingMode::NearestEven;

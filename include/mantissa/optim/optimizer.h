@@ -129,9 +129,9 @@ class Optimizer {
 
   bool master_weights_ = false;
   struct Master {
-    Tensor value;                  // F32; undefined: none
-    const void* data = nullptr;    // the parameter's storage and version when it was last
-    uint32_t version = 0;          //   known to be the master's rounding
+    Tensor value;                // F32; undefined: none
+    const void* data = nullptr;  // the parameter's storage and version when it was last
+    uint32_t version = 0;        //   known to be the master's rounding
   };
   std::vector<Master> masters_;
   RoundingMode store_rounding_ = RoundingMode::NearestEven;

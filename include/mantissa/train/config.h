@@ -36,11 +36,23 @@ struct TrainConfig {
   double gamma = 0.1;         // step schedule
   double clip_grad_norm = 0;  // 0: off
 
-  // precision (PyTorch AMP / Apex O1): fp32 | tf32 (f32 GEMM/conv inputs rounded to tf32) |
-  // bf16 | fp16 (autocast: GEMM/conv in the half type, softmax/norms/loss in fp32; fp32
-  // weights; fp16 with loss scaling)
+  // precision: fp32 | tf32 (f32 GEMM/conv inputs rounded to tf32) | bf16 | fp16 (mixed
+  // precision at `opt_level`, amp::initialize) | bf16-pure (bf16 weights without fp32 masters,
+  // stochastic rounding; batch norm fp32) | auto (bf16 where the CPU has native bf16 dot
+  // products, else fp16; the Trainer stores the choice, so checkpoints name it)
   std::string precision = "fp32";
-  std::string loss_scale = "dynamic";  // fp16: "dynamic" or a fixed number
+  // Apex's levels for bf16/fp16: O1 (autocast, fp32 weights; the default), O2 (weights in the
+  // half type except batch norm, fp32 masters), O3 (everything half). Empty: the precision's
+  // default (O0 for fp32/tf32, O1 for bf16/fp16).
+  std::string opt_level;
+  std::string loss_scale = "dynamic";  // "dynamic" (fp16 O1/O2) or a fixed number (static)
+  // How updates are stored into half weights (O2, O3, bf16-pure): nearest | stochastic. Empty:
+  // stochastic for bf16-pure, nearest otherwise.
+  std::string rounding;
+  // > 0: every this many steps, measure how many non-zero fp32 gradient values underflow to
+  // zero in fp16 (bf16/fp16 at O1): cast unscaled, cast at the loss scale, and in the run's own
+  // gradients. Costs one extra fp32 forward/backward per measurement.
+  int64_t underflow_every = 0;
 
   // machine
   uint64_t seed = 0;

@@ -36,7 +36,9 @@ struct StepStats {
   double accuracy = 0;             // running train accuracy (0..1)
   double samples_per_s = 0;
   double lr = 0;
-  double eta_s = 0;  // for the epoch
+  double eta_s = 0;       // for the epoch
+  double loss_scale = 0;  // > 0: shown (a run with loss scaling)
+  int64_t skipped = 0;    // steps skipped for inf/NaN gradients so far (with loss_scale)
 };
 
 class Progress {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mantissa/amp/amp.h"
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/data/loader.h"
 #include "mantissa/nn/module.h"
@@ -37,6 +38,18 @@ struct EpochResult {
   double samples_per_s = 0;
 };
 
+// Gradient underflow in fp16, summed over the measured steps (TrainConfig::underflow_every):
+// of the `nonzero` fp32 reference gradient values, how many are zero when cast to fp16 as they
+// are, when cast after multiplying by the loss scale, and in the run's own gradients.
+struct UnderflowStats {
+  int64_t measurements = 0;
+  int64_t nonzero = 0;
+  int64_t cast_unscaled = 0;
+  int64_t cast_scaled = 0;
+  int64_t observed = 0;
+  UnderflowStats& operator+=(const UnderflowStats& o);
+};
+
 struct TrainResult {
   std::vector<EpochResult> epochs;  // the epochs this run trained (after a resume: the rest)
   EvalResult test;                  // the last evaluation
@@ -45,6 +58,7 @@ struct TrainResult {
   int64_t skipped_steps = 0;      // fp16: steps skipped for inf/NaN gradients (this run)
   double loss_scale = 1;          // fp16: the scale at the end
   int64_t peak_memory_bytes = 0;  // tensor bytes, over this run
+  UnderflowStats underflow;       // with TrainConfig::underflow_every
 };
 
 class Trainer {
@@ -61,7 +75,8 @@ class Trainer {
 
   nn::Module& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
-  amp::GradScaler& scaler() { return *scaler_; }
+  amp::GradScaler& scaler() { return amp_->scaler(); }
+  const amp::Amp& amp() const { return *amp_; }
   const TrainConfig& config() const { return config_; }
   const TrainState& state() const { return state_; }
   // The loss of every step this Trainer ran, in order (for resume tests and plots).
@@ -74,8 +89,10 @@ class Trainer {
   void build();
   void restore(const Checkpoint& ckpt);
   double train_step(const data::Batch& batch, int64_t* correct, bool* skipped);
-  // The autocast dtype of the run's precision (F32: no autocast).
-  DType autocast_dtype() const;
+  // Compares this step's fp32 reference gradients (same weights and batch, no autocast) with
+  // the run's own scaled gradients (call after backward, before unscale).
+  UnderflowStats measure_underflow(const std::vector<Tensor>& reference) const;
+  std::vector<Tensor> reference_gradients(const data::Batch& batch);
 
   TrainConfig config_;
   TrainState state_;
@@ -83,11 +100,19 @@ class Trainer {
   std::shared_ptr<nn::Module> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
-  std::unique_ptr<amp::GradScaler> scaler_;
+  std::unique_ptr<amp::Amp> amp_;
+  UnderflowStats underflow_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<float> step_losses_;
 };
+
+// "auto" -> "bf16" where the CPU has native bf16 dot products, else "fp16"; others unchanged.
+std::string resolve_precision(const std::string& precision);
+// The run's precision (config.precision, opt_level, loss_scale, rounding, seed) applied to a
+// model and its optimizer: set_matmul_precision and amp::initialize. What Trainer and
+// `mantissa bench` use.
+amp::Amp initialize_precision(nn::Module& model, optim::Optimizer& opt, const TrainConfig& config);
 
 // `mantissa eval`: the test-set loss and accuracy of a checkpoint's weights.
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir = "");

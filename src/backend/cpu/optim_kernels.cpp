@@ -103,10 +103,10 @@ DType state_dtype(DType param) {
 }
 
 void check_options(const MultiTensorOptions& o, std::span<Tensor> params, const char* kernel) {
-  MT_CHECK(o.store_rounding == RoundingMode::NearestEven ||
-               o.store_rounding == RoundingMode::Stochastic,
-           kernel, ": rounding mode ", rounding_name(o.store_rounding),
-           " on store is not supported; use round-to-nearest-even or stochastic rounding");
+  MT_CHECK(
+      o.store_rounding == RoundingMode::NearestEven || o.store_rounding == RoundingMode::Stochastic,
+      kernel, ": rounding mode ", rounding_name(o.store_rounding),
+      " on store is not supported; use round-to-nearest-even or stochastic rounding");
   MT_ASSERT(o.masters.empty() || o.masters.size() == params.size(), kernel,
             ": one master entry per parameter");
   MT_ASSERT(o.store_rounding != RoundingMode::Stochastic || o.tensor_ids.size() == params.size(),
