@@ -62,5 +62,28 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, _, err = run("train", "--data", "synthetic", "--metrics", os.path.join(tmp, "no", "dir", "m.jsonl"))
     check(rc == 2 and "metrics" in err, f"unwritable metrics path: {rc} {err!r}")
 
+    # Mixed precision: the summary names the level; an O2 checkpoint evaluates the same.
+    ckpt2 = os.path.join(tmp, "o2.safetensors")
+    rc, out, err = run("train", *small, "--epochs", "1", "--precision", "fp16", "--opt-level",
+                       "O2", "--json", "--checkpoint", ckpt2)
+    o2 = json.loads(out) if rc == 0 else {}
+    check(rc == 0 and o2.get("opt_level") == "O2" and "fp32 master weights" in o2.get("amp", ""),
+          f"fp16 O2 run ({rc}): {out!r} {err[-300:]!r}")
+    rc, out, err = run("eval", "--checkpoint", ckpt2, "--json")
+    check(rc == 0 and abs(json.loads(out)["test_accuracy"] - o2.get("test_accuracy", -1)) < 1e-12,
+          f"eval of an O2 checkpoint reproduces its accuracy ({rc}, {out!r}, {err[-300:]!r})")
+    rc, out, err = run("train", *small, "--epochs", "1", "--precision", "fp16",
+                       "--underflow-every", "3")
+    check(rc == 0 and "underflow" in out and "at the loss scale" in out,
+          f"underflow report ({rc}): {out!r} {err[-300:]!r}")
+    rc, out, err = run("train", *small, "--steps", "3", "--precision", "bf16-pure")
+    check(rc == 0 and "rounding stochastic" in out, f"bf16-pure ({rc}): {out!r} {err[-300:]!r}")
+    for flags, needle in ((["--opt-level", "O2"], "half precision"),
+                          (["--precision", "bf16", "--rounding", "stochastic"], "half weights"),
+                          (["--precision", "fp16", "--opt-level", "O7"], "O0, O1, O2 or O3"),
+                          (["--precision", "fp16", "--loss-scale", "-3"], "loss-scale")):
+        rc, out, err = run("train", "--data", "synthetic", *flags)
+        check(rc == 2 and needle in err and out == "", f"{flags}: {rc} {err!r}")
+
 print("all train CLI checks passed" if not failures else f"{len(failures)} train CLI checks failed")
 sys.exit(1 if failures else 0)

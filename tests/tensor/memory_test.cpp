@@ -29,6 +29,15 @@ TEST(Memory, KnownSequenceOfAllocations) {
   EXPECT_EQ(memory_stats().peak_bytes, start.current_bytes);
 }
 
+TEST(Memory, EmptyCacheReturnsCachedBlocks) {
+  empty_cache();
+  const int64_t reserved = memory_stats().reserved_bytes;
+  { Tensor big = Tensor::empty({1 << 20}, DType::F32); }  // 4 MiB: cached when freed
+  EXPECT_GE(memory_stats().reserved_bytes, reserved + (4 << 20));
+  empty_cache();
+  EXPECT_EQ(memory_stats().reserved_bytes, reserved);
+}
+
 TEST(Memory, PeakOfAnOpIncludesItsTemporaries) {
   const Tensor x = Tensor::ones({1 << 16});  // 256 KiB
   reset_peak_memory();

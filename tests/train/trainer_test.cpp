@@ -212,6 +212,150 @@ TEST_F(TrainerTest, CheckpointLoadsInPythonSafetensors) {
   EXPECT_TRUE(j["metadata"].contains("mantissa.config"));
 }
 
+// Half weights (O2 with fp32 masters; bf16-pure with stochastic rounding): the masters and the
+// rounding stream travel in the checkpoint, so a resumed run is bit-identical to a straight one,
+// and batch norm stays fp32.
+TEST_F(TrainerTest, HalfWeightRunsResumeBitwise) {
+  struct Case {
+    const char* precision;
+    const char* opt_level;
+    const char* rounding;
+  };
+  for (const Case& k :
+       {Case{"fp16", "O2", ""}, Case{"bf16", "O2", "stochastic"}, Case{"bf16-pure", "", ""}}) {
+    SCOPED_TRACE(std::string(k.precision) + " " + k.opt_level + " " + k.rounding);
+    TrainConfig straight = small("cnn");
+    straight.precision = k.precision;
+    straight.opt_level = k.opt_level;
+    straight.rounding = k.rounding;
+    Trainer a(straight);
+    a.fit();
+    for (const auto& [name, t] : a.model().named_parameters()) {
+      const bool bn = name.find("features.1.") == 0 || name.find("features.5.") == 0;
+      EXPECT_EQ(t.dtype(),
+                bn ? DType::F32 : (straight.precision == "fp16" ? DType::F16 : DType::BF16))
+          << name;
+    }
+    EXPECT_EQ(a.optimizer().master_weights(), std::string(k.opt_level) == "O2");
+    TrainConfig first = straight;
+    first.checkpoint_path = file(std::string(k.precision) + k.rounding + ".safetensors");
+    Trainer b(first);
+    b.fit(1);
+    TrainConfig resumed = straight;
+    resumed.resume_path = first.checkpoint_path;
+    Trainer c(resumed);
+    c.fit();
+    const int64_t per_epoch = a.batches_per_epoch();
+    for (int64_t i = 0; i < per_epoch; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(c.step_losses()[size_t(i)]),
+                std::bit_cast<uint32_t>(a.step_losses()[size_t(per_epoch + i)]))
+          << "step " << per_epoch + i;
+    }
+    const auto wa = a.model().state_dict(), wc = c.model().state_dict();
+    for (size_t i = 0; i < wa.size(); ++i) {
+      EXPECT_EQ(wa[i].second.to_vector<double>(), wc[i].second.to_vector<double>()) << wa[i].first;
+    }
+  }
+}
+
+// --underflow-every: fp16 O1 with a static scale of 1 vs the dynamic scale. Scaling cannot make
+// more values underflow, and the records and summary are written.
+TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {
+  auto run = [&](const std::string& loss_scale) {
+    TrainConfig c = small("mlp");
+    c.dropout = 0;
+    c.epochs = 1;
+    c.precision = "fp16";
+    c.loss_scale = loss_scale;
+    c.underflow_every = 2;
+    c.metrics_path = file("underflow-" + loss_scale + ".jsonl");
+    Trainer t(c);
+    const TrainResult r = t.fit();
+    EXPECT_EQ(r.underflow.measurements, (t.batches_per_epoch() + 1) / 2);
+    EXPECT_GT(r.underflow.nonzero, 0);
+    std::ifstream in(c.metrics_path);
+    std::string line;
+    int records = 0;
+    bool summary = false;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "underflow") ++records;
+      if (j["kind"] == "summary") summary = j.contains("underflow");
+    }
+    EXPECT_EQ(records, r.underflow.measurements);
+    EXPECT_TRUE(summary);
+    return r.underflow;
+  };
+  const UnderflowStats plain = run("1");
+  const UnderflowStats scaled = run("dynamic");
+  // Unscaled casts are what they are; at scale 65536 fewer (or equally few) values vanish.
+  EXPECT_EQ(plain.cast_scaled, plain.cast_unscaled);  // the scale is 1
+  EXPECT_LE(scaled.cast_scaled, scaled.cast_unscaled);
+  EXPECT_LE(double(scaled.cast_scaled) / double(scaled.nonzero),
+            double(plain.cast_scaled) / double(plain.nonzero));
+}
+
+TEST(TrainConfigTest, PrecisionFlagsAreCheckedTogether) {
+  auto refused = [](auto&& edit, const std::string& needle) {
+    TrainConfig c;
+    edit(c);
+    try {
+      c.validate();
+      ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+    }
+  };
+  refused([](TrainConfig& c) { c.precision = "fp8"; }, "bf16-pure");
+  refused([](TrainConfig& c) { c.opt_level = "O2"; }, "needs a half precision");
+  refused(
+      [](TrainConfig& c) {
+        c.precision = "bf16";
+        c.opt_level = "O4";
+      },
+      "O0, O1, O2 or O3");
+  refused(
+      [](TrainConfig& c) {
+        c.precision = "bf16";
+        c.rounding = "stochastic";
+      },
+      "half weights");
+  refused(
+      [](TrainConfig& c) {
+        c.precision = "bf16-pure";
+        c.opt_level = "O2";
+      },
+      "its own level");
+  refused(
+      [](TrainConfig& c) {
+        c.precision = "bf16-pure";
+        c.rounding = "nearest";
+      },
+      "stochastic");
+  refused(
+      [](TrainConfig& c) {
+        c.precision = "fp16";
+        c.rounding = "up";
+      },
+      "nearest or stochastic");
+  refused([](TrainConfig& c) { c.loss_scale = "1024"; }, "applies to --precision fp16 or bf16");
+  refused(
+      [](TrainConfig& c) {
+        c.precision = "fp16";
+        c.opt_level = "O2";
+        c.underflow_every = 10;
+      },
+      "O1");
+  TrainConfig ok;
+  ok.precision = "bf16";
+  ok.opt_level = "O3";
+  ok.rounding = "stochastic";
+  EXPECT_NO_THROW(ok.validate());
+  EXPECT_EQ(resolve_precision("fp32"), "fp32");
+  const std::string a = resolve_precision("auto");
+  EXPECT_TRUE(a == "bf16" || a == "fp16") << a;
+}
+
 TEST(TrainConfigTest, JsonRoundTripAndValidation) {
   TrainConfig c;
   c.model = "mlp";

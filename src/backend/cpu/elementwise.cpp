@@ -371,9 +371,30 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
     scatter_same_dtype(tmp, dst);
     return;
   }
+  const bool direct = src.is_contiguous() && src.shape() == dst.shape();
   dispatch_dtype(src.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
     dispatch_dtype(dst.dtype(), [&]<typename O>() {
+      // Contiguous to contiguous between f32 and a narrower float (autocast's casts, every
+      // step): one conversion pass, no staging buffer.
+      constexpr bool kWidenOrNarrow = (std::is_same_v<T, float> && is_small_float_v<O>) ||
+                                      (is_small_float_v<T> && std::is_same_v<O, float>);
+      if constexpr (kWidenOrNarrow || std::is_same_v<T, O>) {
+        if (direct) {
+          const T* s = static_cast<const T*>(src.data_ptr());
+          O* d = static_cast<O*>(dst.data_ptr());
+          parallel_chunks(dst.numel(), [&](int64_t start, int64_t n) {
+            if constexpr (std::is_same_v<T, O>) {
+              std::memcpy(d + start, s + start, size_t(n) * sizeof(T));
+            } else if constexpr (std::is_same_v<T, float>) {
+              store_contiguous<float, O>(s + start, d + start, n);
+            } else {
+              load_contiguous<T, float>(s + start, d + start, n);
+            }
+          });
+          return;
+        }
+      }
       elementwise<T, C, O, 1>(dst, {&src}, [](C* o, const C* x, int64_t n) {
         std::memcpy(o, x, size_t(n) * sizeof(C));
       });
