@@ -71,6 +71,21 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   rows.push_back({"memcpy", "libc", 2 * n * 4, [&] { std::memcpy(dst32.p, src.p, n * 4); }});
+  // Stochastic rounding through the public entry point (best ISA), in one call and in the
+  // optimizer's pattern: chunks of 2048 elements, each its own call at index = chunk start.
+  const RoundingOptions sr{.mode = RoundingMode::Stochastic, .seed = 42, .offset = 7, .index = 0};
+  rows.push_back({"f32 -> bf16 (SR)", "best", n * 6,
+                  [&] { convert(src.as<float>(), dst16.as<bfloat16>(), n, sr); }});
+  rows.push_back({"f32 -> bf16 (SR, 2048-chunks)", "best", n * 6, [&] {
+                    for (size_t i = 0; i < n; i += 2048) {
+                      RoundingOptions o = sr;
+                      o.index = (uint64_t(3) << 40) + i;
+                      convert(src.as<float>() + i, dst16.as<bfloat16>() + i,
+                              std::min<size_t>(2048, n - i), o);
+                    }
+                  }});
+  rows.push_back({"f32 -> f16 (SR)", "best", n * 6,
+                  [&] { convert(src.as<float>(), dst16.as<half>(), n, sr); }});
   for (Isa isa : detail::kAllIsas) {
     if (!detail::isa_supported(isa)) continue;
     const std::string name(detail::isa_name(isa));
@@ -81,6 +96,14 @@ int main(int argc, char** argv) {
     rows.push_back({"f32 -> f16 (RNE)", name, n * 6, [&, isa] {
                       detail::f32_to_f16(src.as<float>(), dst16.as<uint16_t>(), n,
                                          RoundingMode::NearestEven, isa);
+                    }});
+    rows.push_back({"f32 -> bf16 (SR)", name, n * 6, [&, isa] {
+                      detail::f32_to_bf16_stochastic(src.as<float>(), dst16.as<uint16_t>(), n, 42,
+                                                     7, 0, isa);
+                    }});
+    rows.push_back({"f32 -> f16 (SR)", name, n * 6, [&, isa] {
+                      detail::f32_to_f16_stochastic(src.as<float>(), dst16.as<uint16_t>(), n, 42, 7,
+                                                    0, isa);
                     }});
     rows.push_back({"bf16 -> f32", name, n * 6, [&, isa] {
                       detail::bf16_to_f32(dst16.as<uint16_t>(), dst32.as<float>(), n, isa);

@@ -17,6 +17,11 @@ bool vectorizable(const RoundingOptions& o) {
   return o.mode != RoundingMode::Stochastic && o.overflow == Overflow::Infinity;
 }
 
+// Whether the stochastic vector kernels implement these options: they round with overflow to inf.
+bool stochastic_vectorizable(const RoundingOptions& o) {
+  return o.mode == RoundingMode::Stochastic && o.overflow == Overflow::Infinity;
+}
+
 // The scalar definition for any format and options; element i draws
 // random_bits(seed, offset, index + i).
 template <Format F, typename Out>
@@ -78,11 +83,19 @@ void decode_fp8(const T* src, float* dst, size_t n) {
 
 void convert(const float* src, bfloat16* dst, size_t n, const RoundingOptions& o) {
   if (vectorizable(o)) return detail::f32_to_bf16(src, bits_of(dst), n, o.mode, detail::best_isa());
+  if (stochastic_vectorizable(o)) {
+    return detail::f32_to_bf16_stochastic(src, bits_of(dst), n, o.seed, o.offset, o.index,
+                                          detail::best_isa());
+  }
   encode_generic<Format::BF16>(src, dst, n, o);
 }
 
 void convert(const float* src, half* dst, size_t n, const RoundingOptions& o) {
   if (vectorizable(o)) return detail::f32_to_f16(src, bits_of(dst), n, o.mode, detail::best_isa());
+  if (stochastic_vectorizable(o)) {
+    return detail::f32_to_f16_stochastic(src, bits_of(dst), n, o.seed, o.offset, o.index,
+                                         detail::best_isa());
+  }
   encode_generic<Format::FP16>(src, dst, n, o);
 }
 

@@ -32,4 +32,12 @@ void f16_to_f32(const uint16_t* src, float* dst, size_t n, Isa isa);
 // f is TF32, BF16 or FP16.
 void round_in_place_fast(Format f, float* data, size_t n, RoundingMode mode, Isa isa);
 
+// Stochastic rounding with overflow to inf: element i draws random_bits(seed, offset, index + i)
+// (philox.h), exactly as encode_bits() with those bits. The vector kernels run Philox4x32-10 on
+// 8 (AVX-512) or 4 (AVX2) blocks per register; an unaligned index takes up to 3 scalar elements.
+void f32_to_bf16_stochastic(const float* src, uint16_t* dst, size_t n, uint64_t seed,
+                            uint64_t offset, uint64_t index, Isa isa);
+void f32_to_f16_stochastic(const float* src, uint16_t* dst, size_t n, uint64_t seed,
+                           uint64_t offset, uint64_t index, Isa isa);
+
 }  // namespace mantissa::detail

@@ -2,9 +2,11 @@
 // arrays onto a format's grid (the emulation primitive: fp16/tf32/fp8 "run" on a CPU that lacks
 // them by rounding inputs to the format and computing in fp32).
 //
-// Round-to-nearest-even and truncation are vectorized (AVX-512, AVX512-BF16, AVX2 + F16C), chosen
-// at run time, and bit-identical to the scalar encode()/decode() of round.h, which remain the
-// definition. Stochastic rounding draws element i's bits from random_bits(seed, offset, index + i).
+// Round-to-nearest-even and truncation, and stochastic rounding to bf16 and fp16 (with the
+// format's own overflow), are vectorized (AVX-512, AVX512-BF16, AVX2 + F16C), chosen at run time,
+// and bit-identical to the scalar encode()/decode() of round.h, which remain the definition.
+// Stochastic rounding draws element i's bits from random_bits(seed, offset, index + i); the vector
+// path computes eight Philox blocks per register.
 #pragma once
 
 #include <cstddef>
