@@ -64,7 +64,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # Mixed precision: the summary names the level; an O2 checkpoint evaluates the same.
     ckpt2 = os.path.join(tmp, "o2.safetensors")
-    rc, out, err = run("train", *small, "--epochs", "1", "--precision", "fp16", "--opt-level",
+    rc, out, err = run("train", *small, "--steps", "30", "--precision", "fp16", "--opt-level",
                        "O2", "--json", "--checkpoint", ckpt2)
     o2 = json.loads(out) if rc == 0 else {}
     check(rc == 0 and o2.get("opt_level") == "O2" and "fp32 master weights" in o2.get("amp", ""),
@@ -72,7 +72,7 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = run("eval", "--checkpoint", ckpt2, "--json")
     check(rc == 0 and abs(json.loads(out)["test_accuracy"] - o2.get("test_accuracy", -1)) < 1e-12,
           f"eval of an O2 checkpoint reproduces its accuracy ({rc}, {out!r}, {err[-300:]!r})")
-    rc, out, err = run("train", *small, "--epochs", "1", "--precision", "fp16",
+    rc, out, err = run("train", *small, "--steps", "9", "--precision", "fp16",
                        "--underflow-every", "3")
     check(rc == 0 and "underflow" in out and "at the loss scale" in out,
           f"underflow report ({rc}): {out!r} {err[-300:]!r}")

@@ -225,6 +225,7 @@ TEST_F(TrainerTest, HalfWeightRunsResumeBitwise) {
        {Case{"fp16", "O2", ""}, Case{"bf16", "O2", "stochastic"}, Case{"bf16-pure", "", ""}}) {
     SCOPED_TRACE(std::string(k.precision) + " " + k.opt_level + " " + k.rounding);
     TrainConfig straight = small("cnn");
+    straight.synthetic_size = 256;
     straight.precision = k.precision;
     straight.opt_level = k.opt_level;
     straight.rounding = k.rounding;
