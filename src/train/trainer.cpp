@@ -388,12 +388,15 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   result.loss_scale = scaler().get_scale();
   result.underflow = underflow_;
   result.peak_memory_bytes = memory_stats().peak_bytes;
+  for (const data::ImageDataset* d : {&train_set_, &test_set_})
+    result.dataset_bytes += d->images.nbytes() + d->labels.nbytes();
   if (metrics_->enabled()) {
     auto j = record("summary");
     j["test_accuracy"] = result.test.accuracy;
     j["test_loss"] = result.test.loss;
     j["train_seconds"] = result.train_seconds;
     j["peak_memory_bytes"] = result.peak_memory_bytes;
+    j["dataset_bytes"] = result.dataset_bytes;
     j["steps"] = result.steps;
     j["skipped_steps"] = result.skipped_steps;
     j["loss_scale"] = result.loss_scale;

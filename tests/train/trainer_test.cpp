@@ -137,7 +137,8 @@ TEST_F(TrainerTest, LearnsAndWritesMetrics) {
     } else {
       EXPECT_EQ(kind, "summary");
       ++summary;
-      for (const char* k : {"test_accuracy", "train_seconds", "peak_memory_bytes", "steps"}) {
+      for (const char* k : {"test_accuracy", "train_seconds", "peak_memory_bytes", "dataset_bytes",
+                            "steps", "opt_level", "skipped_steps", "loss_scale", "precision"}) {
         EXPECT_TRUE(j.contains(k)) << k;
       }
       EXPECT_EQ(j["steps"].get<int64_t>(), r.steps);

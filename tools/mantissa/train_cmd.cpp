@@ -48,6 +48,7 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
     j["skipped_steps"] = r.skipped_steps;
     j["loss_scale"] = r.loss_scale;
     j["peak_memory_bytes"] = r.peak_memory_bytes;
+    j["dataset_bytes"] = r.dataset_bytes;
     if (u.measurements > 0) {
       j["underflow"] = {{"measurements", u.measurements},
                         {"nonzero", u.nonzero},
@@ -73,9 +74,10 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
   }
   fmt::print(
       "{} on {} ({}): test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
-      "({:.1f} s/epoch), peak memory {}{}\n",
+      "({:.1f} s/epoch), peak memory {} (the dataset {} of it){}\n",
       c.model, c.data, amp.describe(), 100 * r.test.accuracy, r.test.loss, r.steps, r.train_seconds,
-      per_epoch, train::format_bytes(r.peak_memory_bytes), scaling);
+      per_epoch, train::format_bytes(r.peak_memory_bytes), train::format_bytes(r.dataset_bytes),
+      scaling);
   if (u.measurements > 0) {
     fmt::print(
         "fp16 gradient underflow over {} measured steps, of {} non-zero fp32 gradient values: "

@@ -58,6 +58,7 @@ struct TrainResult {
   int64_t skipped_steps = 0;      // fp16: steps skipped for inf/NaN gradients (this run)
   double loss_scale = 1;          // fp16: the scale at the end
   int64_t peak_memory_bytes = 0;  // tensor bytes, over this run
+  int64_t dataset_bytes = 0;      // of which the train and test sets (held as tensors)
   UnderflowStats underflow;       // with TrainConfig::underflow_every
 };
 
