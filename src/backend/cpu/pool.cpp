@@ -188,39 +188,41 @@ void CpuBackend::max_pool2d_backward(const Tensor& grad_out_in, const Tensor& in
   });
 }
 
-void CpuBackend::avg_pool2d(const Tensor& x_in, Tensor& out, const Pool2dParams& p) {
-  MT_ASSERT(out.is_contiguous(), "avg_pool2d output must be contiguous");
+namespace {
+
+// Average pooling over windows given by windows(g, oh, ow, wh, ww), which sets output (oh, ow)'s
+// window and returns its divisor: the same function drives the forward and the backward pass.
+template <typename Windows>
+void mean_pool(const Tensor& x_in, Tensor& out, const char* op, Windows windows) {
+  MT_ASSERT(out.is_contiguous(), op, " output must be contiguous");
   const Tensor x = contiguous_input(x_in);
   const PoolGeometry g = geometry(x, out);
-  dispatch_float(x.dtype(), "avg_pool2d", [&]<typename T>() {
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
-    T* op = static_cast<T*>(out.data_ptr());
+    T* op_data = static_cast<T*>(out.data_ptr());
     for_each_plane<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
       C* in = buf;
       C* res = buf + g.in_plane();
       load_contiguous<T, C>(xp + pl * g.in_plane(), in, g.in_plane());
       for (int64_t oh = 0; oh < g.oh; ++oh) {
-        const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
         for (int64_t ow = 0; ow < g.ow; ++ow) {
-          const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+          Window wh, ww;
+          const int64_t divisor = windows(g, oh, ow, wh, ww);
           C s = 0;
           for (int64_t h = wh.begin; h < wh.end; ++h) {
             for (int64_t w = ww.begin; w < ww.end; ++w)
               s += in[h * g.w + w];
           }
-          res[oh * g.ow + ow] = s / C(avg_divisor(oh, ow, g, p));
+          res[oh * g.ow + ow] = s / C(divisor);
         }
       }
-      store_contiguous<C, T>(res, op + pl * g.out_plane(), g.out_plane());
+      store_contiguous<C, T>(res, op_data + pl * g.out_plane(), g.out_plane());
     });
   });
 }
 
-namespace {
-
 // The backward of average pooling: each output gradient spread evenly over its input window.
-// windows(oh, ow, wh, ww) sets the window and returns its divisor.
 template <typename Windows>
 void spread_pool_gradient(const Tensor& grad_out_in, Tensor& grad_x, const char* op,
                           Windows windows) {
@@ -253,54 +255,39 @@ void spread_pool_gradient(const Tensor& grad_out_in, Tensor& grad_x, const char*
   });
 }
 
+// avg_pool2d's windows (kernel, stride, padding) and divisors.
+auto avg_windows(const Pool2dParams& p) {
+  return [&p](const PoolGeometry& g, int64_t oh, int64_t ow, Window& wh, Window& ww) {
+    wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
+    ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+    return avg_divisor(oh, ow, g, p);
+  };
+}
+
+// adaptive_avg_pool2d's windows: PyTorch's start/end rule, divided by the window's area.
+int64_t adaptive_windows(const PoolGeometry& g, int64_t oh, int64_t ow, Window& wh, Window& ww) {
+  wh = adaptive_window(oh, g.h, g.oh);
+  ww = adaptive_window(ow, g.w, g.ow);
+  return (wh.end - wh.begin) * (ww.end - ww.begin);
+}
+
 }  // namespace
+
+void CpuBackend::avg_pool2d(const Tensor& x_in, Tensor& out, const Pool2dParams& p) {
+  mean_pool(x_in, out, "avg_pool2d", avg_windows(p));
+}
 
 void CpuBackend::avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x,
                                      const Pool2dParams& p) {
-  spread_pool_gradient(grad_out, grad_x, "avg_pool2d_backward",
-                       [&p](const PoolGeometry& g, int64_t oh, int64_t ow, Window& wh, Window& ww) {
-                         wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
-                         ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
-                         return avg_divisor(oh, ow, g, p);
-                       });
+  spread_pool_gradient(grad_out, grad_x, "avg_pool2d_backward", avg_windows(p));
 }
 
 void CpuBackend::adaptive_avg_pool2d(const Tensor& x_in, Tensor& out) {
-  MT_ASSERT(out.is_contiguous(), "adaptive_avg_pool2d output must be contiguous");
-  const Tensor x = contiguous_input(x_in);
-  const PoolGeometry g = geometry(x, out);
-  dispatch_float(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
-    using C = compute_t<T>;
-    const T* xp = static_cast<const T*>(x.data_ptr());
-    T* op = static_cast<T*>(out.data_ptr());
-    for_each_plane<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
-      C* in = buf;
-      C* res = buf + g.in_plane();
-      load_contiguous<T, C>(xp + pl * g.in_plane(), in, g.in_plane());
-      for (int64_t oh = 0; oh < g.oh; ++oh) {
-        const Window wh = adaptive_window(oh, g.h, g.oh);
-        for (int64_t ow = 0; ow < g.ow; ++ow) {
-          const Window ww = adaptive_window(ow, g.w, g.ow);
-          C s = 0;
-          for (int64_t h = wh.begin; h < wh.end; ++h) {
-            for (int64_t w = ww.begin; w < ww.end; ++w)
-              s += in[h * g.w + w];
-          }
-          res[oh * g.ow + ow] = s / C((wh.end - wh.begin) * (ww.end - ww.begin));
-        }
-      }
-      store_contiguous<C, T>(res, op + pl * g.out_plane(), g.out_plane());
-    });
-  });
+  mean_pool(x_in, out, "adaptive_avg_pool2d", adaptive_windows);
 }
 
 void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x) {
-  spread_pool_gradient(grad_out, grad_x, "adaptive_avg_pool2d_backward",
-                       [](const PoolGeometry& g, int64_t oh, int64_t ow, Window& wh, Window& ww) {
-                         wh = adaptive_window(oh, g.h, g.oh);
-                         ww = adaptive_window(ow, g.w, g.ow);
-                         return (wh.end - wh.begin) * (ww.end - ww.begin);
-                       });
+  spread_pool_gradient(grad_out, grad_x, "adaptive_avg_pool2d_backward", adaptive_windows);
 }
 
 }  // namespace mantissa::backend::cpu
