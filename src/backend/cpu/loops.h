@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "mantissa/core/error.h"
 #include "mantissa/numerics/convert.h"
@@ -172,6 +173,22 @@ void parallel_chunks(int64_t total, F f) {
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c)
     f(c * kChunk, std::min(kChunk, total - c * kChunk));
+}
+
+// body(i, scratch) for i in [0, n), spread over OpenMP threads when `work` (elements touched) is
+// large; each thread owns one scratch buffer of `scratch` values. Iterations must write
+// disjoint outputs.
+template <typename S, typename F>
+void parallel_rows(int64_t n, int64_t work, int64_t scratch, F body) {
+  const bool parallel =
+      work >= kParallelGrain && n > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel if (parallel)
+  {
+    std::vector<S> buf(static_cast<size_t>(scratch));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      body(i, buf.data());
+  }
 }
 
 // out = f(inputs...) elementwise with broadcasting. T: storage type of the inputs, C: compute

@@ -21,20 +21,23 @@
 namespace mantissa::backend::cpu {
 namespace {
 
-// body(i, scratch) for i in [0, n), spread over OpenMP threads when `work` (elements touched) is
-// large; each thread owns one scratch buffer of `scratch` values. Iterations must write
-// disjoint outputs.
-template <typename S, typename F>
-void parallel_rows(int64_t n, int64_t work, int64_t scratch, F body) {
-  const bool parallel =
-      work >= kParallelGrain && n > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
-#pragma omp parallel if (parallel)
-  {
-    std::vector<S> buf(static_cast<size_t>(scratch));
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      body(i, buf.data());
+// Which gradients a normalization backward computes (the defined outputs), after checking that
+// the incoming gradient matches the input and grad_x (if wanted) can receive it.
+struct WantedGrads {
+  bool x, w, b;
+};
+WantedGrads wanted_grads(const char* op, const Tensor& g, const Tensor& x, const Tensor* grad_x,
+                         const Tensor* grad_weight, const Tensor* grad_bias) {
+  MT_ASSERT(g.shape() == x.shape() && g.dtype() == x.dtype(), op, ": grad ", g.describe(),
+            " for input ", x.describe());
+  const WantedGrads w{grad_x && grad_x->defined(), grad_weight && grad_weight->defined(),
+                      grad_bias && grad_bias->defined()};
+  if (w.x) {
+    MT_ASSERT(
+        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(), op,
+        " grad_x");
   }
+  return w;
 }
 
 // Rows [0, rows) of `len` elements, in tasks of consecutive rows of about kChunk elements:
@@ -264,17 +267,9 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
                                      Tensor* grad_weight, Tensor* grad_bias) {
   const Tensor x = contiguous_input(x_in);
   const Tensor g = contiguous_input(grad_out);
-  MT_ASSERT(g.shape() == x.shape() && g.dtype() == x.dtype(), "batch_norm_backward: grad ",
-            g.describe(), " for input ", x.describe());
   const ChannelShape cs = channel_shape(x);
-  const bool want_x = grad_x && grad_x->defined();
-  const bool want_w = grad_weight && grad_weight->defined();
-  const bool want_b = grad_bias && grad_bias->defined();
-  if (want_x) {
-    MT_ASSERT(
-        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(),
-        "batch_norm_backward grad_x");
-  }
+  const auto [want_x, want_w, want_b] =
+      wanted_grads("batch_norm_backward", g, x, grad_x, grad_weight, grad_bias);
   dispatch_float(x.dtype(), "batch_norm_backward", [&]<typename T>() {
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
@@ -398,16 +393,8 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
                                      Tensor* grad_bias) {
   const Tensor x = contiguous_input(x_in);
   const Tensor g = contiguous_input(grad_out);
-  MT_ASSERT(g.shape() == x.shape() && g.dtype() == x.dtype(), "layer_norm_backward: grad ",
-            g.describe(), " for input ", x.describe());
-  const bool want_x = grad_x && grad_x->defined();
-  const bool want_w = grad_weight && grad_weight->defined();
-  const bool want_b = grad_bias && grad_bias->defined();
-  if (want_x) {
-    MT_ASSERT(
-        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(),
-        "layer_norm_backward grad_x");
-  }
+  const auto [want_x, want_w, want_b] =
+      wanted_grads("layer_norm_backward", g, x, grad_x, grad_weight, grad_bias);
   const int64_t m = mean_in.numel();
   const int64_t n = m ? x.numel() / m : 0;
   dispatch_float(x.dtype(), "layer_norm_backward", [&]<typename T>() {

@@ -30,20 +30,6 @@ PoolGeometry geometry(const Tensor& in, const Tensor& out) {
   return {in.size(0) * in.size(1), in.size(2), in.size(3), out.size(2), out.size(3)};
 }
 
-// body(plane, scratch) for every plane; each thread owns one scratch buffer of `scratch` values.
-template <typename S, typename F>
-void for_each_plane(int64_t planes, int64_t work, int64_t scratch, F body) {
-  const bool parallel =
-      work >= kParallelGrain && planes > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
-#pragma omp parallel if (parallel)
-  {
-    std::vector<S> buf(static_cast<size_t>(scratch));
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < planes; ++p)
-      body(p, buf.data());
-  }
-}
-
 // The input window of output index o along one axis of size n, clipped to [0, n).
 struct Window {
   int64_t begin, end;
@@ -129,7 +115,7 @@ void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
-    for_each_plane<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
+    parallel_rows<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
       C* in = buf;
       C* res = buf + g.in_plane();
       int64_t* best_at = idx + pl * g.out_plane();
@@ -174,17 +160,17 @@ void CpuBackend::max_pool2d_backward(const Tensor& grad_out_in, const Tensor& in
     using C = compute_t<T>;
     const T* gp = static_cast<const T*>(go.data_ptr());
     T* gxp = static_cast<T*>(grad_x.data_ptr());
-    for_each_plane<C>(g.planes, grad_x.numel(), g.in_plane() + g.out_plane(),
-                      [&](int64_t pl, C* buf) {
-                        C* acc = buf;
-                        C* gin = buf + g.in_plane();
-                        std::fill(acc, acc + g.in_plane(), C(0));
-                        load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
-                        const int64_t* at = idx + pl * g.out_plane();
-                        for (int64_t o = 0; o < g.out_plane(); ++o)
-                          acc[at[o]] += gin[o];
-                        store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
-                      });
+    parallel_rows<C>(g.planes, grad_x.numel(), g.in_plane() + g.out_plane(),
+                     [&](int64_t pl, C* buf) {
+                       C* acc = buf;
+                       C* gin = buf + g.in_plane();
+                       std::fill(acc, acc + g.in_plane(), C(0));
+                       load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
+                       const int64_t* at = idx + pl * g.out_plane();
+                       for (int64_t o = 0; o < g.out_plane(); ++o)
+                         acc[at[o]] += gin[o];
+                       store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
+                     });
   });
 }
 
@@ -201,7 +187,7 @@ void mean_pool(const Tensor& x_in, Tensor& out, const char* op, Windows windows)
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* op_data = static_cast<T*>(out.data_ptr());
-    for_each_plane<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
+    parallel_rows<C>(g.planes, x.numel(), g.in_plane() + g.out_plane(), [&](int64_t pl, C* buf) {
       C* in = buf;
       C* res = buf + g.in_plane();
       load_contiguous<T, C>(xp + pl * g.in_plane(), in, g.in_plane());
@@ -233,25 +219,25 @@ void spread_pool_gradient(const Tensor& grad_out_in, Tensor& grad_x, const char*
     using C = compute_t<T>;
     const T* gp = static_cast<const T*>(go.data_ptr());
     T* gxp = static_cast<T*>(grad_x.data_ptr());
-    for_each_plane<C>(g.planes, grad_x.numel(), g.in_plane() + g.out_plane(),
-                      [&](int64_t pl, C* buf) {
-                        C* acc = buf;
-                        C* gin = buf + g.in_plane();
-                        std::fill(acc, acc + g.in_plane(), C(0));
-                        load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
-                        for (int64_t oh = 0; oh < g.oh; ++oh) {
-                          for (int64_t ow = 0; ow < g.ow; ++ow) {
-                            Window wh, ww;
-                            const int64_t divisor = windows(g, oh, ow, wh, ww);
-                            const C share = gin[oh * g.ow + ow] / C(divisor);
-                            for (int64_t h = wh.begin; h < wh.end; ++h) {
-                              for (int64_t w = ww.begin; w < ww.end; ++w)
-                                acc[h * g.w + w] += share;
-                            }
-                          }
-                        }
-                        store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
-                      });
+    parallel_rows<C>(g.planes, grad_x.numel(), g.in_plane() + g.out_plane(),
+                     [&](int64_t pl, C* buf) {
+                       C* acc = buf;
+                       C* gin = buf + g.in_plane();
+                       std::fill(acc, acc + g.in_plane(), C(0));
+                       load_contiguous<T, C>(gp + pl * g.out_plane(), gin, g.out_plane());
+                       for (int64_t oh = 0; oh < g.oh; ++oh) {
+                         for (int64_t ow = 0; ow < g.ow; ++ow) {
+                           Window wh, ww;
+                           const int64_t divisor = windows(g, oh, ow, wh, ww);
+                           const C share = gin[oh * g.ow + ow] / C(divisor);
+                           for (int64_t h = wh.begin; h < wh.end; ++h) {
+                             for (int64_t w = ww.begin; w < ww.end; ++w)
+                               acc[h * g.w + w] += share;
+                           }
+                         }
+                       }
+                       store_contiguous<C, T>(acc, gxp + pl * g.in_plane(), g.in_plane());
+                     });
   });
 }
 
