@@ -392,28 +392,35 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     result.dataset_bytes += d->images.nbytes() + d->labels.nbytes();
   if (metrics_->enabled()) {
     auto j = record("summary");
-    j["test_accuracy"] = result.test.accuracy;
-    j["test_loss"] = result.test.loss;
-    j["train_seconds"] = result.train_seconds;
-    j["peak_memory_bytes"] = result.peak_memory_bytes;
-    j["dataset_bytes"] = result.dataset_bytes;
-    j["steps"] = result.steps;
-    j["skipped_steps"] = result.skipped_steps;
-    j["loss_scale"] = result.loss_scale;
-    j["precision"] = config_.precision;
-    j["opt_level"] = std::string(amp::opt_level_name(amp_->properties().level));
-    if (underflow_.measurements > 0) {
-      j["underflow"] = {{"measurements", underflow_.measurements},
-                        {"nonzero", underflow_.nonzero},
-                        {"cast_unscaled", underflow_.cast_unscaled},
-                        {"cast_scaled", underflow_.cast_scaled},
-                        {"observed", underflow_.observed}};
-    }
-    j["model"] = config_.model;
-    j["parameters"] = model_->num_parameters();
+    j.update(nlohmann::ordered_json::parse(summary_json(result)));
     metrics_->write(j.dump());
   }
   return result;
+}
+
+std::string Trainer::summary_json(const TrainResult& result) const {
+  nlohmann::ordered_json j;
+  j["test_accuracy"] = result.test.accuracy;
+  j["test_loss"] = result.test.loss;
+  j["train_seconds"] = result.train_seconds;
+  j["peak_memory_bytes"] = result.peak_memory_bytes;
+  j["dataset_bytes"] = result.dataset_bytes;
+  j["steps"] = result.steps;
+  j["skipped_steps"] = result.skipped_steps;
+  j["loss_scale"] = result.loss_scale;
+  j["precision"] = config_.precision;
+  j["opt_level"] = std::string(amp::opt_level_name(amp_->properties().level));
+  const UnderflowStats& u = result.underflow;
+  if (u.measurements > 0) {
+    j["underflow"] = {{"measurements", u.measurements},
+                      {"nonzero", u.nonzero},
+                      {"cast_unscaled", u.cast_unscaled},
+                      {"cast_scaled", u.cast_scaled},
+                      {"observed", u.observed}};
+  }
+  j["model"] = config_.model;
+  j["parameters"] = model_->num_parameters();
+  return j.dump();
 }
 
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir) {

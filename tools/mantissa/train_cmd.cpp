@@ -36,26 +36,8 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
   const bool scaled = amp.scaler().options().mode != amp::ScaleMode::Disabled;
   const train::UnderflowStats& u = r.underflow;
   if (json) {
-    nlohmann::ordered_json j;
-    j["model"] = c.model;
-    j["test_accuracy"] = r.test.accuracy;
-    j["test_loss"] = r.test.loss;
-    j["train_seconds"] = r.train_seconds;
-    j["steps"] = r.steps;
-    j["precision"] = c.precision;
-    j["opt_level"] = std::string(amp::opt_level_name(amp.properties().level));
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(trainer.summary_json(r));
     j["amp"] = amp.describe();
-    j["skipped_steps"] = r.skipped_steps;
-    j["loss_scale"] = r.loss_scale;
-    j["peak_memory_bytes"] = r.peak_memory_bytes;
-    j["dataset_bytes"] = r.dataset_bytes;
-    if (u.measurements > 0) {
-      j["underflow"] = {{"measurements", u.measurements},
-                        {"nonzero", u.nonzero},
-                        {"cast_unscaled", u.cast_unscaled},
-                        {"cast_scaled", u.cast_scaled},
-                        {"observed", u.observed}};
-    }
     nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
     for (const auto& e : r.epochs) {
       epochs.push_back({{"epoch", e.epoch},

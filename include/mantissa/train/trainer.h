@@ -85,6 +85,10 @@ class Trainer {
   int64_t batches_per_epoch() const;
 
   void save(const std::string& path) const;  // a checkpoint of the current state
+  // A run's result as one JSON object: what the metrics file's "summary" record holds (accuracy,
+  // loss, time, peak memory, steps, skipped steps, loss scale, precision, opt level, underflow,
+  // model, parameters).
+  std::string summary_json(const TrainResult& result) const;
 
  private:
   void build();
