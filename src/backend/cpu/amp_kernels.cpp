@@ -4,8 +4,6 @@
 // An item loads its chunk into a compute-type buffer (fp32 for f32 and half types, f64 for f64),
 // notes whether any element is inf or NaN, multiplies by inv_scale and rounds once on store.
 // Per-item flags are combined after the region, so the result does not depend on the thread count.
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -14,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/multi_tensor.h"
 
 namespace mantissa::backend::cpu {
 namespace {
@@ -51,26 +50,14 @@ bool CpuBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Te
               "unscale_and_check: the found-inf flag is one f32 element, got ",
               found_inf->describe());
   }
-  std::vector<int64_t> first_chunk;  // (T + 1): chunk c belongs to the last t with first <= c
-  first_chunk.reserve(grads.size() + 1);
-  int64_t chunks = 0, total = 0;
   for (const Tensor& g : grads) {
     MT_ASSERT(g.is_floating_point() && g.is_contiguous() && g.device().is_cpu(),
               "unscale_and_check of ", g.describe());
-    first_chunk.push_back(chunks);
-    chunks += (g.numel() + kChunk - 1) / kChunk;
-    total += g.numel();
   }
-  first_chunk.push_back(chunks);
-
-  std::vector<unsigned char> bad(size_t(chunks), 0);
-  auto item = [&](int64_t c) {
-    const size_t t = size_t(std::upper_bound(first_chunk.begin(), first_chunk.end() - 1, c) -
-                            first_chunk.begin()) -
-                     1;
+  const ChunkPlan plan(grads);
+  std::vector<unsigned char> bad(size_t(plan.chunks()), 0);
+  for_each_item(plan, [&](int64_t c, size_t t, int64_t start, int64_t n) {
     const Tensor& g = grads[t];
-    const int64_t start = (c - first_chunk[t]) * kChunk;
-    const int64_t n = std::min(kChunk, g.numel() - start);
     dispatch_float(g.dtype(), "unscale_and_check", [&]<typename T>() {
       using C = compute_t<T>;
       const C f = C(inv_scale);
@@ -84,15 +71,7 @@ bool CpuBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Te
         if (f != C(1)) store_contiguous<C, T>(buf, dst, n);
       }
     });
-  };
-  if (total < kParallelGrain || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    for (int64_t c = 0; c < chunks; ++c)
-      item(c);
-  } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      item(c);
-  }
+  });
   const bool found = std::any_of(bad.begin(), bad.end(), [](unsigned char b) { return b != 0; });
   if (found && found_inf != nullptr) *static_cast<float*>(found_inf->data_ptr()) = 1.0f;
   return found;
