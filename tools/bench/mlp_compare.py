@@ -7,25 +7,15 @@ each keeps its best median; the table prints ms/step, peak memory and the ratios
 PyTorch comes from pip (several GB); it is not part of the default test run.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+from bench_util import ROOT, add_compare_options, run_json
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--torch-python", default=os.environ.get("TORCH_PYTHON", "/work/torchenv/bin/python"))
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40)
+    add_compare_options(ap, steps=40)
     args = ap.parse_args()
     ours = os.path.join(args.build, "bench", "bench_mlp")
     torch_script = os.path.join(ROOT, "tools", "bench", "torch_mlp.py")
@@ -38,7 +28,7 @@ def main():
             best = {}
             for _ in range(args.rounds):
                 for impl, cmd in (("mantissa", [ours]), ("pytorch", [args.torch_python, torch_script])):
-                    r = run(cmd + ["--threads", str(threads), "--dtype", dtype,
+                    r = run_json(cmd + ["--threads", str(threads), "--dtype", dtype,
                                    "--steps", str(args.steps), "--json"])
                     if impl not in best or r["ms_per_step"] < best[impl]["ms_per_step"]:
                         best[impl] = r
@@ -63,10 +53,10 @@ def main():
     print(f"{'threads':>7} {'dtype':>5} {'mantissa GF/s':>14} {'oneDNN GF/s':>12} {'overhead':>9} {'pytorch GF/s':>13}")
     for threads in (1, 2):
         for dtype in ("f32", "bf16"):
-            m = max((run([ours, "--matmul", "1024", "--threads", str(threads), "--dtype", dtype,
+            m = max((run_json([ours, "--matmul", "1024", "--threads", str(threads), "--dtype", dtype,
                           "--steps", "20", "--json"]) for _ in range(args.rounds)),
                     key=lambda r: r["gflops"])
-            p = max((run([args.torch_python, torch_script, "--matmul", "1024", "--threads",
+            p = max((run_json([args.torch_python, torch_script, "--matmul", "1024", "--threads",
                           str(threads), "--dtype", dtype, "--steps", "20"]) for _ in range(args.rounds)),
                     key=lambda r: r["gflops"])
             print(f"{threads:>7} {dtype:>5} {m['gflops']:>14.1f} {m['onednn_gflops']:>12.1f} "

@@ -12,6 +12,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench_util import median_ms
+
 
 def mlp(args):
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -33,14 +35,7 @@ def mlp(args):
             for p in model.parameters():
                 p.add_(p.grad, alpha=-lr)
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return {"bench": "mlp", "ms_per_step": statistics.median(times) * 1e3}
+    return {"bench": "mlp", "ms_per_step": median_ms(step, args.warmup, args.steps)}
 
 
 def matmul(args):

@@ -6,12 +6,12 @@ The architectures mirror src/nn/models_vision.cpp layer for layer.
 import argparse
 import json
 import resource
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from bench_util import median_ms
 
 
 def mlp():
@@ -57,14 +57,7 @@ def main():
         F.cross_entropy(model(x), y).backward()
         opt.step()
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    ms = statistics.median(times) * 1e3
+    ms = median_ms(step, args.warmup, args.steps)
     print(json.dumps({"impl": "pytorch", "model": args.model, "batch_size": args.batch_size,
                       "threads": args.threads, "ms_per_step": ms,
                       "samples_per_s": args.batch_size / (ms / 1e3),

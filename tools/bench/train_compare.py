@@ -5,25 +5,15 @@ ratio. PyTorch comes from pip (several GB) and is not part of the default test r
   python3 tools/bench/train_compare.py [--torch-python PATH] [--build build] [--rounds 3]
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+from bench_util import ROOT, add_compare_options, run_json
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--torch-python", default=os.environ.get("TORCH_PYTHON", "/work/torchenv/bin/python"))
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=30)
+    add_compare_options(ap, steps=30)
     ap.add_argument("--batch-size", type=int, default=128)
     args = ap.parse_args()
     ours = os.path.join(args.build, "mantissa")
@@ -42,7 +32,7 @@ def main():
             for _ in range(args.rounds):
                 for impl, cmd in (("mantissa", [ours, "bench"]),
                                   ("pytorch", [args.torch_python, torch_script])):
-                    r = run(cmd + common)
+                    r = run_json(cmd + common)
                     if impl not in best or r["ms_per_step"] < best[impl]["ms_per_step"]:
                         best[impl] = r
             m, p = best["mantissa"], best["pytorch"]

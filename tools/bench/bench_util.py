@@ -1,0 +1,36 @@
+"""What the side-by-side benchmark scripts share: the repository root, the common options, running
+a benchmark command that prints JSON, and timing a step (the median after a warm-up)."""
+import json
+import os
+import statistics
+import subprocess
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def add_compare_options(ap, steps):
+    """The options of a mantissa-vs-PyTorch comparison script."""
+    ap.add_argument("--torch-python",
+                    default=os.environ.get("TORCH_PYTHON", "/work/torchenv/bin/python"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=steps)
+
+
+def run_json(cmd):
+    """Runs a benchmark command and returns the JSON object on its last output line."""
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def median_ms(step, warmup, steps):
+    """Milliseconds of the median of `steps` calls of step(), after `warmup` untimed ones."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
