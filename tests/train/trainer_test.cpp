@@ -298,56 +298,39 @@ TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {
 }
 
 TEST(TrainConfigTest, PrecisionFlagsAreCheckedTogether) {
-  auto refused = [](auto&& edit, const std::string& needle) {
+  struct Refused {
+    const char* precision;
+    const char* opt_level;
+    const char* rounding;
+    const char* loss_scale;
+    int64_t underflow_every;
+    const char* needle;  // in the error message
+  };
+  const Refused cases[] = {
+      {"fp8", "", "", "dynamic", 0, "bf16-pure"},
+      {"fp32", "O2", "", "dynamic", 0, "needs a half precision"},
+      {"bf16", "O4", "", "dynamic", 0, "O0, O1, O2 or O3"},
+      {"bf16", "", "stochastic", "dynamic", 0, "half weights"},
+      {"bf16-pure", "O2", "", "dynamic", 0, "its own level"},
+      {"bf16-pure", "", "nearest", "dynamic", 0, "stochastic"},
+      {"fp16", "", "up", "dynamic", 0, "nearest or stochastic"},
+      {"fp32", "", "", "1024", 0, "applies to --precision fp16 or bf16"},
+      {"fp16", "O2", "", "dynamic", 10, "O1"},
+  };
+  for (const Refused& r : cases) {
     TrainConfig c;
-    edit(c);
+    c.precision = r.precision;
+    c.opt_level = r.opt_level;
+    c.rounding = r.rounding;
+    c.loss_scale = r.loss_scale;
+    c.underflow_every = r.underflow_every;
     try {
       c.validate();
-      ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
+      ADD_FAILURE() << "accepted; expected an error mentioning '" << r.needle << "'";
     } catch (const Error& e) {
-      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find(r.needle), std::string::npos) << e.message();
     }
-  };
-  refused([](TrainConfig& c) { c.precision = "fp8"; }, "bf16-pure");
-  refused([](TrainConfig& c) { c.opt_level = "O2"; }, "needs a half precision");
-  refused(
-      [](TrainConfig& c) {
-        c.precision = "bf16";
-        c.opt_level = "O4";
-      },
-      "O0, O1, O2 or O3");
-  refused(
-      [](TrainConfig& c) {
-        c.precision = "bf16";
-        c.rounding = "stochastic";
-      },
-      "half weights");
-  refused(
-      [](TrainConfig& c) {
-        c.precision = "bf16-pure";
-        c.opt_level = "O2";
-      },
-      "its own level");
-  refused(
-      [](TrainConfig& c) {
-        c.precision = "bf16-pure";
-        c.rounding = "nearest";
-      },
-      "stochastic");
-  refused(
-      [](TrainConfig& c) {
-        c.precision = "fp16";
-        c.rounding = "up";
-      },
-      "nearest or stochastic");
-  refused([](TrainConfig& c) { c.loss_scale = "1024"; }, "applies to --precision fp16 or bf16");
-  refused(
-      [](TrainConfig& c) {
-        c.precision = "fp16";
-        c.opt_level = "O2";
-        c.underflow_every = 10;
-      },
-      "O1");
+  }
   TrainConfig ok;
   ok.precision = "bf16";
   ok.opt_level = "O3";
