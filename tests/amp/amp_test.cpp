@@ -60,6 +60,14 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(x.data_ptr(), y.data_ptr(), size_t(x.nbytes())) == 0;
 }
 
+// A batch of 8 random 28x28 images and the labels 0..7.
+Tensor images8() {
+  return Tensor::normal({8, 1, 28, 28}, 0, 1, 5, DType::F32);
+}
+Tensor labels8() {
+  return Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
+}
+
 struct Case {
   OptLevel level;
   DType dtype;
@@ -190,8 +198,8 @@ TEST(AmpGradients, Fp16GradientsAreUnscaledIntoFp32) {
   auto model = small_cnn();
   auto opt = sgd_for(*model);
   Amp amp = initialize(*model, *opt, OptLevel::O2, DType::F16);
-  const Tensor x = Tensor::normal({8, 1, 28, 28}, 0, 1, 5, DType::F32);
-  const Tensor target = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
+  const Tensor x = images8();
+  const Tensor target = labels8();
   const Tensor loss = cross_entropy(amp.forward(*model, x), target);
   EXPECT_EQ(loss.dtype(), DType::F32);
   amp.scaler().scale(loss).backward();
@@ -220,8 +228,8 @@ TEST(AmpGradients, OverflowAtO2SkipsTheStepBitIdentically) {
   auto model = small_cnn();
   auto opt = sgd_for(*model);
   Amp amp = initialize(*model, *opt, OptLevel::O2, DType::F16);
-  const Tensor x = Tensor::normal({8, 1, 28, 28}, 0, 1, 5, DType::F32);
-  const Tensor target = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
+  const Tensor x = images8();
+  const Tensor target = labels8();
   auto step = [&](bool poison) {
     opt->zero_grad();
     amp.scaler().scale(cross_entropy(amp.forward(*model, x), target)).backward();
