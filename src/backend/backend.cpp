@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/device_hooks.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::backend {
@@ -11,8 +12,7 @@ Backend& cpu_backend() {
 }
 
 Backend& backend_for(Device device) {
-  MT_CHECK(device.is_cpu(), "no backend for device ", device.str(),
-           ": this build runs on the cpu only so far");
+  if (device.is_cuda()) return cuda_backend(device.index);
   return cpu_backend();
 }
 

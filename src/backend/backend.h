@@ -11,6 +11,7 @@
 #include <span>
 
 #include "mantissa/core/device.h"
+#include "mantissa/numerics/convert.h"
 #include "mantissa/numerics/format.h"
 #include "mantissa/tensor/tensor.h"
 
@@ -74,6 +75,17 @@ struct Conv2dParams {
   int64_t groups = 1;
 };
 
+// The fused attention of scaled_dot_product_attention without a mask: q (B, H, Tq, D), k and v
+// (B, H, Tk, D), out (B, H, Tq, D), all contiguous, one float dtype. lse (B, H, Tq) F32 receives
+// each query row's log-sum-exp of the scaled (and masked) scores, which the backward uses to
+// recompute the probabilities instead of storing them (flash attention). Causal: query i sees
+// keys 0..i (top-left aligned, as PyTorch's is_causal). Scores, softmax and the weighted sum are
+// computed in fp32; out is rounded once.
+struct AttentionParams {
+  double scale = 1.0;
+  bool causal = false;
+};
+
 struct Pool2dParams {
   int64_t kernel[2] = {1, 1};
   int64_t stride[2] = {1, 1};
@@ -107,6 +119,10 @@ struct MultiTensorOptions {
   uint64_t seed = 0;
   uint64_t offset = 0;
   std::span<const uint64_t> tensor_ids;  // Stochastic: one per parameter
+  // The loss scaler's device-side skip: when defined, a one-element F32 tensor on this device;
+  // a non-zero value makes the whole call a no-op (parameters, masters, state untouched) without
+  // the host reading it. The caller still advances its step counts (they are host state).
+  const Tensor* found_inf = nullptr;
 };
 
 // PyTorch's torch.optim.SGD: g += wd * p; buf = momentum * buf + (1 - dampening) * g (buf = g on
@@ -132,6 +148,16 @@ struct AdamWStep {
   MultiTensorOptions options;
 };
 
+// The loss scaler's update rule (see update_scale and src/amp/scale_update.h).
+struct ScaleUpdate {
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  int64_t hysteresis = 1;
+  double min_scale = 1.0;
+  double max_scale = 16777216.0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -145,6 +171,11 @@ class Backend {
   virtual void normal(Tensor& dst, double mean, double stddev, uint64_t seed, uint64_t offset) = 0;
   // Round every value of a float tensor onto `format`'s grid, in place.
   virtual void round_to_format(Tensor& t, Format format) = 0;
+  // dst = src converted with a rounding mode (any strides on both sides, any dtypes): element i
+  // of the flattened (row-major) src draws its stochastic bits at stream position
+  // rounding.index + i, so the result does not depend on how the work is split. Widening and
+  // same-dtype copies are exact; stores into integer dtypes truncate as copy() does.
+  virtual void copy_rounded(const Tensor& src, Tensor& dst, const RoundingOptions& rounding) = 0;
 
   // ---- elementwise (inputs broadcast to out's shape) -----------------------------------------
   virtual void unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) = 0;
@@ -218,6 +249,16 @@ class Backend {
                                       const Tensor& target, int64_t ignore_index,
                                       double label_smoothing, Tensor& grad_logits) = 0;
 
+  // ---- attention (see AttentionParams) -------------------------------------------------------
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                         Tensor& lse, const AttentionParams& p) = 0;
+  // Given the forward's out and lse: grad_q, grad_k, grad_v (each the shape of its input,
+  // contiguous, the inputs' dtype).
+  virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  Tensor& grad_q, Tensor& grad_k, Tensor& grad_v,
+                                  const AttentionParams& p) = 0;
+
   // ---- indexing ------------------------------------------------------------------------------
   // out = x.index_select(dim, index) (index I64 1-D)
   virtual void index_select(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
@@ -252,6 +293,12 @@ class Backend {
   // flag there (the optimizer kernels could read it and no-op) and only a host that must decide
   // reads it back. Every tensor is floating, contiguous and on this device.
   virtual bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) = 0;
+  // The dynamic loss scale's update where the scale lives (PyTorch's _amp_update_scale_, plus
+  // hysteresis and the min/max clamp of GradScalerOptions): state is an F64 tensor of 4 elements
+  // on this device {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}; found_inf
+  // the one-element F32 flag of unscale_and_check. Follows amp::detail::next_scale_state (the
+  // one definition, shared with the host GradScaler), so device and host trajectories agree.
+  virtual void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) = 0;
 };
 
 Backend& backend_for(Device device);

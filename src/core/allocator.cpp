@@ -1,5 +1,7 @@
 #include "mantissa/core/allocator.h"
 
+#include "backend/device_hooks.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -126,8 +128,7 @@ class CpuAllocator final : public Allocator {
 }  // namespace
 
 Allocator& allocator_for(Device d) {
-  MT_CHECK(d.is_cpu(), "no allocator for device ", d.str(),
-           ": this build has no CUDA backend yet; use the cpu device");
+  if (d.is_cuda()) return backend::cuda_allocator(d.index);
   static CpuAllocator* cpu = new CpuAllocator();  // never destroyed: tensors may outlive main
   return *cpu;
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "backend/device_hooks.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
@@ -447,11 +448,17 @@ Tensor Tensor::to(DType dt) const {
 }
 
 Tensor Tensor::to(Device dev, bool non_blocking) const {
-  (void)non_blocking;
   if (dev == device()) return *this;
-  MT_CHECK(false, "cannot move a ", describe(), " to ", dev.str(),
-           ": this build has no backend for it");
-  return {};
+  const Tensor src = contiguous();
+  Tensor out = empty(shape(), dtype(), dev);
+  backend::copy_across_devices(src, out, non_blocking);
+  if (is_floating_point()) {
+    const Device from = device();
+    autograd::record("ToDeviceBackward", {*this}, {out}, [from](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{g[0].defined() ? g[0].to(from) : Tensor()};
+    });
+  }
+  return out;
 }
 
 Tensor Tensor::detach() const {
@@ -486,8 +493,13 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 void Tensor::copy_from_host(const void* src, size_t bytes) {
   MT_CHECK(is_contiguous() && bytes == nbytes(), "copy_from_host: ", bytes,
            " bytes do not fill a contiguous ", describe(), " (", nbytes(), " bytes)");
-  MT_CHECK(device().is_cpu(), "copy_from_host into ", device().str(), " is not supported yet");
-  if (bytes) std::memcpy(data_ptr(), src, bytes);
+  if (device().is_cuda()) {
+    Tensor staged = empty(shape(), dtype(), Device::cpu());
+    if (bytes) std::memcpy(staged.data_ptr(), src, bytes);
+    backend::copy_across_devices(staged, *this, /*non_blocking=*/false);
+  } else if (bytes) {
+    std::memcpy(data_ptr(), src, bytes);
+  }
   bump_version();
 }
 

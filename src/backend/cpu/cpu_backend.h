@@ -9,6 +9,7 @@ class CpuBackend final : public Backend {
  public:
   void copy(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& dst, double value) override;
+  void copy_rounded(const Tensor& src, Tensor& dst, const RoundingOptions& rounding) override;
   void uniform(Tensor& dst, double a, double b, uint64_t seed, uint64_t offset) override;
   void normal(Tensor& dst, double mean, double stddev, uint64_t seed, uint64_t offset) override;
   void round_to_format(Tensor& t, Format format) override;
@@ -77,6 +78,14 @@ class CpuBackend final : public Backend {
 
   // amp_kernels.cpp
   bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) override;
+  void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) override;
+
+  // attention.cpp
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                 const AttentionParams& p) override;
+  void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, const Tensor& lse, Tensor& grad_q, Tensor& grad_k,
+                          Tensor& grad_v, const AttentionParams& p) override;
 };
 
 // How many multi-tensor kernel calls (sgd_step, adamw_step, multi_tensor_norm,

@@ -21,7 +21,7 @@ CudaInfo query_cuda() {
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
-  char buf[128];
+  char buf[384];
   std::snprintf(buf, sizeof buf, "driver %d.%d, runtime %d.%d", driver / 1000, driver % 1000 / 10,
                 runtime / 1000, runtime % 1000 / 10);
   info.status = buf;
