@@ -461,6 +461,15 @@ Tensor Tensor::to(Device dev, bool non_blocking) const {
   return out;
 }
 
+// TEMPORARY: defined with the caching allocators in this change.
+Tensor Tensor::pin_memory() const {
+  MT_CHECK(false, "pin_memory: not implemented yet");
+  return {};
+}
+bool Tensor::is_pinned() const {
+  return false;
+}
+
 Tensor Tensor::detach() const {
   const TensorImpl& t = checked(impl_);
   return Tensor(make_impl(t.storage, t.shape, t.strides, t.offset, t.dtype));

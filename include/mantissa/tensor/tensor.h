@@ -117,7 +117,13 @@ class Tensor {
   Tensor contiguous() const;  // this tensor if already contiguous
   Tensor clone() const;
   Tensor to(DType dtype) const;  // RNE for narrowing float casts; this tensor if already dtype
+  // Differentiable (the gradient goes back to this tensor's device). non_blocking returns before
+  // the copy is done; from pinned host memory the copy then overlaps the host's work.
   Tensor to(Device device, bool non_blocking = false) const;
+  // A contiguous copy of this CPU tensor in page-locked memory (this tensor if already pinned),
+  // which the GPU copies from asynchronously; a mantissa::Error without the CUDA backend/driver.
+  Tensor pin_memory() const;
+  bool is_pinned() const;
   Tensor detach() const;  // shares storage, no autograd
   double item() const;    // the value of a one-element tensor
   template <typename T>
