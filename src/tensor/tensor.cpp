@@ -14,12 +14,15 @@
 
 namespace mantissa {
 
-Storage::Storage(size_t bytes, Device dev) : nbytes(bytes), device(dev) {
-  data = allocator_for(dev).allocate(bytes);
+Storage::Storage(size_t bytes, Device dev) : Storage(bytes, dev, allocator_for(dev)) {}
+
+Storage::Storage(size_t bytes, Device dev, Allocator& alloc)
+    : nbytes(bytes), device(dev), allocator(&alloc) {
+  data = alloc.allocate(bytes);
 }
 
 Storage::~Storage() {
-  allocator_for(device).deallocate(data, nbytes);
+  allocator->deallocate(data, nbytes);
 }
 
 namespace {
@@ -461,13 +464,23 @@ Tensor Tensor::to(Device dev, bool non_blocking) const {
   return out;
 }
 
-// TEMPORARY: defined with the caching allocators in this change.
 Tensor Tensor::pin_memory() const {
-  MT_CHECK(false, "pin_memory: not implemented yet");
-  return {};
+  MT_CHECK(device().is_cpu(), "pin_memory: this tensor is on ", device().str(),
+           "; only cpu tensors can be pinned (page-locked for fast copies to the GPU)");
+  if (is_pinned()) return *this;
+  Allocator& pinned = backend::pinned_allocator();  // says so when there is no GPU
+  const Tensor src = contiguous();
+  const size_t bytes = size_t(numel()) * dtype_size(dtype());
+  auto storage = std::make_shared<Storage>(bytes, Device::cpu(), pinned);
+  Tensor out(make_impl(std::move(storage), shape(), contiguous_strides(shape()), 0, dtype()));
+  if (bytes != 0) std::memcpy(out.data_ptr(), src.data_ptr(), bytes);
+  return out;
 }
+
 bool Tensor::is_pinned() const {
-  return false;
+  const std::shared_ptr<Storage>& s = storage();
+  // The cpu allocator's memory is pageable; every other allocator of cpu storage pins it.
+  return s->device.is_cpu() && s->allocator != &allocator_for(Device::cpu());
 }
 
 Tensor Tensor::detach() const {

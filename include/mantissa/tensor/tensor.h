@@ -24,7 +24,10 @@ class Node;
 // Bytes on a device. Views share one Storage; its version counts in-place writes so that
 // autograd can refuse to use a saved tensor that was modified after it was saved.
 struct Storage {
+  // From the device's allocator (allocator_for(device)).
   Storage(size_t bytes, Device device);
+  // From another allocator of memory that `device` addresses (pinned host memory is on the cpu).
+  Storage(size_t bytes, Device device, Allocator& allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -32,6 +35,7 @@ struct Storage {
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
+  Allocator* allocator = nullptr;  // frees `data`
   std::atomic<uint32_t> version{0};
 };
 

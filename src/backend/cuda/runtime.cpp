@@ -163,7 +163,14 @@ void copy_across_devices(const Tensor& src, Tensor& dst, bool non_blocking) {
   cudaMemcpyKind kind = cudaMemcpyDefault;  // unified addressing tells the directions apart
   const cudaStream_t stream = cuda::stream_for(device);
   MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, kind, stream));
-  if (!non_blocking) MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (!non_blocking) {
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
+  // The copy may still be reading or writing pinned host memory when the host frees it: tell
+  // the pinned cache that this stream uses the block (PyTorch's pinned allocator does the same).
+  const Tensor& host = src.device().is_cpu() ? src : dst;
+  if (host.is_pinned()) mantissa::cuda::record_stream(host, mantissa::cuda::current_stream(device));
 }
 
 }  // namespace mantissa::backend
