@@ -87,6 +87,18 @@ Tensor cast(const Tensor& x, DType dtype) {
   return out;
 }
 
+Tensor cast(const Tensor& x, DType dtype, const RoundingOptions& rounding) {
+  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
+  backend_of(x).copy_rounded(x, out, rounding);
+  if (is_floating(dtype) && x.is_floating_point()) {
+    const DType from = x.dtype();
+    autograd::record("CastBackward", {x}, {out}, [from](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{g[0].defined() ? g[0].to(from) : Tensor()};
+    });
+  }
+  return out;
+}
+
 // ---- unary
 // ---------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mantissa/numerics/convert.h"
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa {
@@ -23,6 +24,11 @@ DType promote_types(DType a, DType b);
 // Differentiable: the gradient comes back in x's dtype. Narrowing float casts round to nearest
 // even.
 Tensor cast(const Tensor& x, DType dtype);
+// The same with a rounding mode for the narrowing store (stochastic rounding, truncation,
+// saturation): element i of x (row-major) draws random_bits(seed, offset, index + i). Widening
+// and same-dtype casts are exact; integer results truncate as cast does. The gradient comes back
+// in x's dtype, rounded to nearest even.
+Tensor cast(const Tensor& x, DType dtype, const RoundingOptions& rounding);
 
 // ---- elementwise
 // ---------------------------------------------------------------------------------

@@ -130,10 +130,16 @@ decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
       return f(Tag<float8_e4m3>{});
     case DType::FP8_E5M2:
       return f(Tag<float8_e5m2>{});
-    default:
+    case DType::I64:
+    case DType::I32:
+    case DType::U8:
+    case DType::Bool:
       break;
   }
-  MT_CHECK(false, op, " on cuda: needs a floating dtype, got ", dtype_name(dtype));
+  // Not dtype_name(dtype): after the switch gcc cannot see dtype is in range and warns about
+  // reading past the dtype table (-Warray-bounds).
+  MT_CHECK(false, op, " on cuda: needs a floating dtype, got an integer or bool one (",
+           static_cast<int>(dtype), ")");
   return f(Tag<float>{});  // unreachable
 }
 

@@ -1,0 +1,799 @@
+// CUDA elementwise kernels: copies and casts (plain and with a rounding mode), fills, random
+// fills, rounding onto a format's grid, unary/binary ops and their derivatives, where, dropout.
+// The semantics are the CPU backend's (src/backend/cpu/elementwise.cpp), expression for
+// expression: loads go to the compute type (fp32, f64 for f64, the integer itself), one rounding
+// on store. Random numbers are Philox element by element with the CPU's mapping of stream words
+// to elements, so the same seed and offset give the same values on both devices.
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernel_utils.cuh"
+#include "backend/rounded_copy.h"
+
+namespace mantissa::backend::cuda {
+namespace {
+
+// ---- storage helpers ----------------------------------------------------------------------------
+
+template <typename S>
+inline constexpr bool is_narrow_v =
+    std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16> ||
+    std::is_same_v<S, float8_e4m3> || std::is_same_v<S, float8_e5m2>;
+
+// The format a float storage type holds. Kernels take it as a template constant: round.h's
+// format table is host data, readable on the device only in constant expressions.
+template <typename S>
+constexpr Format format_of() {
+  if constexpr (std::is_same_v<S, __half>) {
+    return Format::FP16;
+  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    return Format::BF16;
+  } else if constexpr (std::is_same_v<S, float>) {
+    return Format::FP32;
+  } else {
+    return S::format;
+  }
+}
+
+// A value of storage type S from a format's bit pattern (as encode() returns it).
+template <typename S>
+__device__ __forceinline__ S from_bits(uint32_t bits) {
+  if constexpr (std::is_same_v<S, __half>) {
+    __half_raw r;
+    r.x = static_cast<unsigned short>(bits);
+    return __half(r);
+  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    __nv_bfloat16_raw r;
+    r.x = static_cast<unsigned short>(bits);
+    return __nv_bfloat16(r);
+  } else if constexpr (std::is_same_v<S, float>) {
+    return __uint_as_float(bits);
+  } else {
+    return S::from_bits(static_cast<typename S::bits_type>(bits));
+  }
+}
+
+// round.h's encode() for a format fixed at compile time, from a float or a double.
+template <Format F, typename T>
+__device__ __forceinline__ uint32_t encode_as(T x, RoundingMode mode, Overflow overflow,
+                                              uint32_t random) {
+  constexpr FormatSpec spec = format_spec(F);
+  if constexpr (std::is_same_v<T, double>) {
+    return detail::encode_bits<double>(static_cast<uint64_t>(__double_as_longlong(x)), spec, mode,
+                                       overflow, random);
+  } else {
+    return detail::encode_bits<float>(__float_as_uint(x), spec, mode, overflow, random);
+  }
+}
+
+// store() with the CPU's rule for doubles and integers into the narrow formats: one rounding,
+// straight from double (never through float).
+template <typename O, typename T>
+__device__ __forceinline__ void store_value(O* p, T v) {
+  if constexpr (is_narrow_v<O> && !std::is_same_v<T, float>) {
+    *p = from_bits<O>(encode_as<format_of<O>()>(static_cast<double>(v), RoundingMode::NearestEven,
+                                                Overflow::Infinity, 0u));
+  } else {
+    store(p, v);
+  }
+}
+
+// The Philox block `block` of the stream (seed, offset): words 4 * block .. 4 * block + 3, as
+// random_bits() and the CPU's PhiloxStream compute them.
+__device__ __forceinline__ PhiloxBlock philox_block(uint64_t seed, uint64_t offset,
+                                                    uint64_t block) {
+  return philox4x32_10(
+      {uint32_t(block), uint32_t(block >> 32), uint32_t(offset), uint32_t(offset >> 32)},
+      {uint32_t(seed), uint32_t(seed >> 32)});
+}
+
+template <typename Kernel, typename... Args>
+void launch(int64_t work, int device, Kernel kernel, const Args&... args) {
+  if (work <= 0) return;
+  kernel<<<grid_for(work), kThreads, 0, stream_for(device)>>>(args...);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+bool is_aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// An unsigned integer of a dtype's size: copying, filling and selecting move bits unchanged.
+template <typename F>
+decltype(auto) dispatch_size(size_t bytes, F&& f) {
+  switch (bytes) {
+    case 1:
+      return f(Tag<uint8_t>{});
+    case 2:
+      return f(Tag<uint16_t>{});
+    case 4:
+      return f(Tag<uint32_t>{});
+    default:
+      MT_ASSERT(bytes == 8, "no dtype has ", bytes, " bytes");
+      return f(Tag<uint64_t>{});
+  }
+}
+
+// ---- math: the float or double function, as the CPU's std:: overloads pick it ------------------
+
+__device__ __forceinline__ float m_exp(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double m_exp(double x) {
+  return exp(x);
+}
+__device__ __forceinline__ float m_log(float x) {
+  return logf(x);
+}
+__device__ __forceinline__ double m_log(double x) {
+  return log(x);
+}
+__device__ __forceinline__ float m_sqrt(float x) {
+  return sqrtf(x);
+}
+__device__ __forceinline__ double m_sqrt(double x) {
+  return sqrt(x);
+}
+__device__ __forceinline__ float m_tanh(float x) {
+  return tanhf(x);
+}
+__device__ __forceinline__ double m_tanh(double x) {
+  return tanh(x);
+}
+__device__ __forceinline__ float m_erf(float x) {
+  return erff(x);
+}
+__device__ __forceinline__ double m_erf(double x) {
+  return erf(x);
+}
+__device__ __forceinline__ float m_pow(float x, float y) {
+  return powf(x, y);
+}
+__device__ __forceinline__ double m_pow(double x, double y) {
+  return pow(x, y);
+}
+
+template <typename C>
+__device__ __forceinline__ C sigmoid_of(C x) {
+  return C(1) / (C(1) + m_exp(-x));
+}
+
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
+
+// ---- op functors (the CPU's loops, one element at a time) ---------------------------------------
+
+bool integer_unary(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg:
+    case UnaryOp::Abs:
+    case UnaryOp::Sign:
+    case UnaryOp::Square:
+    case UnaryOp::AddScalar:
+    case UnaryOp::MulScalar:
+    case UnaryOp::RsubScalar:
+    case UnaryOp::ClampScalar:
+    case UnaryOp::Relu:
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <typename C>
+struct UnaryFn {
+  UnaryOp op;
+  C a, b;
+  bool square;  // PowScalar with exponent exactly 2: x * x, as the CPU
+
+  __device__ C operator()(C x) const {
+    switch (op) {
+      case UnaryOp::Neg:
+        return -x;
+      case UnaryOp::Abs:
+        if constexpr (std::is_unsigned_v<C>) {
+          return x;
+        } else {
+          return x < C(0) ? C(-x) : x;
+        }
+      case UnaryOp::Sign:
+        if constexpr (std::is_unsigned_v<C>) {
+          return C(x != C(0));
+        } else {
+          return C((C(0) < x) - (x < C(0)));
+        }
+      case UnaryOp::Square:
+        return x * x;
+      case UnaryOp::AddScalar:
+        return x + a;
+      case UnaryOp::MulScalar:
+        return x * a;
+      case UnaryOp::RsubScalar:
+        return a - x;
+      case UnaryOp::ClampScalar:
+        return x != x ? x : (x < a ? a : (x > b ? b : x));  // NaN stays NaN
+      case UnaryOp::Relu:
+        return x > C(0) ? x : (x != x ? x : C(0));
+      default:
+        break;
+    }
+    if constexpr (std::is_floating_point_v<C>) {
+      switch (op) {
+        case UnaryOp::Exp:
+          return m_exp(x);
+        case UnaryOp::Log:
+          return m_log(x);
+        case UnaryOp::Sqrt:
+          return m_sqrt(x);
+        case UnaryOp::Rsqrt:
+          return C(1) / m_sqrt(x);
+        case UnaryOp::Reciprocal:
+          return C(1) / x;
+        case UnaryOp::Gelu:
+          return C(0.5) * x * (C(1) + m_erf(x * C(kInvSqrt2)));
+        case UnaryOp::GeluTanh:
+          return C(0.5) * x * (C(1) + m_tanh(C(kSqrt2OverPi) * (x + C(0.044715) * x * x * x)));
+        case UnaryOp::Silu:
+          return x * sigmoid_of(x);
+        case UnaryOp::Sigmoid:
+          return sigmoid_of(x);
+        case UnaryOp::Tanh:
+          return m_tanh(x);
+        case UnaryOp::PowScalar:
+          return square ? x * x : m_pow(x, a);
+        default:
+          break;
+      }
+    }
+    return x;  // unreachable: the host checked op against the dtype
+  }
+};
+
+template <typename C>
+struct UnaryBackwardFn {
+  UnaryOp op;
+  C a, b;
+
+  __device__ C operator()(C g, C x, C y) const {
+    switch (op) {
+      case UnaryOp::Neg:
+        return -g;
+      case UnaryOp::AddScalar:
+        return g;
+      case UnaryOp::MulScalar:
+        return g * a;
+      case UnaryOp::RsubScalar:
+        return -g;
+      case UnaryOp::Square:
+        return C(2) * g * x;
+      case UnaryOp::Sign:
+        return C(0);
+      case UnaryOp::Abs:
+        return g * C((C(0) < x) - (x < C(0)));
+      case UnaryOp::Relu:
+        return x > C(0) ? g : C(0);
+      case UnaryOp::ClampScalar:
+        return (x >= a) & (x <= b) ? g : C(0);
+      case UnaryOp::Exp:
+        return g * y;
+      case UnaryOp::Log:
+        return g / x;
+      case UnaryOp::Sqrt:
+        return g / (C(2) * y);
+      case UnaryOp::Rsqrt:
+        return C(-0.5) * g * y * y * y;
+      case UnaryOp::Reciprocal:
+        return -g * y * y;
+      case UnaryOp::Gelu: {
+        const C cdf = C(0.5) * (C(1) + m_erf(x * C(kInvSqrt2)));
+        const C pdf = C(kInvSqrt2Pi) * m_exp(C(-0.5) * x * x);
+        return g * (cdf + x * pdf);
+      }
+      case UnaryOp::GeluTanh: {
+        const C inner = C(kSqrt2OverPi) * (x + C(0.044715) * x * x * x);
+        const C t = m_tanh(inner);
+        const C dinner = C(kSqrt2OverPi) * (C(1) + C(3 * 0.044715) * x * x);
+        return g * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dinner);
+      }
+      case UnaryOp::Silu: {
+        const C sg = sigmoid_of(x);
+        return g * sg * (C(1) + x * (C(1) - sg));
+      }
+      case UnaryOp::Sigmoid:
+        return g * y * (C(1) - y);
+      case UnaryOp::Tanh:
+        return g * (C(1) - y * y);
+      case UnaryOp::PowScalar:
+        return a == C(0) ? C(0) : g * a * m_pow(x, a - C(1));
+    }
+    return g;  // unreachable
+  }
+};
+
+template <typename C>
+struct BinaryFn {
+  BinaryOp op;
+
+  __device__ C operator()(C x, C y) const {
+    switch (op) {
+      case BinaryOp::Add:
+        return x + y;
+      case BinaryOp::Sub:
+        return x - y;
+      case BinaryOp::Mul:
+        return x * y;
+      case BinaryOp::Div:
+        return x / y;
+      case BinaryOp::Maximum:
+        return (x != x) | (x > y) ? x : y;  // NaN propagates
+      case BinaryOp::Minimum:
+        return (x != x) | (x < y) ? x : y;
+      case BinaryOp::Pow:
+        if constexpr (std::is_floating_point_v<C>) return m_pow(x, y);
+        break;
+      default:
+        break;
+    }
+    return x;  // unreachable: comparisons go to CompareFn, integer pow is refused on the host
+  }
+};
+
+template <typename C>
+struct CompareFn {
+  BinaryOp op;
+
+  __device__ bool operator()(C x, C y) const {
+    switch (op) {
+      case BinaryOp::Eq:
+        return x == y;
+      case BinaryOp::Ne:
+        return x != y;
+      case BinaryOp::Lt:
+        return x < y;
+      case BinaryOp::Le:
+        return x <= y;
+      case BinaryOp::Gt:
+        return x > y;
+      default:
+        return x >= y;
+    }
+  }
+};
+
+// x + alpha * y rounded twice, as the CPU computes it (nvcc would fuse it into one fma).
+__device__ __forceinline__ float axpy_rn(float x, float alpha, float y) {
+  return __fadd_rn(x, __fmul_rn(alpha, y));
+}
+__device__ __forceinline__ double axpy_rn(double x, double alpha, double y) {
+  return __dadd_rn(x, __dmul_rn(alpha, y));
+}
+
+template <typename C>
+struct AxpyFn {
+  C alpha;
+  __device__ C operator()(C x, C y) const { return axpy_rn(x, alpha, y); }
+};
+
+// ---- the map engine: out (contiguous) = op(inputs...), inputs broadcast to out's shape ----------
+
+template <typename S, int N>
+struct Inputs {
+  const S* ptr[N];
+  StridedIndex index[N];
+};
+
+template <typename S, int N>
+struct Pointers {
+  const S* ptr[N];
+};
+
+template <typename Op, typename C, int N>
+__device__ __forceinline__ auto apply(const Op& op, const C (&v)[N]) {
+  if constexpr (N == 1) {
+    return op(v[0]);
+  } else if constexpr (N == 2) {
+    return op(v[0], v[1]);
+  } else {
+    return op(v[0], v[1], v[2]);
+  }
+}
+
+template <typename O, typename S, int N, typename Op>
+__global__ void map_kernel(int64_t n, O* out, Inputs<S, N> in, Op op) {
+  MT_GRID_STRIDE_LOOP(i, n) {
+    compute_t<S> v[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      v[k] = load(in.ptr[k] + in.index[k].offset(i));
+    store_value(out + i, apply(op, v));
+  }
+}
+
+// Every operand contiguous, one storage type, 16-byte aligned: one 16-byte load per input and
+// one store per group of 16 / sizeof(S) elements.
+template <typename S, int N, typename Op>
+__global__ void map_vec_kernel(int64_t groups, S* out, Pointers<S, N> in, Op op) {
+  constexpr int kVec = 16 / sizeof(S);
+  MT_GRID_STRIDE_LOOP(j, groups) {
+    uint4 raw[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      raw[k] = reinterpret_cast<const uint4*>(in.ptr[k])[j];
+    uint4 res;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      compute_t<S> v[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k)
+        v[k] = load(reinterpret_cast<const S*>(&raw[k]) + e);
+      store_value(reinterpret_cast<S*>(&res) + e, apply(op, v));
+    }
+    reinterpret_cast<uint4*>(out)[j] = res;
+  }
+}
+
+template <typename O, typename S, int N, typename Op>
+void run_map(const std::array<const Tensor*, N>& inputs, Tensor& out, const Op& op) {
+  MT_ASSERT(out.is_contiguous(), "elementwise output must be contiguous");
+  int64_t n = out.numel();
+  if (n == 0) return;
+  const int device = out.device().index;
+  Inputs<S, N> in;
+  bool fast = is_aligned16(out.data_ptr());
+  for (int k = 0; k < N; ++k) {
+    MT_ASSERT(inputs[k]->device() == out.device(), "elementwise operands on one device");
+    in.ptr[k] = device_ptr<const S>(*inputs[k]);
+    in.index[k] = strided_index(*inputs[k], out.shape());
+    fast = fast && in.index[k].contiguous && is_aligned16(in.ptr[k]);
+  }
+  O* o = device_ptr<O>(out);
+  if constexpr (std::is_same_v<O, S>) {
+    if (fast) {
+      constexpr int64_t kVec = 16 / sizeof(S);
+      const int64_t groups = n / kVec;
+      Pointers<S, N> p;
+      for (int k = 0; k < N; ++k)
+        p.ptr[k] = in.ptr[k];
+      launch(groups, device, map_vec_kernel<S, N, Op>, groups, o, p, op);
+      // The tail (fewer than kVec elements) element by element: every index is contiguous.
+      const int64_t done = groups * kVec;
+      for (int k = 0; k < N; ++k)
+        in.ptr[k] += done;
+      o += done;
+      n -= done;
+    }
+  }
+  launch(n, device, map_kernel<O, S, N, Op>, n, o, in, op);
+}
+
+// ---- copies ------------------------------------------------------------------------------------
+
+template <typename O, typename S>
+__global__ void copy_kernel(int64_t n, O* dst, StridedIndex dst_index, const S* src,
+                            StridedIndex src_index) {
+  MT_GRID_STRIDE_LOOP(i, n) {
+    store_value(dst + dst_index.offset(i), load(src + src_index.offset(i)));
+  }
+}
+
+// copy_rounded's store: element i (row-major) draws random_bits(seed, offset, index + i).
+template <typename O, typename S>
+__global__ void copy_rounded_kernel(int64_t n, O* dst, StridedIndex dst_index, const S* src,
+                                    StridedIndex src_index, RoundingOptions r) {
+  // Float sources round from float, f64 and integers from double: the CPU's choice.
+  using T = std::conditional_t<std::is_same_v<compute_t<S>, float>, float, double>;
+  MT_GRID_STRIDE_LOOP(i, n) {
+    const T v = static_cast<T>(load(src + src_index.offset(i)));
+    const uint32_t bits = r.mode == RoundingMode::Stochastic
+                              ? random_bits(r.seed, r.offset, r.index + uint64_t(i))
+                              : 0u;
+    dst[dst_index.offset(i)] = from_bits<O>(encode_as<format_of<O>()>(v, r.mode, r.overflow, bits));
+  }
+}
+
+// `value` in the host storage type T, converted exactly as the CPU backend's fill converts it,
+// as raw bits.
+template <typename T>
+uint64_t storage_bits(double value) {
+  T v;
+  if constexpr (std::is_class_v<T>) {
+    v = T::from_bits(typename T::bits_type(encode(T::format, value)));
+  } else {
+    v = static_cast<T>(value);
+  }
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  return bits;
+}
+
+template <typename U>
+__global__ void fill_kernel(int64_t n, U* dst, StridedIndex index, U value) {
+  MT_GRID_STRIDE_LOOP(i, n) {
+    dst[index.offset(i)] = value;
+  }
+}
+
+// ---- random ------------------------------------------------------------------------------------
+
+// Element i takes word i: a + (b - a) * (its top 24 bits / 2^24), in double, explicitly rounded
+// multiply and add (no fused multiply-add: the CPU rounds twice).
+template <typename S>
+__global__ void uniform_kernel(int64_t n, S* out, double a, double span, uint64_t seed,
+                               uint64_t offset) {
+  const int64_t blocks = (n + 3) / 4;
+  MT_GRID_STRIDE_LOOP(j, blocks) {
+    const PhiloxBlock r = philox_block(seed, offset, uint64_t(j));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int64_t i = 4 * j + w;
+      if (i < n) {
+        const double u = double(r[w] >> 8) * 0x1p-24;
+        store_value(out + i, compute_t<S>(__dadd_rn(a, __dmul_rn(span, u))));
+      }
+    }
+  }
+}
+
+// Box-Muller on words 2i and 2i + 1: block j holds elements 2j and 2j + 1.
+template <typename S>
+__global__ void normal_kernel(int64_t n, S* out, double mean, double stddev, uint64_t seed,
+                              uint64_t offset) {
+  constexpr double kTwoPi = 2.0 * std::numbers::pi;
+  const int64_t blocks = (n + 1) / 2;
+  MT_GRID_STRIDE_LOOP(j, blocks) {
+    const PhiloxBlock r = philox_block(seed, offset, uint64_t(j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = 2 * j + h;
+      if (i < n) {
+        const double u1 = (double(r[2 * h]) + 1.0) * 0x1p-32;  // (0, 1]
+        const double u2 = double(r[2 * h + 1]) * 0x1p-32;
+        const double radius = sqrt(__dmul_rn(-2.0, log(u1)));
+        const double v =
+            __dadd_rn(mean, __dmul_rn(__dmul_rn(stddev, radius), cos(__dmul_rn(kTwoPi, u2))));
+        store_value(out + i, compute_t<S>(v));
+      }
+    }
+  }
+}
+
+// Keep element i when its word is at or above p * 2^32; kept values are scaled by 1 / (1 - p).
+template <typename S>
+__global__ void dropout_kernel(int64_t n, const S* x, S* out, bool* mask, uint64_t threshold,
+                               compute_t<S> scale, uint64_t seed, uint64_t offset) {
+  const int64_t blocks = (n + 3) / 4;
+  MT_GRID_STRIDE_LOOP(j, blocks) {
+    const PhiloxBlock r = philox_block(seed, offset, uint64_t(j));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int64_t i = 4 * j + w;
+      if (i < n) {
+        const bool keep = r[w] >= threshold;
+        mask[i] = keep;
+        store_value(out + i, keep ? load(x + i) * scale : compute_t<S>(0));
+      }
+    }
+  }
+}
+
+template <Format F>
+__global__ void round_kernel(int64_t n, float* p) {
+  constexpr FormatSpec spec = format_spec(F);
+  MT_GRID_STRIDE_LOOP(i, n) {
+    p[i] = detail::decode_bits(
+        detail::encode_bits<float>(__float_as_uint(p[i]), spec, RoundingMode::NearestEven,
+                                   Overflow::Infinity, 0u),
+        spec);
+  }
+}
+
+template <typename U>
+__global__ void where_kernel(int64_t n, U* out, const uint8_t* cond, StridedIndex cond_index,
+                             const U* a, StridedIndex a_index, const U* b, StridedIndex b_index) {
+  MT_GRID_STRIDE_LOOP(i, n) {
+    out[i] = cond[cond_index.offset(i)] ? a[a_index.offset(i)] : b[b_index.offset(i)];
+  }
+}
+
+}  // namespace
+
+// ---- data movement -----------------------------------------------------------------------------
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  DeviceGuard guard(device_);
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous() &&
+      src.shape() == dst.shape()) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(),
+                                  cudaMemcpyDeviceToDevice, stream_for(device_)));
+    return;
+  }
+  const StridedIndex dst_index = strided_index(dst);
+  const StridedIndex src_index = strided_index(src, dst.shape());
+  if (src.dtype() == dst.dtype()) {
+    // The same dtype moves bits: one kernel per element size.
+    dispatch_size(dst.element_size(), [&]<typename U>(Tag<U>) {
+      launch(n, device_, copy_kernel<U, U>, n, device_ptr<U>(dst), dst_index,
+             device_ptr<const U>(src), src_index);
+    });
+    return;
+  }
+  dispatch_all(src.dtype(), "copy", [&]<typename S>(Tag<S>) {
+    dispatch_all(dst.dtype(), "copy", [&]<typename O>(Tag<O>) {
+      launch(n, device_, copy_kernel<O, S>, n, device_ptr<O>(dst), dst_index,
+             device_ptr<const S>(src), src_index);
+    });
+  });
+}
+
+void CudaBackend::fill(Tensor& dst, double value) {
+  DeviceGuard guard(device_);
+  uint64_t bits = 0;
+  switch (dst.dtype()) {
+#define MT_FILL_CASE(e, name, T, ...) \
+  case DType::e:                      \
+    bits = storage_bits<T>(value);    \
+    break;
+    MT_FORALL_DTYPES(MT_FILL_CASE)
+#undef MT_FILL_CASE
+  }
+  const int64_t n = dst.numel();
+  const StridedIndex index = strided_index(dst);
+  dispatch_size(dst.element_size(), [&]<typename U>(Tag<U>) {
+    U v;
+    std::memcpy(&v, &bits, sizeof(U));
+    launch(n, device_, fill_kernel<U>, n, device_ptr<U>(dst), index, v);
+  });
+}
+
+void CudaBackend::copy_rounded(const Tensor& src, Tensor& dst, const RoundingOptions& rounding) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(src.shape() == dst.shape(), "copy_rounded: ", src.describe(), " into ", dst.describe());
+  if (rounded_copy_is_plain(src.dtype(), dst.dtype(), rounding)) {
+    copy(src, dst);
+    return;
+  }
+  const int64_t n = dst.numel();
+  const StridedIndex dst_index = strided_index(dst);
+  const StridedIndex src_index = strided_index(src);
+  dispatch_all(src.dtype(), "copy_rounded", [&]<typename S>(Tag<S>) {
+    dispatch_float(dst.dtype(), "copy_rounded", [&]<typename O>(Tag<O>) {
+      if constexpr (std::is_same_v<O, double>) {
+        MT_ASSERT(false, "copy_rounded into f64 is a plain copy");
+      } else {
+        launch(n, device_, copy_rounded_kernel<O, S>, n, device_ptr<O>(dst), dst_index,
+               device_ptr<const S>(src), src_index, rounding);
+      }
+    });
+  });
+}
+
+void CudaBackend::uniform(Tensor& dst, double a, double b, uint64_t seed, uint64_t offset) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(dst.is_contiguous(), "random fills write contiguous tensors");
+  const int64_t n = dst.numel();
+  dispatch_float(dst.dtype(), "uniform", [&]<typename S>(Tag<S>) {
+    launch((n + 3) / 4, device_, uniform_kernel<S>, n, device_ptr<S>(dst), a, b - a, seed, offset);
+  });
+}
+
+void CudaBackend::normal(Tensor& dst, double mean, double stddev, uint64_t seed, uint64_t offset) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(dst.is_contiguous(), "random fills write contiguous tensors");
+  const int64_t n = dst.numel();
+  dispatch_float(dst.dtype(), "normal", [&]<typename S>(Tag<S>) {
+    launch((n + 1) / 2, device_, normal_kernel<S>, n, device_ptr<S>(dst), mean, stddev, seed,
+           offset);
+  });
+}
+
+void CudaBackend::round_to_format(Tensor& t, Format format) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(t.dtype() == DType::F32 && t.is_contiguous(),
+            "round_to_format works on contiguous f32");
+  const int64_t n = t.numel();
+  float* p = device_ptr<float>(t);
+  switch (format) {
+    case Format::FP32:
+      return;
+    case Format::TF32:
+      return launch(n, device_, round_kernel<Format::TF32>, n, p);
+    case Format::FP16:
+      return launch(n, device_, round_kernel<Format::FP16>, n, p);
+    case Format::BF16:
+      return launch(n, device_, round_kernel<Format::BF16>, n, p);
+    case Format::FP8_E4M3:
+      return launch(n, device_, round_kernel<Format::FP8_E4M3>, n, p);
+    case Format::FP8_E5M2:
+      return launch(n, device_, round_kernel<Format::FP8_E5M2>, n, p);
+  }
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
+  DeviceGuard guard(device_);
+  MT_CHECK(x.dtype() != DType::Bool, "unary ops are not defined on bool tensors");
+  MT_CHECK(x.is_floating_point() || integer_unary(op), "unary op ", int(op), " is not defined on ",
+           dtype_name(x.dtype()), " tensors; cast to a floating dtype");
+  dispatch_all(x.dtype(), "unary", [&]<typename S>(Tag<S>) {
+    using C = compute_t<S>;
+    if constexpr (!std::is_same_v<S, bool>) {
+      const UnaryFn<C> fn{op, C(s.a), C(s.b), s.a == 2.0};
+      run_map<S, S, 1>({&x}, out, fn);
+    }
+  });
+}
+
+void CudaBackend::unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
+                                 Tensor& gx, Scalars s) {
+  DeviceGuard guard(device_);
+  // y is only needed by some ops; x stands in for it when absent.
+  const Tensor& yy = y.defined() ? y : x;
+  dispatch_float(x.dtype(), "a derivative", [&]<typename S>(Tag<S>) {
+    using C = compute_t<S>;
+    const UnaryBackwardFn<C> fn{op, C(s.a), C(s.b)};
+    run_map<S, S, 3>({&grad, &x, &yy}, gx, fn);
+  });
+}
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(a.dtype() == b.dtype(), "binary kernel inputs must share a dtype");
+  const bool comparison = op >= BinaryOp::Eq;
+  MT_CHECK(comparison || a.dtype() != DType::Bool, "arithmetic is not defined on bool tensors");
+  MT_CHECK(op != BinaryOp::Pow || a.is_floating_point(), "pow is not defined on ",
+           dtype_name(a.dtype()), " tensors; cast to a floating dtype");
+  dispatch_all(a.dtype(), "binary", [&]<typename S>(Tag<S>) {
+    using C = compute_t<S>;
+    if (comparison) {
+      run_map<bool, S, 2>({&a, &b}, out, CompareFn<C>{op});
+    } else if constexpr (!std::is_same_v<S, bool>) {
+      run_map<S, S, 2>({&a, &b}, out, BinaryFn<C>{op});
+    }
+  });
+}
+
+void CudaBackend::add_scaled(const Tensor& a, const Tensor& b, double alpha, Tensor& out) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(a.dtype() == b.dtype() && a.dtype() == out.dtype(), "add_scaled dtypes");
+  dispatch_float(a.dtype(), "add_scaled", [&]<typename S>(Tag<S>) {
+    using C = compute_t<S>;
+    run_map<S, S, 2>({&a, &b}, out, AxpyFn<C>{C(alpha)});
+  });
+}
+
+void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(a.dtype() == b.dtype() && cond.dtype() == DType::Bool && out.dtype() == a.dtype(),
+            "where kernel dtypes");
+  MT_ASSERT(out.is_contiguous(), "elementwise output must be contiguous");
+  const int64_t n = out.numel();
+  const StridedIndex ci = strided_index(cond, out.shape());
+  const StridedIndex ai = strided_index(a, out.shape());
+  const StridedIndex bi = strided_index(b, out.shape());
+  // Selecting moves a value unchanged: one kernel per element size serves every dtype.
+  dispatch_size(out.element_size(), [&]<typename U>(Tag<U>) {
+    launch(n, device_, where_kernel<U>, n, device_ptr<U>(out), device_ptr<const uint8_t>(cond), ci,
+           device_ptr<const U>(a), ai, device_ptr<const U>(b), bi);
+  });
+}
+
+void CudaBackend::dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out,
+                          Tensor& mask) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(x.is_contiguous() && out.is_contiguous() && mask.is_contiguous(), "dropout layout");
+  const uint64_t threshold = uint64_t(std::ldexp(p, 32));
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype(), "dropout", [&]<typename S>(Tag<S>) {
+    using C = compute_t<S>;
+    launch((n + 3) / 4, device_, dropout_kernel<S>, n, device_ptr<const S>(x), device_ptr<S>(out),
+           device_ptr<bool>(mask), threshold, C(1.0 / (1.0 - p)), seed, offset);
+  });
+}
+
+}  // namespace mantissa::backend::cuda
