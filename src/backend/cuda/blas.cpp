@@ -1,0 +1,430 @@
+// CUDA GEMM through cuBLASLt. cuBLASLt is column-major; a row-major out(M, N) = a(M, K) @ b(K, N)
+// is computed as its transpose out^T(N, M) = b^T @ a^T, which is the same memory, so every
+// operand is passed as-is with a transpose flag (row- or column-major views need no copy).
+// Batches run as one strided-batched call; a broadcast batch is batch stride 0.
+//
+// Dtypes: f32 accumulates in fp32 (TF32 tensor cores when input_rounding is TF32, strict fp32
+// otherwise), f16/bf16 in fp32 with a half output (one rounding), f64 in f64. What cuBLASLt
+// cannot take directly (fp8 inputs, an input_rounding other than FP32/TF32) is widened to f32
+// copies, rounded onto the format's grid, multiplied in strict fp32 and rounded once into the
+// output, as the CPU backend does.
+//
+// One cuBLASLt handle per device (thread-safe, kept for the process: destroying it at exit would
+// race the driver's own teardown); the chosen algorithm is cached per shape, layout, dtype and
+// alignment, so a warm call only builds descriptors and launches.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/blas.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "mantissa/core/error.h"
+
+#define MT_CUBLAS_CHECK(expr)                                                                     \
+  do {                                                                                            \
+    const cublasStatus_t mt_cublas_st_ = (expr);                                                  \
+    MT_CHECK(mt_cublas_st_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error in ", #expr, ": ",           \
+             cublasLtGetStatusString(mt_cublas_st_), " (", static_cast<int>(mt_cublas_st_), ")"); \
+  } while (0)
+
+namespace mantissa::backend::cuda {
+namespace {
+
+// cuBLASLt picks faster split-K and stream-K kernels with room to work in.
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+cublasLtHandle_t lt_handle(int device) {
+  static std::mutex mu;
+  static std::vector<cublasLtHandle_t> handles;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (size_t(device) >= handles.size()) handles.resize(device + 1, nullptr);
+  if (!handles[device]) MT_CUBLAS_CHECK(cublasLtCreate(&handles[device]));
+  return handles[device];
+}
+
+// ---- RAII for cuBLASLt descriptors ----------------------------------------------------------
+
+struct OpDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  OpDesc(cublasComputeType_t compute, cudaDataType_t scale) {
+    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, scale));
+  }
+  ~OpDesc() { cublasLtMatmulDescDestroy(d); }
+  OpDesc(const OpDesc&) = delete;
+  OpDesc& operator=(const OpDesc&) = delete;
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attr, const T& v) {
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+  }
+};
+
+struct Layout {
+  cublasLtMatrixLayout_t d = nullptr;
+  Layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld, int32_t batch,
+         int64_t batch_stride) {
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d, type, rows, cols, ld));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                                     sizeof(batch)));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                     &batch_stride, sizeof(batch_stride)));
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(d); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t d = nullptr;
+  Preference() { MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d)); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(d); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  template <typename T>
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const T& v) {
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d, attr, &v, sizeof(v)));
+  }
+};
+
+// ---- operands -------------------------------------------------------------------------------
+
+// A (B|1, R, C) tensor as cuBLASLt reads it (see lt_operand), with its batch stride.
+struct Operand {
+  const void* ptr = nullptr;
+  cublasOperation_t op = CUBLAS_OP_N;
+  uint64_t rows = 0, cols = 0;  // of the stored column-major matrix, before op
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+bool describe(const Tensor& t, int64_t nbatch, Operand& o) {
+  LtOperand lo;
+  if (!lt_operand(t.size(1), t.size(2), t.stride(1), t.stride(2), lo)) return false;
+  o.ptr = t.data_ptr();
+  o.op = lo.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  o.rows = uint64_t(lo.rows);
+  o.cols = uint64_t(lo.cols);
+  o.ld = lo.ld;
+  o.batch_stride = (t.size(0) == 1 || nbatch == 1) ? 0 : t.stride(0);
+  return true;
+}
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::F64:
+      return CUDA_R_64F;
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      break;
+  }
+  MT_ASSERT(false, "no cuBLASLt type for ", dtype_name(d));
+  return CUDA_R_32F;
+}
+
+// The largest power of two (at most 256) dividing the address: cuBLASLt's heuristic assumes
+// 256-byte aligned buffers unless told otherwise, and views start anywhere.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0)
+    al /= 2;
+  return al;
+}
+
+// One cublasLtMatmul: D(N x M, column-major, ld N) = alpha * opA(A) @ opB(B) + beta * D, with
+// A the operand of b and B the operand of a (the swapped product), D = out (contiguous).
+struct Gemm {
+  Operand A, B;
+  void* d = nullptr;
+  DType io_type = DType::F32;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  int64_t m = 0, n = 0, k = 0;  // D is m x n (m = N, n = M)
+  int64_t nbatch = 1;
+  bool accumulate = false;  // beta = 1: D already holds the bias
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  void* aux = nullptr;  // GELU_AUX: pre-activation output, ld m
+};
+
+// The heuristic's choice, cached per everything it depends on. Two threads asking for a new key
+// at once both query cuBLASLt and store the same answer.
+class AlgoCache {
+ public:
+  bool find(const std::vector<int64_t>& key, cublasLtMatmulAlgo_t& algo) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto it = cache_.find(key);
+    if (it == cache_.end()) return false;
+    algo = it->second;
+    return true;
+  }
+  void put(const std::vector<int64_t>& key, const cublasLtMatmulAlgo_t& algo) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    // Bounded: a workload with endlessly varying shapes re-queries instead of growing forever.
+    if (cache_.size() >= 4096) cache_.clear();
+    cache_[key] = algo;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::vector<int64_t>, cublasLtMatmulAlgo_t> cache_;
+};
+
+AlgoCache& algo_cache() {
+  static AlgoCache cache;
+  return cache;
+}
+
+// Runs g on the current stream; false (nothing queued) when cuBLASLt has no algorithm for it.
+bool run(const Gemm& g, int device) {
+  const cudaDataType_t type = cuda_type(g.io_type);
+  const cudaDataType_t scale = g.io_type == DType::F64 ? CUDA_R_64F : CUDA_R_32F;
+  OpDesc op(g.compute, scale);
+  op.set(CUBLASLT_MATMUL_DESC_TRANSA, g.A.op);
+  op.set(CUBLASLT_MATMUL_DESC_TRANSB, g.B.op);
+  if (g.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    op.set(CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
+    if (g.bias) op.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+    if (g.aux) {
+      op.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+      op.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.m);
+    }
+  }
+  const auto batch = static_cast<int32_t>(g.nbatch);
+  Layout la(type, g.A.rows, g.A.cols, g.A.ld, batch, g.A.batch_stride);
+  Layout lb(type, g.B.rows, g.B.cols, g.B.ld, batch, g.B.batch_stride);
+  Layout ld(type, uint64_t(g.m), uint64_t(g.n), g.m, batch, g.m * g.n);
+
+  const uint32_t al_a = alignment(g.A.ptr), al_b = alignment(g.B.ptr), al_d = alignment(g.d);
+  const std::vector<int64_t> key = {device,
+                                    int64_t(g.io_type),
+                                    int64_t(g.compute),
+                                    int64_t(g.A.op),
+                                    int64_t(g.B.op),
+                                    g.m,
+                                    g.n,
+                                    g.k,
+                                    g.A.ld,
+                                    g.B.ld,
+                                    g.nbatch,
+                                    g.A.batch_stride,
+                                    g.B.batch_stride,
+                                    int64_t(g.epilogue),
+                                    al_a,
+                                    al_b,
+                                    al_d,
+                                    g.bias ? int64_t(alignment(g.bias)) : 0,
+                                    g.aux ? int64_t(alignment(g.aux)) : 0};
+  cublasLtHandle_t handle = lt_handle(device);
+  cublasLtMatmulAlgo_t algo{};
+  if (!algo_cache().find(key, algo)) {
+    Preference pref;
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.d, lb.d, ld.d, ld.d,
+                                                             pref.d, 1, &result, &count);
+    // An unsupported combination (an epilogue, an alignment) is NOT_SUPPORTED or INVALID_VALUE
+    // depending on the cuBLASLt version: either way the caller falls back or reports the shapes.
+    if (st != CUBLAS_STATUS_SUCCESS || count == 0) return false;
+    algo = result.algo;
+    algo_cache().put(key, algo);
+  }
+  const Tensor workspace = scratch(int64_t(kWorkspaceBytes), device);
+  cudaStream_t stream = stream_for(device);
+  if (g.io_type == DType::F64) {
+    const double alpha = 1.0, beta = g.accumulate ? 1.0 : 0.0;
+    MT_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, &alpha, g.A.ptr, la.d, g.B.ptr, lb.d, &beta, g.d,
+                                   ld.d, g.d, ld.d, &algo, workspace.data_ptr(), kWorkspaceBytes,
+                                   stream));
+  } else {
+    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    MT_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, &alpha, g.A.ptr, la.d, g.B.ptr, lb.d, &beta, g.d,
+                                   ld.d, g.d, ld.d, &algo, workspace.data_ptr(), kWorkspaceBytes,
+                                   stream));
+  }
+  return true;
+}
+
+// A contiguous copy of t in `dtype` (t itself when it already is one).
+Tensor converted(CudaBackend& be, const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype && t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), dtype, t.device());
+  be.copy(t, c);
+  return c;
+}
+
+// Whether cuBLASLt takes this dtype and rounding directly (else: widened, rounded, strict f32).
+bool native(DType d, Format rounding) {
+  switch (d) {
+    case DType::F64:
+      return true;  // the f64 product ignores input_rounding, as on the CPU
+    case DType::F32:
+      return rounding == Format::FP32 || rounding == Format::TF32;
+    case DType::F16:  // values already on the fp32 / tf32 / own grid
+      return rounding == Format::FP32 || rounding == Format::TF32 || rounding == Format::FP16;
+    case DType::BF16:
+      return rounding == Format::FP32 || rounding == Format::TF32 || rounding == Format::BF16;
+    default:
+      return false;
+  }
+}
+
+cublasComputeType_t compute_type(DType d, Format rounding) {
+  if (d == DType::F64) return CUBLAS_COMPUTE_64F;
+  if (d == DType::F32 && rounding == Format::TF32) return CUBLAS_COMPUTE_32F_FAST_TF32;
+  return CUBLAS_COMPUTE_32F;
+}
+
+// The operands of out = a @ b, contiguous copies made where a layout is not plain.
+void set_operands(CudaBackend& be, const Tensor& a, const Tensor& b, int64_t nbatch, Gemm& g,
+                  Tensor& a_keep, Tensor& b_keep) {
+  a_keep = a;
+  b_keep = b;
+  if (!describe(b, nbatch, g.A)) {
+    b_keep = converted(be, b, b.dtype());
+    const bool plain = describe(b_keep, nbatch, g.A);
+    MT_ASSERT(plain, "a contiguous operand has a plain layout");
+  }
+  if (!describe(a, nbatch, g.B)) {
+    a_keep = converted(be, a, a.dtype());
+    const bool plain = describe(a_keep, nbatch, g.B);
+    MT_ASSERT(plain, "a contiguous operand has a plain layout");
+  }
+}
+
+void check_shapes(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& out) {
+  MT_ASSERT(a.dim() == 3 && b.dim() == 3 && out.dim() == 3 && out.is_contiguous(),
+            "matmul wants (B, M, K) @ (B, K, N) -> contiguous (B, M, N), got ", a.describe(), " @ ",
+            b.describe(), " -> ", out.describe());
+  const int64_t nbatch = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
+  MT_ASSERT(a.size(1) == M && b.size(1) == K && b.size(2) == N &&
+                (a.size(0) == nbatch || a.size(0) == 1) &&
+                (b.size(0) == nbatch || b.size(0) == 1) &&
+                (!bias || (bias->dim() == 1 && bias->size(0) == N)),
+            "matmul shapes ", a.describe(), " @ ", b.describe(), " -> ", out.describe());
+  MT_ASSERT(a.dtype() == b.dtype(), "matmul dtypes ", a.describe(), " @ ", b.describe(), " -> ",
+            out.describe());
+}
+
+// matmul for dtypes and roundings cuBLASLt takes natively; out has the inputs' dtype.
+void native_matmul(CudaBackend& be, const Tensor& a, const Tensor& b, const Tensor* bias,
+                   Tensor& out, Format rounding) {
+  const int device = be.device();
+  const int64_t nbatch = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
+  MT_ASSERT(out.dtype() == a.dtype(), "cuBLASLt writes the inputs' dtype, got ", out.describe());
+  Gemm g;
+  Tensor a_keep, b_keep;
+  set_operands(be, a, b, nbatch, g, a_keep, b_keep);
+  g.d = out.data_ptr();
+  g.io_type = a.dtype();
+  g.compute = compute_type(a.dtype(), rounding);
+  g.m = N;
+  g.n = M;
+  g.k = K;
+  g.nbatch = nbatch;
+  if (bias) {
+    // The epilogue adds the bias before the one rounding of the output; for batches and f64,
+    // where cuBLASLt has no bias epilogue, D starts as the broadcast bias and beta = 1 adds the
+    // product to it (also before the one rounding).
+    const Tensor bias_c = converted(be, *bias, out.dtype());
+    if (nbatch == 1 && out.dtype() != DType::F64) {
+      Gemm ge = g;
+      ge.epilogue = CUBLASLT_EPILOGUE_BIAS;
+      ge.bias = bias_c.data_ptr();
+      if (run(ge, device)) return;
+    }
+    be.copy(bias_c.view({1, 1, N}).expand({nbatch, M, N}), out);
+    g.accumulate = true;
+  }
+  MT_CHECK(run(g, device), "cuBLASLt has no matmul for ", a.describe(), " @ ", b.describe(), " -> ",
+           out.describe());
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out,
+                         const MatmulOptions& options) {
+  DeviceGuard guard(device_);
+  check_shapes(a, b, bias, out);
+  if (out.numel() == 0) return;
+  if (a.size(2) == 0) {  // an empty sum: the bias alone
+    if (bias) {
+      copy(bias->view({1, 1, out.size(2)}).expand(out.shape()), out);
+    } else {
+      fill(out, 0.0);
+    }
+    return;
+  }
+  const Format rounding = options.input_rounding;
+  if (native(a.dtype(), rounding)) {
+    native_matmul(*this, a, b, bias, out, rounding);
+    return;
+  }
+  // fp8, or a rounding onto a grid coarser than the inputs': rounded f32 copies, strict fp32.
+  Tensor af = Tensor::empty(a.shape(), DType::F32, a.device());
+  Tensor bf = Tensor::empty(b.shape(), DType::F32, b.device());
+  copy(a, af);
+  copy(b, bf);
+  if (rounding != Format::FP32) {
+    round_to_format(af, rounding);
+    round_to_format(bf, rounding);
+  }
+  Tensor bias_f;
+  if (bias) bias_f = converted(*this, *bias, DType::F32);
+  Tensor dst =
+      out.dtype() == DType::F32 ? out : Tensor::empty(out.shape(), DType::F32, out.device());
+  native_matmul(*this, af, bf, bias ? &bias_f : nullptr, dst, Format::FP32);
+  if (!dst.is_same(out)) copy(dst, out);  // the one rounding into the output dtype
+}
+
+bool matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+                      Tensor* pre_gelu, const MatmulOptions& options) {
+  check_shapes(a, b, &bias, out);
+  MT_CHECK(out.device().is_cuda() && a.device() == out.device() && b.device() == out.device() &&
+               bias.device() == out.device(),
+           "matmul_bias_gelu: every tensor must be on one cuda device, got ", a.describe(), ", ",
+           b.describe(), ", ", bias.describe(), " -> ", out.describe());
+  const DType dt = out.dtype();
+  const int64_t M = out.size(1), N = out.size(2), K = a.size(2);
+  if (out.size(0) != 1 || K == 0 || out.numel() == 0) return false;
+  if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16) return false;
+  if (a.dtype() != dt || !native(dt, options.input_rounding)) return false;
+  if (pre_gelu) {
+    MT_CHECK(pre_gelu->shape() == out.shape() && pre_gelu->dtype() == dt &&
+                 pre_gelu->is_contiguous() && pre_gelu->device() == out.device(),
+             "matmul_bias_gelu: pre_gelu must be a contiguous ", out.describe(), ", got ",
+             pre_gelu->describe());
+    if (N % 8 != 0) return false;  // cuBLASLt's rule for the aux leading dimension
+  }
+  const int device = out.device().index;
+  DeviceGuard guard(device);
+  auto& be = static_cast<CudaBackend&>(backend_for(out.device()));
+  Gemm g;
+  Tensor a_keep, b_keep;
+  set_operands(be, a, b, 1, g, a_keep, b_keep);
+  const Tensor bias_c = converted(be, bias, dt);
+  g.d = out.data_ptr();
+  g.io_type = dt;
+  g.compute = compute_type(dt, options.input_rounding);
+  g.m = N;
+  g.n = M;
+  g.k = K;
+  g.epilogue = pre_gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+  g.bias = bias_c.data_ptr();
+  g.aux = pre_gelu ? pre_gelu->data_ptr() : nullptr;
+  return run(g, device);
+}
+
+}  // namespace mantissa::backend::cuda
