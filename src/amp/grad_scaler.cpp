@@ -8,7 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "amp/scale_update.h"
 #include "backend/backend.h"
+#if defined(MANTISSA_HAS_CUDA)
+#include "backend/cuda/multi_tensor.h"
+#endif
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
 
@@ -17,7 +21,7 @@ namespace {
 
 // The scale is an fp32 value, as PyTorch's.
 double to_f32(double x) {
-  return double(float(x));
+  return detail::round_to_f32(x);
 }
 
 Tensor i64_scalar(int64_t v) {
@@ -64,7 +68,39 @@ GradScaler::GradScaler(const GradScalerOptions& options)
 Tensor GradScaler::scale(const Tensor& loss) const {
   MT_CHECK(loss.defined(), "GradScaler::scale of an undefined tensor");
   if (!enabled()) return loss;
+  if (device_state_.defined() && loss.device() == device_state_.device()) {
+    // The device scale as an fp32 scalar (exact: it is an fp32 value); a narrower loss is
+    // multiplied in fp32 and rounded back, as mul(loss, double) does.
+    const Tensor s = device_state_.select(0, 0).to(DType::F32);
+    const Tensor scaled = mul(loss, s);
+    return scaled.dtype() == loss.dtype() ? scaled : cast(scaled, loss.dtype());
+  }
+  if (device_state_.defined()) pull();
   return mul(loss, scale_);
+}
+
+void GradScaler::adopt_device(Device device) {
+  if (device_state_.defined() || !device.is_cuda()) return;
+  device_state_ = Tensor::empty(Shape{4}, DType::F64, device);
+  device_skipped_ = Tensor::zeros(Shape{}, DType::F32, device);
+  device_last_found_inf_ = Tensor::scalar(last_found_inf_ ? 1.0 : 0.0, DType::F32, device);
+  push();
+}
+
+void GradScaler::push() {
+  const double host[4] = {scale_, double(growth_tracker_), double(hysteresis_tracker_),
+                          double(min_scale_overflows_)};
+  device_state_.copy_from_host(host, sizeof(host));
+}
+
+void GradScaler::pull() const {
+  if (!device_state_.defined()) return;
+  double host[4];
+  device_state_.copy_to_host(host, sizeof(host));
+  scale_ = host[0];
+  growth_tracker_ = int64_t(host[1]);
+  hysteresis_tracker_ = int64_t(host[2]);
+  min_scale_overflows_ = int64_t(host[3]);
 }
 
 void GradScaler::unscale_(optim::Optimizer& opt) {
@@ -78,6 +114,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
            "before step(), once per update()");
   std::vector<Tensor> grads;
   const std::vector<Tensor>& params = opt.params();
+  adopt_device(params[0].device());
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     Tensor g = p.grad();
@@ -96,6 +133,25 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
       p.set_grad(g);
     }
     grads.push_back(std::move(g));
+  }
+  if (device_state_.defined()) {
+    // The flag stays on the device: step() hands it to the optimizer's kernel.
+    st.flag = Tensor::zeros(Shape{}, DType::F32, device_state_.device());
+    if (!grads.empty()) {
+      MT_CHECK(params[0].device() == device_state_.device(), "GradScaler: optimizer parameters on ",
+               params[0].device().str(), " but this scaler's state is on ",
+               device_state_.device().str(), "; use one GradScaler per device");
+#if defined(MANTISSA_HAS_CUDA)
+      // The kernel takes 1 / S (rounded to fp32, as below) from the device state itself.
+      backend::cuda::unscale_and_check_by_state(grads, device_state_, st.flag);
+#else
+      MT_ASSERT(false, "a scaler state on a GPU in a build without CUDA");
+#endif
+      for (const Tensor& g : grads)
+        g.bump_version();
+    }
+    st.stage = Stage::Unscaled;
+    return;
   }
   // 1 / S rounded to fp32, as PyTorch's inv_scale = scale.double().reciprocal().float().
   const double inv_scale = to_f32(1.0 / scale_);
@@ -128,6 +184,13 @@ bool GradScaler::step(optim::Optimizer& opt) {
   }
   PerOptimizer& st = per_optimizer_[&opt];
   st.stage = Stage::Stepped;
+  if (st.flag.defined()) {
+    // The optimizer's kernel reads the flag and leaves everything as it is when it is set.
+    device_skipped_ = add(device_skipped_, st.flag);
+    opt.skip_next_step_if(st.flag);
+    opt.step();
+    return false;
+  }
   if (st.found_inf) {
     ++skipped_steps_;
     return true;
@@ -140,40 +203,51 @@ void GradScaler::update() {
   if (!enabled()) return;
   MT_CHECK(!per_optimizer_.empty(),
            "GradScaler::update(): no optimizer was unscaled or stepped since the last update()");
+  const GradScalerOptions& o = options_;
+  const backend::ScaleUpdate rule{.growth_factor = o.growth_factor,
+                                  .backoff_factor = o.backoff_factor,
+                                  .growth_interval = o.growth_interval,
+                                  .hysteresis = o.hysteresis,
+                                  .min_scale = o.min_scale,
+                                  .max_scale = o.max_scale};
+  if (device_state_.defined()) {
+    // The flags of all optimizers combined on the device (non-zero: an overflow somewhere).
+    Tensor combined;
+    for (const auto& [opt, st] : per_optimizer_)
+      combined = combined.defined() ? add(combined, st.flag) : st.flag;
+    per_optimizer_.clear();
+    device_last_found_inf_ = combined;
+    if (o.mode == ScaleMode::Static) return;
+    const int64_t overflows_before = o.error_at_min_scale ? min_scale_overflows() : 0;
+    backend::backend_for(device_state_.device()).update_scale(device_state_, combined, rule);
+    if (o.error_at_min_scale) {
+      const int64_t overflows = min_scale_overflows();
+      MT_CHECK(overflows == overflows_before,
+               "GradScaler: inf/NaN gradients with the loss scale at its minimum ", o.min_scale,
+               " (", overflows,
+               " such steps so far); training has diverged or min_scale is too "
+               "high");
+    }
+    return;
+  }
   bool found = false;
   for (const auto& [opt, st] : per_optimizer_)
     found = found || st.found_inf;
   per_optimizer_.clear();
   last_found_inf_ = found;
-  if (options_.mode == ScaleMode::Static) return;
+  if (o.mode == ScaleMode::Static) return;
 
-  const GradScalerOptions& o = options_;
-  if (found) {
-    const bool at_min = scale_ <= o.min_scale;
-    growth_tracker_ = 0;
-    if (++hysteresis_tracker_ >= o.hysteresis) {
-      hysteresis_tracker_ = 0;
-      scale_ = to_f32(std::max(to_f32(scale_ * o.backoff_factor), o.min_scale));
-    }
-    if (at_min) {
-      ++min_scale_overflows_;
-      MT_CHECK(!o.error_at_min_scale,
-               "GradScaler: inf/NaN gradients with the loss scale at its "
-               "minimum ",
-               o.min_scale, " (", min_scale_overflows_,
-               " such steps so far); training has diverged or min_scale is too high");
-    }
-    return;
-  }
-  hysteresis_tracker_ = 0;
-  const int64_t successful = growth_tracker_ + 1;
-  if (successful >= o.growth_interval) {
-    const double grown = to_f32(scale_ * o.growth_factor);
-    if (std::isfinite(grown)) scale_ = to_f32(std::min(grown, o.max_scale));
-    growth_tracker_ = 0;
-  } else {
-    growth_tracker_ = successful;
-  }
+  const detail::ScaleState next = detail::next_scale_state(
+      {scale_, growth_tracker_, hysteresis_tracker_, min_scale_overflows_}, found, rule);
+  const bool overflow_at_min = next.min_scale_overflows != min_scale_overflows_;
+  scale_ = next.scale;
+  growth_tracker_ = next.growth_tracker;
+  hysteresis_tracker_ = next.hysteresis_tracker;
+  min_scale_overflows_ = next.min_scale_overflows;
+  MT_CHECK(!(overflow_at_min && o.error_at_min_scale),
+           "GradScaler: inf/NaN gradients with the loss scale at its minimum ", o.min_scale, " (",
+           min_scale_overflows_,
+           " such steps so far); training has diverged or min_scale is too high");
 }
 
 void GradScaler::update(double new_scale) {
@@ -183,6 +257,19 @@ void GradScaler::update(double new_scale) {
            "GradScaler::update(new_scale): the scale must be positive "
            "and finite in fp32, got ",
            new_scale);
+  if (device_state_.defined()) {
+    // The flags are folded into the last-update flag the way update() does; the scale is set
+    // where it lives (a short wait: this is not an every-iteration call).
+    Tensor combined;
+    for (const auto& [opt, st] : per_optimizer_)
+      combined = combined.defined() ? add(combined, st.flag) : st.flag;
+    per_optimizer_.clear();
+    if (combined.defined()) device_last_found_inf_ = combined;
+    pull();
+    scale_ = s;
+    push();
+    return;
+  }
   bool found = false;
   for (const auto& [opt, st] : per_optimizer_)
     found = found || st.found_inf;
@@ -192,10 +279,19 @@ void GradScaler::update(double new_scale) {
 }
 
 double GradScaler::get_scale() const {
-  return enabled() ? scale_ : 1.0;
+  if (!enabled()) return 1.0;
+  pull();
+  return scale_;
 }
 
 bool GradScaler::found_inf() const {
+  if (device_state_.defined()) {
+    if (per_optimizer_.empty()) return device_last_found_inf_.item() != 0;
+    for (const auto& [opt, st] : per_optimizer_) {
+      if (st.flag.defined() && st.flag.item() != 0) return true;
+    }
+    return false;
+  }
   if (per_optimizer_.empty()) return last_found_inf_;
   for (const auto& [opt, st] : per_optimizer_) {
     if (st.found_inf) return true;
@@ -204,12 +300,33 @@ bool GradScaler::found_inf() const {
 }
 
 bool GradScaler::at_min_scale() const {
-  return enabled() && scale_ <= options_.min_scale;
+  return enabled() && get_scale() <= options_.min_scale;
+}
+
+int64_t GradScaler::growth_tracker() const {
+  pull();
+  return growth_tracker_;
+}
+
+int64_t GradScaler::hysteresis_tracker() const {
+  pull();
+  return hysteresis_tracker_;
+}
+
+int64_t GradScaler::min_scale_overflows() const {
+  pull();
+  return min_scale_overflows_;
+}
+
+int64_t GradScaler::skipped_steps() const {
+  if (!device_skipped_.defined()) return skipped_steps_;
+  return skipped_steps_ + int64_t(device_skipped_.item());
 }
 
 optim::StateDict GradScaler::state_dict() const {
   optim::StateDict out;
   if (!enabled()) return out;
+  pull();
   out.emplace_back("scale", Tensor::scalar(scale_, DType::F64));
   out.emplace_back("growth_factor", Tensor::scalar(options_.growth_factor, DType::F64));
   out.emplace_back("backoff_factor", Tensor::scalar(options_.backoff_factor, DType::F64));
@@ -217,7 +334,7 @@ optim::StateDict GradScaler::state_dict() const {
   out.emplace_back("growth_tracker", i64_scalar(growth_tracker_));
   out.emplace_back("hysteresis_tracker", i64_scalar(hysteresis_tracker_));
   out.emplace_back("min_scale_overflows", i64_scalar(min_scale_overflows_));
-  out.emplace_back("skipped_steps", i64_scalar(skipped_steps_));
+  out.emplace_back("skipped_steps", i64_scalar(skipped_steps()));
   return out;
 }
 
@@ -271,6 +388,10 @@ void GradScaler::load_state_dict(const optim::StateDict& dict) {
   hysteresis_tracker_ = ht;
   min_scale_overflows_ = mo;
   skipped_steps_ = sk;
+  if (device_state_.defined()) {
+    device_skipped_ = Tensor::zeros(Shape{}, DType::F32, device_state_.device());
+    push();
+  }
 }
 
 }  // namespace mantissa::amp

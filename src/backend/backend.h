@@ -76,11 +76,11 @@ struct Conv2dParams {
 };
 
 // The fused attention of scaled_dot_product_attention without a mask: q (B, H, Tq, D), k and v
-// (B, H, Tk, D), out (B, H, Tq, D), all contiguous, one float dtype. lse (B, H, Tq) F32 receives
-// each query row's log-sum-exp of the scaled (and masked) scores, which the backward uses to
-// recompute the probabilities instead of storing them (flash attention). Causal: query i sees
-// keys 0..i (top-left aligned, as PyTorch's is_causal). Scores, softmax and the weighted sum are
-// computed in fp32; out is rounded once.
+// (B, H, Tk, D), out (B, H, Tq, D), all contiguous, one float dtype. lse (B, H, Tq), F32 (F64 for
+// f64 inputs, like the norms' saved statistics), receives each query row's log-sum-exp of the
+// scaled (and masked) scores, which the backward uses to recompute the probabilities instead of
+// storing them (flash attention). Causal: query i sees keys 0..i (top-left aligned, as PyTorch's
+// is_causal). Scores, softmax and the weighted sum are computed in fp32; out is rounded once.
 struct AttentionParams {
   double scale = 1.0;
   bool causal = false;
@@ -290,8 +290,10 @@ class Backend {
   // are found). Returns whether any element of any tensor is inf or NaN. found_inf, when given,
   // is a one-element F32 tensor on this device that is set to 1 when this call found one and
   // otherwise left as it is, so that calls accumulate into it: a device backend can keep the
-  // flag there (the optimizer kernels could read it and no-op) and only a host that must decide
-  // reads it back. Every tensor is floating, contiguous and on this device.
+  // flag there (the optimizer kernels read it and no-op) and only a host that must decide reads
+  // it back: when found_inf is given, a device backend may leave the answer in the flag and
+  // return false without waiting (the CUDA backend does); without it, the return value is exact
+  // and a device backend waits for it. Every tensor is floating, contiguous and on this device.
   virtual bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) = 0;
   // The dynamic loss scale's update where the scale lives (PyTorch's _amp_update_scale_, plus
   // hysteresis and the min/max clamp of GradScalerOptions): state is an F64 tensor of 4 elements

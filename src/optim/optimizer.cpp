@@ -100,8 +100,12 @@ Optimizer::StepBatch Optimizer::begin_step(size_t num_states) {
     const DType sd = state_dtype(p.dtype());
     if (s.steps == 0) {
       s.tensors.clear();
-      for (size_t k = 0; k < num_states; ++k)
-        s.tensors.push_back(Tensor::empty(p.shape(), sd, device));
+      // A step the device may skip must leave defined state: zeros, what a first update starts
+      // from, so that the next update (no longer a first one) reads the same.
+      for (size_t k = 0; k < num_states; ++k) {
+        s.tensors.push_back(found_inf_.defined() ? Tensor::zeros(p.shape(), sd, device)
+                                                 : Tensor::empty(p.shape(), sd, device));
+      }
     } else {
       MT_ASSERT(s.tensors.size() == num_states, "optimizer state of parameter ", i);
       for (Tensor& t : s.tensors) {
@@ -128,6 +132,16 @@ void Optimizer::fill_options(StepBatch& b, backend::MultiTensorOptions& o) const
   o.seed = rounding_seed_;
   o.offset = uint64_t(step_count_ + 1);
   o.tensor_ids = b.ids;
+  o.found_inf = found_inf_.defined() ? &found_inf_ : nullptr;
+}
+
+void Optimizer::skip_next_step_if(Tensor found_inf) {
+  MT_CHECK(found_inf.defined() && found_inf.dtype() == DType::F32 && found_inf.numel() == 1 &&
+               found_inf.device() == params_[0].device(),
+           "Optimizer::skip_next_step_if takes a one-element f32 flag on ",
+           params_[0].device().str(), ", got ",
+           found_inf.defined() ? found_inf.describe() : std::string("an undefined tensor"));
+  found_inf_ = found_inf.is_contiguous() ? std::move(found_inf) : found_inf.contiguous();
 }
 
 void Optimizer::set_master_weights(bool on) {
@@ -193,6 +207,7 @@ Tensor& Optimizer::prepare_master(size_t i) {
 
 void Optimizer::end_step(const StepBatch& b) {
   ++step_count_;
+  found_inf_ = Tensor();
   for (size_t k = 0; k < b.index.size(); ++k) {
     state_[b.index[k]].steps = b.steps[k];
     b.params[k].bump_version();  // written in place: saved copies of it are now stale

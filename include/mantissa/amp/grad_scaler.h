@@ -22,6 +22,18 @@
 //
 // The scale is kept as an fp32 value, as PyTorch's (a double rounded to float after every
 // change), and 1 / S is rounded to fp32 before the unscale, as PyTorch's inv_scale.
+//
+// On a GPU (the first optimizer unscaled or stepped has its parameters on CUDA) the scaler keeps
+// its state on that device, as PyTorch's does, so that an iteration never waits for the GPU:
+// scale(loss) multiplies by the device scale, unscale_/step leave the overflow flag on the
+// device and hand it to the optimizer, whose fused kernel then skips itself (no host decision),
+// and update() runs the same update rule in a one-thread kernel (Backend::update_scale). What
+// the host asks for is read back when asked: get_scale(), found_inf(), the trackers, the
+// counters and state_dict() wait for the GPU; so does update() with error_at_min_scale, and
+// update(new_scale). Two differences from the host path follow from not deciding on the host:
+// step() returns false (skipped_steps() and found_inf() tell, later), and the optimizer still
+// counts a skipped step in its step counts (AdamW's bias correction then sees one more step;
+// its weights, moments and masters are left bit-identical all the same).
 #pragma once
 
 #include <cstdint>
@@ -68,7 +80,8 @@ class GradScaler {
   void unscale_(optim::Optimizer& opt);
 
   // Unscales if unscale_(opt) was not called, then calls opt.step() unless a gradient of `opt`
-  // was inf/NaN. Returns true when the step was skipped. Once per optimizer between update()s.
+  // was inf/NaN. Returns true when the step was skipped (on a GPU: always false, the skip being
+  // decided on the device; see above). Once per optimizer between update()s.
   bool step(optim::Optimizer& opt);
 
   // Ends the iteration: combines the overflow flags of all optimizers stepped or unscaled since
@@ -88,16 +101,18 @@ class GradScaler {
   // Whether the last update() saw an overflow (or, before it, whether any optimizer stepped or
   // unscaled since then did).
   bool found_inf() const;
-  int64_t growth_tracker() const { return growth_tracker_; }
-  int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  int64_t growth_tracker() const;
+  int64_t hysteresis_tracker() const;
   // Whether the scale has reached min_scale (a dynamic scaler there cannot back off further).
   bool at_min_scale() const;
   // Overflowing updates that happened with the scale already at min_scale: a counter a trainer
   // can log (a run that keeps overflowing there has diverged).
-  int64_t min_scale_overflows() const { return min_scale_overflows_; }
+  int64_t min_scale_overflows() const;
   // Skipped steps so far (every optimizer counted), for logs.
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const;
   const GradScalerOptions& options() const { return options_; }
+  // Whether the state lives on a GPU (see above).
+  bool on_device() const { return device_state_.defined(); }
 
   // The state as named tensors, as optim::Optimizer's (they go into the same safetensors
   // checkpoint, e.g. prefixed "scaler."):
@@ -116,16 +131,29 @@ class GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::Ready;
     bool found_inf = false;
+    Tensor flag;  // on a GPU: the one-element F32 overflow flag, left there
   };
   bool enabled() const { return options_.mode != ScaleMode::Disabled; }
+  // Moves the state onto `device` the first time a CUDA optimizer comes by.
+  void adopt_device(Device device);
+  // The host copy of the state, read back from the device when it lives there.
+  void pull() const;
+  void push();
 
   GradScalerOptions options_;
-  double scale_;
-  int64_t growth_tracker_ = 0;
-  int64_t hysteresis_tracker_ = 0;
-  int64_t min_scale_overflows_ = 0;
-  int64_t skipped_steps_ = 0;
+  // The host state; on a GPU, a copy refreshed by pull() (hence mutable).
+  mutable double scale_;
+  mutable int64_t growth_tracker_ = 0;
+  mutable int64_t hysteresis_tracker_ = 0;
+  mutable int64_t min_scale_overflows_ = 0;
+  int64_t skipped_steps_ = 0;  // on a GPU: those counted before (state dicts); see below
   bool last_found_inf_ = false;
+  // On a GPU: F64 {scale, growth_tracker, hysteresis_tracker, min_scale_overflows} (the layout
+  // of Backend::update_scale), the skipped steps counted there since (F32), and the last
+  // update()'s combined flag. Undefined on the host path.
+  Tensor device_state_;
+  Tensor device_skipped_;
+  Tensor device_last_found_inf_;
   // Keyed by address: an optimizer must stay alive between its unscale_/step and update().
   std::unordered_map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
 };

@@ -13,7 +13,8 @@
 // rounded once. set_store_rounding() picks how updated values are rounded into narrow
 // parameters, with or without masters: to nearest even, or stochastically (unbiased: small
 // updates survive in expectation, which is what bf16 parameters without a master need). Steps
-// with inf/NaN gradients are skipped by amp::GradScaler before step() is called.
+// with inf/NaN gradients are skipped by amp::GradScaler: on the CPU before step() is called, on
+// a GPU by the step's kernel itself (skip_next_step_if).
 #pragma once
 
 #include <cstdint>
@@ -94,6 +95,14 @@ class Optimizer {
   void set_store_rounding(RoundingMode mode, uint64_t seed = 0);
   RoundingMode store_rounding() const { return store_rounding_; }
 
+  // The loss scaler's device-side skip (amp::GradScaler on a GPU), for the next step() only:
+  // `found_inf` is a one-element F32 tensor on the parameters' device, and the step's kernel
+  // changes nothing (parameters, masters, state) when it holds a non-zero value, without the
+  // host reading it. The step still counts (step_count() and each parameter's update count are
+  // host state); state made by that step starts at zero, so a skipped first update leaves
+  // valid state behind.
+  void skip_next_step_if(Tensor found_inf);
+
  protected:
   struct ParamState {
     int64_t steps = 0;            // updates of this parameter so far; 0: no state yet
@@ -136,6 +145,7 @@ class Optimizer {
   std::vector<Master> masters_;
   RoundingMode store_rounding_ = RoundingMode::NearestEven;
   uint64_t rounding_seed_ = 0;
+  Tensor found_inf_;  // skip_next_step_if's flag; undefined: none
 };
 
 struct SGDOptions {

@@ -1,15 +1,17 @@
 // CPU kernels of the mixed-precision recipe (DESIGN.md §4): the loss scaler's fused unscale and
-// inf/NaN check. One call is one pass over all gradients: the work is cut into (tensor, chunk)
-// items of kChunk elements, numbered across tensors and spread over one OpenMP parallel region.
-// An item loads its chunk into a compute-type buffer (fp32 for f32 and half types, f64 for f64),
-// notes whether any element is inf or NaN, multiplies by inv_scale and rounds once on store.
-// Per-item flags are combined after the region, so the result does not depend on the thread count.
+// inf/NaN check, and the scale update of a scaler state kept in a tensor (update_scale). One call
+// is one pass over all gradients: the work is cut into (tensor, chunk) items of kChunk elements,
+// numbered across tensors and spread over one OpenMP parallel region. An item loads its chunk into
+// a compute-type buffer (fp32 for f32 and half types, f64 for f64), notes whether any element is
+// inf or NaN, multiplies by inv_scale and rounds once on store. Per-item flags are combined after
+// the region, so the result does not depend on the thread count.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "amp/scale_update.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/multi_tensor.h"
@@ -75,6 +77,24 @@ bool CpuBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Te
   const bool found = std::any_of(bad.begin(), bad.end(), [](unsigned char b) { return b != 0; });
   if (found && found_inf != nullptr) *static_cast<float*>(found_inf->data_ptr()) = 1.0f;
   return found;
+}
+
+void CpuBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) {
+  MT_ASSERT(state.dtype() == DType::F64 && state.numel() == 4 && state.is_contiguous() &&
+                state.device().is_cpu(),
+            "update_scale: the scaler state is 4 f64 elements, got ", state.describe());
+  MT_ASSERT(
+      found_inf.dtype() == DType::F32 && found_inf.numel() == 1 && found_inf.device().is_cpu(),
+      "update_scale: the found-inf flag is one f32 element, got ", found_inf.describe());
+  double* s = static_cast<double*>(state.data_ptr());
+  const bool found = *static_cast<const float*>(found_inf.data_ptr()) != 0.0f;
+  const amp::detail::ScaleState next = amp::detail::next_scale_state(
+      {s[0], int64_t(s[1]), int64_t(s[2]), int64_t(s[3])}, found, rule);
+  s[0] = next.scale;
+  s[1] = double(next.growth_tracker);
+  s[2] = double(next.hysteresis_tracker);
+  s[3] = double(next.min_scale_overflows);
+  state.bump_version();
 }
 
 }  // namespace mantissa::backend::cpu

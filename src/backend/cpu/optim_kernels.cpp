@@ -138,6 +138,15 @@ void check_step_tensors(const char* kernel, std::span<Tensor> params, std::span<
   }
 }
 
+// Whether the loss scaler's flag says to skip this call (read on the host: it is CPU memory).
+bool skip_for_found_inf(const MultiTensorOptions& o, const char* kernel) {
+  if (o.found_inf == nullptr) return false;
+  const Tensor& f = *o.found_inf;
+  MT_ASSERT(f.dtype() == DType::F32 && f.numel() == 1 && f.device().is_cpu(), kernel,
+            ": the found-inf flag is one f32 element, got ", f.describe());
+  return *static_cast<const float*>(f.data_ptr()) != 0.0f;
+}
+
 const Tensor* master_of(const MultiTensorOptions& o, size_t t) {
   return t < o.masters.size() && o.masters[t].defined() ? &o.masters[t] : nullptr;
 }
@@ -315,6 +324,7 @@ void CpuBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grad
     MT_ASSERT(momentum_bufs.empty(), "sgd_step: momentum buffers without momentum");
     check_step_tensors("sgd_step", params, grads, steps, {});
   }
+  if (skip_for_found_inf(hyper.options, "sgd_step")) return;
   const ChunkPlan plan(params);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
     const Tensor* buf = with_momentum ? &momentum_bufs[t] : nullptr;
@@ -331,6 +341,7 @@ void CpuBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> gr
   g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
   check_options(hyper.options, params, "adamw_step");
   check_step_tensors("adamw_step", params, grads, steps, {exp_avgs, exp_avg_sqs});
+  if (skip_for_found_inf(hyper.options, "adamw_step")) return;
   // The bias corrections in double, per tensor (a tensor's step count is its own, as PyTorch).
   std::vector<AdamWTensorConsts> consts(params.size());
   for (size_t t = 0; t < params.size(); ++t) {

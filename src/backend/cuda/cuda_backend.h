@@ -1,7 +1,7 @@
 // Internal: the CUDA backend (one per device). Every kernel is queued on the device's current
 // stream (mantissa/core/cuda.h) and never waits for the host, except where a result must come
-// back to it (unscale_and_check's return value). Inputs may be strided; the files named below
-// hold each family.
+// back to it (unscale_and_check's return value, only when no found_inf flag is given). Inputs may
+// be strided; the files named below hold each family.
 #pragma once
 
 #include "backend/backend.h"

@@ -1,0 +1,69 @@
+// Internal: the dynamic loss scale's update rule, the one definition shared by the host
+// GradScaler (src/amp/grad_scaler.cpp) and the backends' update_scale (the CUDA one runs it in a
+// one-thread kernel), so that a scale kept on the device follows the host trajectory exactly.
+// A pure function of plain values: no library calls, so nvcc compiles it for the device too.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+#if defined(__CUDACC__)
+#define MT_HOST_DEVICE __host__ __device__
+#else
+#define MT_HOST_DEVICE
+#endif
+
+namespace mantissa::amp::detail {
+
+struct ScaleState {
+  double scale = 1.0;  // an fp32 value, as PyTorch's
+  int64_t growth_tracker = 0;
+  int64_t hysteresis_tracker = 0;
+  int64_t min_scale_overflows = 0;
+};
+
+// The scale is an fp32 value: a double rounded to float after every change.
+MT_HOST_DEVICE constexpr double round_to_f32(double x) {
+  return double(float(x));
+}
+
+// Neither inf nor NaN (x - x is NaN for both), without <cmath> on the device.
+MT_HOST_DEVICE constexpr bool is_finite_value(double x) {
+  return x - x == 0.0;
+}
+
+// One update() of a dynamic scaler. An overflow resets the growth tracker and, once
+// `hysteresis` overflowing updates came in a row, backs the scale off (never below min_scale);
+// an overflow with the scale already at min_scale is counted. A clean update resets the
+// hysteresis count and, after growth_interval of them, grows the scale (never above max_scale,
+// not at all when the grown value overflows fp32).
+MT_HOST_DEVICE constexpr ScaleState next_scale_state(ScaleState s, bool found_inf,
+                                                     const backend::ScaleUpdate& rule) {
+  if (found_inf) {
+    const bool at_min = s.scale <= rule.min_scale;
+    s.growth_tracker = 0;
+    if (++s.hysteresis_tracker >= rule.hysteresis) {
+      s.hysteresis_tracker = 0;
+      const double backed_off = round_to_f32(s.scale * rule.backoff_factor);
+      // std::max(backed_off, min_scale): the first argument unless it is less.
+      s.scale = round_to_f32(backed_off < rule.min_scale ? rule.min_scale : backed_off);
+    }
+    if (at_min) ++s.min_scale_overflows;
+    return s;
+  }
+  s.hysteresis_tracker = 0;
+  const int64_t successful = s.growth_tracker + 1;
+  if (successful >= rule.growth_interval) {
+    const double grown = round_to_f32(s.scale * rule.growth_factor);
+    // std::min(grown, max_scale): the second argument only when it is less.
+    if (is_finite_value(grown))
+      s.scale = round_to_f32(rule.max_scale < grown ? rule.max_scale : grown);
+    s.growth_tracker = 0;
+  } else {
+    s.growth_tracker = successful;
+  }
+  return s;
+}
+
+}  // namespace mantissa::amp::detail

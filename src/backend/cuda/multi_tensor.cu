@@ -1,0 +1,735 @@
+// CUDA multi-tensor kernels (DESIGN.md §5): the fused optimizer steps (SGD, AdamW), the global
+// norm and the in-place scale of clipping, the loss scaler's fused unscale + inf/NaN check and
+// its scale update. Each call is one kernel over all its tensors: the host cuts every tensor
+// into chunks of kChunk elements and passes the (tensor, chunk) table with the tensors'
+// pointers as the kernel's parameters (no metadata copy, no host wait); block b works on
+// chunk b. A call with more tensors or chunks than one parameter block holds is launched in
+// batches of kMaxTensors / kMaxBlocks, in order on the same stream.
+//
+// The arithmetic is the CPU backend's (src/backend/cpu/optim_kernels.cpp, amp_kernels.cpp),
+// operation for operation, in fp32 (f64 for f64 tensors), with the _rn intrinsics so that nvcc
+// fuses no multiply-add the CPU does not (the CPU build has no FMA contraction): results are
+// bit-identical to the CPU, stochastic rounding included (round.h's encode and philox.h's
+// random_bits, the very same functions). multi_tensor_norm is deterministic (fixed block sizes,
+// per-chunk fp32 partials combined in f64 in chunk order) but sums in another order than the
+// CPU, and powf for a general p is not correctly rounded: it agrees with the CPU to rounding.
+//
+// Host reads: unscale_and_check returns its result through the host only when no found_inf
+// tensor is given (it then waits for the kernel). With found_inf given, the flag is the answer
+// and stays on the device: the call returns false without waiting (GradScaler reads the flag
+// when it must decide on the host; on a GPU it hands it to the optimizer kernels instead).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+
+#include "amp/scale_update.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/multi_tensor.h"
+
+namespace mantissa::backend::cuda {
+namespace {
+
+constexpr int64_t kChunk = 16384;  // elements per block
+constexpr int kMaxTensors = 64;    // tensors in one launch's parameters
+constexpr int kMaxBlocks = 512;    // chunks in one launch's parameters
+constexpr int kBlockThreads = 256;
+
+// One tensor of a launch. `data` is what the kernel updates (the parameter, or the tensor to
+// scale / check / measure); the rest is for the optimizer steps.
+struct TensorArg {
+  void* data = nullptr;
+  const void* grad = nullptr;
+  void* state0 = nullptr;  // momentum buffer / exp_avg (compute type)
+  void* state1 = nullptr;  // exp_avg_sq
+  float* master = nullptr;
+  int64_t numel = 0;
+  uint64_t id = 0;       // stochastic rounding's stream id
+  double step_size = 0;  // AdamW: lr / (1 - beta1^t)
+  double bc2_sqrt = 0;   // AdamW: sqrt(1 - beta2^t)
+  DType dtype = DType::F32;
+  DType grad_dtype = DType::F32;
+  bool first = false;  // the tensor's first update: state written, not read
+};
+
+struct Batch {
+  TensorArg tensors[kMaxTensors];
+  int32_t block_chunk[kMaxBlocks];   // chunk of its tensor
+  uint8_t block_tensor[kMaxBlocks];  // index into tensors
+  int64_t first_block = 0;           // the call-wide number of block 0 (norm partials)
+};
+static_assert(kMaxTensors <= 256, "block_tensor is a byte");
+// Kernel parameters beyond 4 KB need CUDA 12.1 (this build's toolkit is newer); 32764 at most.
+static_assert(sizeof(Batch) <= 32000, "the launch table must fit the kernel parameters");
+
+// Cuts tensors 0..count-1 (numel(i) elements each) into chunks and launches
+// launch(batch, blocks) for each parameter block's worth, in order. make_arg(i) describes
+// tensor i. Empty tensors own no chunk.
+template <typename Numel, typename MakeArg, typename Launch>
+void for_each_batch(size_t count, Numel numel, MakeArg make_arg, Launch launch) {
+  Batch b;
+  int nt = 0, nb = 0;
+  int64_t launched = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t n = numel(i);
+    if (n == 0) continue;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (c == 0 || nb == 0) b.tensors[nt++] = make_arg(i);  // the tensor enters this batch
+      b.block_tensor[nb] = uint8_t(nt - 1);
+      b.block_chunk[nb] = int32_t(c);
+      ++nb;
+      const bool tensors_full = nt == kMaxTensors && c == chunks - 1;
+      if (nb == kMaxBlocks || tensors_full) {
+        launch(b, nb);
+        launched += nb;
+        nb = 0;
+        nt = 0;
+        b.first_block = launched;
+      }
+    }
+  }
+  if (nb > 0) launch(b, nb);
+}
+
+int64_t total_chunks(std::span<const Tensor> tensors) {
+  int64_t c = 0;
+  for (const Tensor& t : tensors)
+    c += (t.numel() + kChunk - 1) / kChunk;
+  return c;
+}
+
+// ---- arithmetic without contraction ----------------------------------------------------------
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+__device__ __forceinline__ float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rn(double a, double b) {
+  return __dadd_rn(a, b);
+}
+__device__ __forceinline__ float sub_rn(float a, float b) {
+  return __fsub_rn(a, b);
+}
+__device__ __forceinline__ double sub_rn(double a, double b) {
+  return __dsub_rn(a, b);
+}
+__device__ __forceinline__ float div_rn(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+__device__ __forceinline__ double div_rn(double a, double b) {
+  return __ddiv_rn(a, b);
+}
+__device__ __forceinline__ float sqrt_rn(float a) {
+  return __fsqrt_rn(a);
+}
+__device__ __forceinline__ double sqrt_rn(double a) {
+  return __dsqrt_rn(a);
+}
+
+// ---- loads and stores by runtime dtype (one tensor's dtype is uniform over a block) ----------
+template <typename C>
+__device__ __forceinline__ C load_c(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::F64:
+      return C(static_cast<const double*>(p)[i]);  // to float: RNE, as the CPU's cast
+    case DType::F32:
+      return C(static_cast<const float*>(p)[i]);
+    case DType::F16:
+      return C(load(static_cast<const __half*>(p) + i));
+    case DType::BF16:
+      return C(load(static_cast<const __nv_bfloat16*>(p) + i));
+    case DType::FP8_E4M3:
+      return C(load(static_cast<const float8_e4m3*>(p) + i));
+    case DType::FP8_E5M2:
+      return C(load(static_cast<const float8_e5m2*>(p) + i));
+    default:
+      return C(0);
+  }
+}
+
+// Stores v (the compute type) into element i of a float tensor, rounding to nearest even.
+template <typename C>
+__device__ __forceinline__ void store_c(void* p, DType dtype, int64_t i, C v) {
+  switch (dtype) {
+    case DType::F64:
+      store(static_cast<double*>(p) + i, v);
+      break;
+    case DType::F32:
+      store(static_cast<float*>(p) + i, v);
+      break;
+    case DType::F16:
+      store(static_cast<__half*>(p) + i, v);
+      break;
+    case DType::BF16:
+      store(static_cast<__nv_bfloat16*>(p) + i, v);
+      break;
+    case DType::FP8_E4M3:
+      store(static_cast<float8_e4m3*>(p) + i, v);
+      break;
+    case DType::FP8_E5M2:
+      store(static_cast<float8_e5m2*>(p) + i, v);
+      break;
+    default:
+      break;
+  }
+}
+
+__device__ __forceinline__ Format narrow_format(DType dtype) {
+  switch (dtype) {
+    case DType::F16:
+      return Format::FP16;
+    case DType::BF16:
+      return Format::BF16;
+    case DType::FP8_E4M3:
+      return Format::FP8_E4M3;
+    default:
+      return Format::FP8_E5M2;
+  }
+}
+
+// How an optimizer step writes parameters (MultiTensorOptions).
+struct StoreRounding {
+  bool stochastic = false;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+// Element j of the parameter of `a` after its update to v: the master (when there is one)
+// keeps v, the parameter receives v rounded as `r` says (exact for f32/f64 parameters).
+template <typename C>
+__device__ __forceinline__ void store_param(const TensorArg& a, int64_t j, C v,
+                                            const StoreRounding& r) {
+  if (a.master != nullptr) a.master[j] = float(v);
+  if (a.dtype == DType::F32 || a.dtype == DType::F64 || !r.stochastic) {
+    store_c<C>(a.data, a.dtype, j, v);
+    return;
+  }
+  const uint32_t rnd = random_bits(r.seed, r.offset, (a.id << 40) + uint64_t(j));
+  const uint32_t bits =
+      encode(narrow_format(a.dtype), float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
+  if (a.dtype == DType::F16 || a.dtype == DType::BF16) {
+    static_cast<uint16_t*>(a.data)[j] = uint16_t(bits);
+  } else {
+    static_cast<uint8_t*>(a.data)[j] = uint8_t(bits);
+  }
+}
+
+// The value an update starts from: the master when there is one, else the parameter.
+template <typename C>
+__device__ __forceinline__ C load_param(const TensorArg& a, int64_t j) {
+  return a.master != nullptr ? C(a.master[j]) : load_c<C>(a.data, a.dtype, j);
+}
+
+// ---- the one kernel shape --------------------------------------------------------------------
+template <typename Op>
+__global__ void __launch_bounds__(kBlockThreads) multi_tensor_kernel(Batch batch, Op op) {
+  const TensorArg& a = batch.tensors[batch.block_tensor[blockIdx.x]];
+  const int64_t start = int64_t(batch.block_chunk[blockIdx.x]) * kChunk;
+  const int64_t n = a.numel - start < kChunk ? a.numel - start : kChunk;
+  op(a, start, n, batch.first_block + blockIdx.x);
+}
+
+template <typename Op>
+void launch_batch(const Batch& b, int blocks, const Op& op, cudaStream_t stream) {
+  multi_tensor_kernel<Op><<<unsigned(blocks), kBlockThreads, 0, stream>>>(b, op);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+// A skipped optimizer step: the loss scaler's device flag is set.
+__device__ __forceinline__ bool skipped(const float* found_inf) {
+  return found_inf != nullptr && *found_inf != 0.0f;
+}
+
+// ---- SGD ---------------------------------------------------------------------------------------
+struct SgdOp {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  StoreRounding rounding;
+  const float* found_inf;
+
+  template <typename C>
+  __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
+    const C lr_c = C(lr), wd = C(weight_decay), mom = C(momentum);
+    const C keep = C(1.0 - dampening);
+    C* buf = static_cast<C*>(a.state0);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const int64_t j = start + k;
+      C p = load_param<C>(a, j);
+      C g = load_c<C>(a.grad, a.grad_dtype, j);
+      if (weight_decay != 0) g = add_rn(g, mul_rn(wd, p));
+      C d = g;
+      if (momentum != 0) {
+        C b;
+        if (a.first) {
+          b = g;  // PyTorch: buf = clone(grad), no dampening on the first step
+        } else {
+          b = add_rn(mul_rn(buf[j], mom), mul_rn(keep, g));
+        }
+        buf[j] = b;
+        d = nesterov ? add_rn(g, mul_rn(mom, b)) : b;
+      }
+      p = sub_rn(p, mul_rn(lr_c, d));
+      store_param<C>(a, j, p, rounding);
+    }
+  }
+
+  __device__ void operator()(const TensorArg& a, int64_t start, int64_t n, int64_t) const {
+    if (skipped(found_inf)) return;
+    if (a.dtype == DType::F64) {
+      chunk<double>(a, start, n);
+    } else {
+      chunk<float>(a, start, n);
+    }
+  }
+};
+
+// ---- AdamW -------------------------------------------------------------------------------------
+struct AdamWOp {
+  double lr, beta1, beta2, eps, weight_decay;
+  StoreRounding rounding;
+  const float* found_inf;
+
+  template <typename C>
+  __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
+    const C decay = C(1.0 - lr * weight_decay);
+    const C w = C(1.0 - beta1);  // lerp weight
+    const C one_minus_w = C(1) - w;
+    const C b2 = C(beta2), omb2 = C(1.0 - beta2), eps_c = C(eps);
+    const C neg_step = C(-a.step_size), bc2_sqrt = C(a.bc2_sqrt);
+    const bool lerp_low = w < C(0.5);  // torch.lerp's choice of formula
+    C* m = static_cast<C*>(a.state0);
+    C* v = static_cast<C*>(a.state1);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const int64_t j = start + k;
+      const C g = load_c<C>(a.grad, a.grad_dtype, j);
+      // The state starts at zero (PyTorch's zeros_like): on a first update it was never written.
+      const C mo = a.first ? C(0) : m[j];
+      const C vo = a.first ? C(0) : v[j];
+      const C mn = lerp_low ? add_rn(mo, mul_rn(w, sub_rn(g, mo)))
+                            : sub_rn(g, mul_rn(sub_rn(g, mo), one_minus_w));
+      const C vn = add_rn(mul_rn(vo, b2), mul_rn(mul_rn(omb2, g), g));
+      m[j] = mn;
+      v[j] = vn;
+      const C denom = add_rn(div_rn(sqrt_rn(vn), bc2_sqrt), eps_c);
+      C p = load_param<C>(a, j);
+      p = add_rn(mul_rn(p, decay), div_rn(mul_rn(neg_step, mn), denom));
+      store_param<C>(a, j, p, rounding);
+    }
+  }
+
+  __device__ void operator()(const TensorArg& a, int64_t start, int64_t n, int64_t) const {
+    if (skipped(found_inf)) return;
+    if (a.dtype == DType::F64) {
+      chunk<double>(a, start, n);
+    } else {
+      chunk<float>(a, start, n);
+    }
+  }
+};
+
+// ---- norm and scale ----------------------------------------------------------------------------
+enum class NormKind { Two, One, Inf, P };
+
+struct NormPartialOp {
+  NormKind kind;
+  double p;
+  double* partials;  // one per call-wide block
+
+  template <typename C>
+  __device__ void chunk(const TensorArg& a, int64_t start, int64_t n, int64_t block) const {
+    C acc = 0;
+    bool nan = false;
+    const C pc = C(p);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const C x = fabs(load_c<C>(a.data, a.dtype, start + k));
+      switch (kind) {
+        case NormKind::Two:
+          acc = add_rn(acc, mul_rn(x, x));
+          break;
+        case NormKind::One:
+          acc = add_rn(acc, x);
+          break;
+        case NormKind::Inf:
+          nan = nan || x != x;
+          acc = x > acc ? x : acc;
+          break;
+        case NormKind::P:
+          acc = add_rn(acc, pow(x, pc));
+          break;
+      }
+    }
+    if (kind == NormKind::Inf) {
+      const bool any_nan = __syncthreads_or(nan) != 0;
+      const C best = block_max(acc);
+      if (threadIdx.x == 0) partials[block] = any_nan ? double(NAN) : double(best);
+    } else {
+      const C total = block_sum(acc);
+      if (threadIdx.x == 0) partials[block] = double(total);
+    }
+  }
+
+  __device__ void operator()(const TensorArg& a, int64_t start, int64_t n, int64_t block) const {
+    if (a.dtype == DType::F64) {
+      chunk<double>(a, start, n, block);
+    } else {
+      chunk<float>(a, start, n, block);
+    }
+  }
+};
+
+// Combines the partials in chunk order, as the CPU.
+__global__ void norm_combine_kernel(const double* partials, int64_t count, NormKind kind, double p,
+                                    double* out) {
+  double total = 0;
+  if (kind == NormKind::Inf) {
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = partials[i];
+      if (v != v) {
+        total = v;
+        break;
+      }
+      total = v > total ? v : total;
+    }
+  } else {
+    for (int64_t i = 0; i < count; ++i)
+      total = __dadd_rn(total, partials[i]);
+    if (kind == NormKind::Two) total = __dsqrt_rn(total);
+    if (kind == NormKind::P) total = pow(total, 1.0 / p);
+  }
+  *out = total;
+}
+
+struct ScaleOp {
+  double factor;
+
+  template <typename C>
+  __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
+    const C f = C(factor);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const int64_t j = start + k;
+      store_c<C>(a.data, a.dtype, j, mul_rn(load_c<C>(a.data, a.dtype, j), f));
+    }
+  }
+
+  __device__ void operator()(const TensorArg& a, int64_t start, int64_t n, int64_t) const {
+    if (a.dtype == DType::F64) {
+      chunk<double>(a, start, n);
+    } else {
+      chunk<float>(a, start, n);
+    }
+  }
+};
+
+// ---- the loss scaler ---------------------------------------------------------------------------
+// The factor is inv_scale, or 1 / state[0] rounded to fp32 when `state` is given (the scaler's
+// device state: PyTorch's inv_scale = scale.double().reciprocal().float()).
+struct UnscaleOp {
+  double inv_scale;
+  const double* state;
+  float* found_inf;
+
+  template <typename C>
+  __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
+    const double inv = state != nullptr ? amp::detail::round_to_f32(1.0 / state[0]) : inv_scale;
+    const C f = C(inv);
+    constexpr C kMax = std::numeric_limits<C>::max();
+    bool bad = false;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const int64_t j = start + k;
+      const C x = load_c<C>(a.data, a.dtype, j);
+      // |x| <= max is false exactly for inf and NaN.
+      bad = bad || !(fabs(x) <= kMax);
+      // f == 1 leaves the values bit-identical (NaN payloads included), as PyTorch.
+      if (f != C(1)) store_c<C>(a.data, a.dtype, j, mul_rn(x, f));
+    }
+    if (__syncthreads_or(bad) != 0 && threadIdx.x == 0) *found_inf = 1.0f;
+  }
+
+  __device__ void operator()(const TensorArg& a, int64_t start, int64_t n, int64_t) const {
+    if (a.dtype == DType::F64) {
+      chunk<double>(a, start, n);
+    } else {
+      chunk<float>(a, start, n);
+    }
+  }
+};
+
+__global__ void update_scale_kernel(double* state, const float* found_inf, ScaleUpdate rule) {
+  const amp::detail::ScaleState next = amp::detail::next_scale_state(
+      {state[0], int64_t(state[1]), int64_t(state[2]), int64_t(state[3])}, *found_inf != 0.0f,
+      rule);
+  state[0] = next.scale;
+  state[1] = double(next.growth_tracker);
+  state[2] = double(next.hysteresis_tracker);
+  state[3] = double(next.min_scale_overflows);
+}
+
+// ---- host checks -------------------------------------------------------------------------------
+DType state_dtype(DType param) {
+  return param == DType::F64 ? DType::F64 : DType::F32;
+}
+
+bool on_device(const Tensor& t, int device) {
+  return t.device().is_cuda() && t.device().index == device;
+}
+
+void check_flag(const Tensor& f, int device, const char* kernel) {
+  MT_ASSERT(f.dtype() == DType::F32 && f.numel() == 1 && f.is_contiguous() && on_device(f, device),
+            kernel, ": the found-inf flag is one f32 element on cuda:", device, ", got ",
+            f.describe());
+}
+
+void check_plain(std::span<const Tensor> tensors, int device, const char* kernel) {
+  for (const Tensor& t : tensors) {
+    MT_ASSERT(t.is_floating_point() && t.is_contiguous() && on_device(t, device), kernel, " of ",
+              t.describe(), " on cuda:", device);
+  }
+}
+
+void check_options(const MultiTensorOptions& o, std::span<Tensor> params, int device,
+                   const char* kernel) {
+  MT_CHECK(
+      o.store_rounding == RoundingMode::NearestEven || o.store_rounding == RoundingMode::Stochastic,
+      kernel, ": rounding mode ", rounding_name(o.store_rounding),
+      " on store is not supported; use round-to-nearest-even or stochastic rounding");
+  MT_ASSERT(o.masters.empty() || o.masters.size() == params.size(), kernel,
+            ": one master entry per parameter");
+  MT_ASSERT(o.store_rounding != RoundingMode::Stochastic || o.tensor_ids.size() == params.size(),
+            kernel, ": stochastic rounding needs one tensor id per parameter");
+  for (size_t i = 0; i < o.masters.size(); ++i) {
+    const Tensor& m = o.masters[i];
+    if (!m.defined()) continue;
+    MT_ASSERT(m.dtype() == DType::F32 && m.is_contiguous() && m.shape() == params[i].shape() &&
+                  on_device(m, device) && params[i].dtype() != DType::F32 &&
+                  params[i].dtype() != DType::F64,
+              kernel, ": master ", m.describe(), " of parameter ", params[i].describe());
+  }
+  if (o.found_inf != nullptr) check_flag(*o.found_inf, device, kernel);
+}
+
+void check_step_tensors(const char* kernel, int device, std::span<Tensor> params,
+                        std::span<const Tensor> grads, std::span<const int64_t> steps,
+                        std::initializer_list<std::span<Tensor>> states) {
+  MT_ASSERT(grads.size() == params.size() && steps.size() == params.size(), kernel,
+            ": one gradient and one step per parameter");
+  for (const auto& s : states)
+    MT_ASSERT(s.size() == params.size(), kernel, ": one state tensor per parameter");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    const Tensor& g = grads[i];
+    MT_ASSERT(p.is_floating_point() && p.is_contiguous() && on_device(p, device), kernel,
+              ": parameter ", i, " is ", p.describe());
+    MT_ASSERT(g.is_floating_point() && g.is_contiguous() && g.shape() == p.shape() &&
+                  on_device(g, device),
+              kernel, ": gradient ", i, " is ", g.describe(), " for a parameter ", p.describe());
+    MT_ASSERT(steps[i] >= 1, kernel, ": step ", steps[i], " of tensor ", i);
+    for (const auto& s : states) {
+      const Tensor& b = s[i];
+      MT_ASSERT(b.dtype() == state_dtype(p.dtype()) && b.is_contiguous() &&
+                    b.shape() == p.shape() && on_device(b, device),
+                kernel, ": state ", b.describe(), " of parameter ", p.describe());
+    }
+  }
+}
+
+StoreRounding rounding_of(const MultiTensorOptions& o) {
+  return {o.store_rounding == RoundingMode::Stochastic, o.seed, o.offset};
+}
+
+// The parts of tensor i's launch entry that both optimizer steps share.
+TensorArg step_arg(std::span<Tensor> params, std::span<const Tensor> grads,
+                   std::span<const int64_t> steps, const MultiTensorOptions& o, size_t i) {
+  TensorArg a;
+  a.data = params[i].data_ptr();
+  a.grad = grads[i].data_ptr();
+  a.numel = params[i].numel();
+  a.dtype = params[i].dtype();
+  a.grad_dtype = grads[i].dtype();
+  a.first = steps[i] == 1;
+  if (i < o.masters.size() && o.masters[i].defined()) {
+    a.master = static_cast<float*>(o.masters[i].data_ptr());
+  }
+  if (o.store_rounding == RoundingMode::Stochastic) a.id = o.tensor_ids[i];
+  return a;
+}
+
+const float* flag_ptr(const MultiTensorOptions& o) {
+  return o.found_inf != nullptr ? static_cast<const float*>(o.found_inf->data_ptr()) : nullptr;
+}
+
+// The fused unscale over `grads` into `found_inf` (device pointer), factor as UnscaleOp says.
+void launch_unscale(std::span<Tensor> grads, double inv_scale, const double* state,
+                    float* found_inf, cudaStream_t stream) {
+  const UnscaleOp op{inv_scale, state, found_inf};
+  for_each_batch(
+      grads.size(), [&](size_t i) { return grads[i].numel(); },
+      [&](size_t i) {
+        TensorArg a;
+        a.data = grads[i].data_ptr();
+        a.numel = grads[i].numel();
+        a.dtype = grads[i].dtype();
+        return a;
+      },
+      [&](const Batch& b, int blocks) { launch_batch(b, blocks, op, stream); });
+}
+
+}  // namespace
+
+void CudaBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                           std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
+                           const SgdStep& hyper) {
+  DeviceGuard guard(device_);
+  const MultiTensorOptions& o = hyper.options;
+  check_options(o, params, device_, "sgd_step");
+  const bool with_momentum = hyper.momentum != 0;
+  if (with_momentum) {
+    check_step_tensors("sgd_step", device_, params, grads, steps, {momentum_bufs});
+  } else {
+    MT_ASSERT(momentum_bufs.empty(), "sgd_step: momentum buffers without momentum");
+    check_step_tensors("sgd_step", device_, params, grads, steps, {});
+  }
+  const SgdOp op{hyper.lr,       hyper.momentum, hyper.dampening, hyper.weight_decay,
+                 hyper.nesterov, rounding_of(o), flag_ptr(o)};
+  const cudaStream_t stream = stream_for(device_);
+  for_each_batch(
+      params.size(), [&](size_t i) { return params[i].numel(); },
+      [&](size_t i) {
+        TensorArg a = step_arg(params, grads, steps, o, i);
+        if (with_momentum) a.state0 = momentum_bufs[i].data_ptr();
+        return a;
+      },
+      [&](const Batch& b, int blocks) { launch_batch(b, blocks, op, stream); });
+}
+
+void CudaBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
+                             std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
+                             std::span<const int64_t> steps, const AdamWStep& hyper) {
+  DeviceGuard guard(device_);
+  const MultiTensorOptions& o = hyper.options;
+  check_options(o, params, device_, "adamw_step");
+  check_step_tensors("adamw_step", device_, params, grads, steps, {exp_avgs, exp_avg_sqs});
+  const AdamWOp op{hyper.lr,           hyper.beta1,    hyper.beta2, hyper.eps,
+                   hyper.weight_decay, rounding_of(o), flag_ptr(o)};
+  const cudaStream_t stream = stream_for(device_);
+  for_each_batch(
+      params.size(), [&](size_t i) { return params[i].numel(); },
+      [&](size_t i) {
+        TensorArg a = step_arg(params, grads, steps, o, i);
+        a.state0 = exp_avgs[i].data_ptr();
+        a.state1 = exp_avg_sqs[i].data_ptr();
+        // The bias corrections in double on the host, per tensor, as the CPU.
+        const double s = double(steps[i]);
+        a.step_size = hyper.lr / (1.0 - std::pow(hyper.beta1, s));
+        a.bc2_sqrt = std::sqrt(1.0 - std::pow(hyper.beta2, s));
+        return a;
+      },
+      [&](const Batch& b, int blocks) { launch_batch(b, blocks, op, stream); });
+}
+
+void CudaBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm_type,
+                                    Tensor& out) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(out.dtype() == DType::F64 && out.numel() == 1 && on_device(out, device_),
+            "multi_tensor_norm writes one f64 element on cuda:", device_, ", got ", out.describe());
+  MT_CHECK(norm_type > 0, "a gradient norm needs norm_type > 0 (or inf), got ", norm_type);
+  check_plain(tensors, device_, "multi_tensor_norm");
+  const NormKind kind = std::isinf(norm_type) ? NormKind::Inf
+                        : norm_type == 2      ? NormKind::Two
+                        : norm_type == 1      ? NormKind::One
+                                              : NormKind::P;
+  const cudaStream_t stream = stream_for(device_);
+  const int64_t chunks = total_chunks(tensors);
+  // At least one slot, so that no tensors (or only empty ones) give a norm of 0.
+  const Tensor partials = scratch(std::max<int64_t>(chunks, 1) * int64_t(sizeof(double)), device_);
+  double* partial = static_cast<double*>(partials.data_ptr());
+  const NormPartialOp op{kind, norm_type, partial};
+  for_each_batch(
+      tensors.size(), [&](size_t i) { return tensors[i].numel(); },
+      [&](size_t i) {
+        TensorArg a;
+        a.data = const_cast<void*>(tensors[i].data_ptr());
+        a.numel = tensors[i].numel();
+        a.dtype = tensors[i].dtype();
+        return a;
+      },
+      [&](const Batch& b, int blocks) { launch_batch(b, blocks, op, stream); });
+  norm_combine_kernel<<<1, 1, 0, stream>>>(partial, chunks, kind, norm_type,
+                                           static_cast<double*>(out.data_ptr()));
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::multi_tensor_scale(std::span<Tensor> tensors, double factor) {
+  DeviceGuard guard(device_);
+  check_plain(tensors, device_, "multi_tensor_scale");
+  const ScaleOp op{factor};
+  const cudaStream_t stream = stream_for(device_);
+  for_each_batch(
+      tensors.size(), [&](size_t i) { return tensors[i].numel(); },
+      [&](size_t i) {
+        TensorArg a;
+        a.data = tensors[i].data_ptr();
+        a.numel = tensors[i].numel();
+        a.dtype = tensors[i].dtype();
+        return a;
+      },
+      [&](const Batch& b, int blocks) { launch_batch(b, blocks, op, stream); });
+}
+
+bool CudaBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) {
+  DeviceGuard guard(device_);
+  check_plain(grads, device_, "unscale_and_check");
+  const cudaStream_t stream = stream_for(device_);
+  if (found_inf != nullptr) {
+    // The flag is the answer and stays on the device (see the top of this file): no wait.
+    check_flag(*found_inf, device_, "unscale_and_check");
+    launch_unscale(grads, inv_scale, nullptr, static_cast<float*>(found_inf->data_ptr()), stream);
+    return false;
+  }
+  // A host result was asked for: a flag of our own, read back once the kernel is done.
+  const Tensor flag = scratch(sizeof(float), device_);
+  float* flag_dev = static_cast<float*>(flag.data_ptr());
+  MT_CUDA_CHECK(cudaMemsetAsync(flag_dev, 0, sizeof(float), stream));
+  launch_unscale(grads, inv_scale, nullptr, flag_dev, stream);
+  float host = 0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&host, flag_dev, sizeof(float), cudaMemcpyDeviceToHost, stream));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host != 0.0f;
+}
+
+void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(state.dtype() == DType::F64 && state.numel() == 4 && state.is_contiguous() &&
+                on_device(state, device_),
+            "update_scale: the scaler state is 4 f64 elements on cuda:", device_, ", got ",
+            state.describe());
+  check_flag(found_inf, device_, "update_scale");
+  update_scale_kernel<<<1, 1, 0, stream_for(device_)>>>(
+      static_cast<double*>(state.data_ptr()), static_cast<const float*>(found_inf.data_ptr()),
+      rule);
+  MT_CUDA_CHECK_LAUNCH();
+  state.bump_version();
+}
+
+void unscale_and_check_by_state(std::span<Tensor> grads, const Tensor& state, Tensor& found_inf) {
+  MT_ASSERT(state.device().is_cuda() && state.dtype() == DType::F64 && state.numel() == 4 &&
+                state.is_contiguous(),
+            "unscale_and_check_by_state: the scaler state is 4 f64 elements on a GPU, got ",
+            state.describe());
+  const int device = state.device().index;
+  DeviceGuard guard(device);
+  check_plain(grads, device, "unscale_and_check");
+  check_flag(found_inf, device, "unscale_and_check");
+  launch_unscale(grads, 1.0, static_cast<const double*>(state.data_ptr()),
+                 static_cast<float*>(found_inf.data_ptr()), stream_for(device));
+}
+
+}  // namespace mantissa::backend::cuda
