@@ -504,6 +504,74 @@ Tensor binary_cross_entropy_with_logits(const Tensor& x_arg, const Tensor& y_arg
 
 // ---- attention -------------------------------------------------------------------------------
 
+namespace {
+
+// attention.cu keeps a query row's slice of the head in registers, up to this head dim; larger
+// heads take the composed path on CUDA.
+constexpr int64_t kCudaFusedAttentionMaxHeadDim = 128;
+
+// The leading dims (all but the last two) of t.
+Shape batch_dims(const Tensor& t) {
+  Shape s = t.shape();
+  s.resize(s.size() - 2);
+  return s;
+}
+
+// t (..., T, D) expanded to the batch dims `batch` and seen as a contiguous (B, H, T, D), through
+// differentiable ops: autograd sums a broadcast's gradient back and undoes the reshape.
+Tensor as_bhtd(const Tensor& t, const Shape& batch) {
+  Shape full = batch;
+  full.push_back(t.size(-2));
+  full.push_back(t.size(-1));
+  int64_t b = 1, h = 1;
+  for (int i = 0; i < batch.size(); ++i)
+    (i + 1 == batch.size() ? h : b) *= batch[i];
+  return t.expand(full).contiguous().reshape({b, h, t.size(-2), t.size(-1)});
+}
+
+// The common batch dims of q, k and v when the fused kernels can take them; nullopt sends the
+// call down the composed path (explicit masks, a value head dim other than the query's, empty
+// sequences, heads too large for the device's kernel, batch dims that do not broadcast — the
+// composed path then reports them).
+std::optional<Shape> fused_attention_batch(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& mask) {
+  if (mask.defined() || v.size(-1) != q.size(-1)) return std::nullopt;
+  if (q.size(-2) == 0 || k.size(-2) == 0 || q.size(-1) == 0) return std::nullopt;
+  if (q.device().is_cuda() && q.size(-1) > kCudaFusedAttentionMaxHeadDim) return std::nullopt;
+  try {
+    return broadcast_shapes(batch_dims(q), broadcast_shapes(batch_dims(k), batch_dims(v)));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// The fused forward on (B, H, T, D) tensors; the backward recomputes the probabilities from
+// the saved log-sum-exp, so nothing (Tq, Tk) is kept.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const backend::AttentionParams& params) {
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, stats_dtype(q.dtype()), q.device());
+  backend_of(q).attention(q.detach(), k.detach(), v.detach(), out, lse, params);
+  if (autograd::needs_grad({&q, &k, &v})) {
+    const autograd::SavedTensor sq(q), sk(k), sv(v), so(out), sl(lse);
+    autograd::record("scaled_dot_product_attentionBackward", {q, k, v}, {out},
+                     [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                       if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+                       const Tensor qs = sq.unpack(), ks = sk.unpack(), vs = sv.unpack();
+                       Tensor gq = Tensor::empty(qs.shape(), qs.dtype(), qs.device());
+                       Tensor gk = Tensor::empty(ks.shape(), ks.dtype(), ks.device());
+                       Tensor gv = Tensor::empty(vs.shape(), vs.dtype(), vs.device());
+                       backend::backend_for(qs.device())
+                           .attention_backward(g[0].to(qs.dtype()).contiguous(), qs, ks, vs,
+                                               so.unpack(), sl.unpack(), gq, gk, gv, params);
+                       return {gq, gk, gv};
+                     });
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q_arg, const Tensor& k_arg, const Tensor& v_arg,
                                     const Tensor& mask, bool causal, std::optional<double> scale) {
   const amp::AutocastInputs cast_in(amp::OpId::ScaledDotProductAttention, q_arg, k_arg, v_arg);
@@ -525,6 +593,18 @@ Tensor scaled_dot_product_attention(const Tensor& q_arg, const Tensor& k_arg, co
            k.describe(), " and value ", v.describe());
   const int64_t tq = q.size(-2), tk = k.size(-2);
   const double s = scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
+
+  if (const std::optional<Shape> batch = fused_attention_batch(q, k, v, mask)) {
+    backend::AttentionParams params;
+    params.scale = s;
+    params.causal = causal;
+    const Tensor out =
+        fused_attention(as_bhtd(q, *batch), as_bhtd(k, *batch), as_bhtd(v, *batch), params);
+    Shape out_shape = *batch;
+    out_shape.push_back(tq);
+    out_shape.push_back(q.size(-1));
+    return out.reshape(out_shape);
+  }
 
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);  // (..., Tq, Tk)
   const Tensor neg_inf = Tensor::full({}, -INFINITY, scores.dtype(), scores.device());

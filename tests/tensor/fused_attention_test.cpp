@@ -1,0 +1,243 @@
+// The fused attention path of scaled_dot_product_attention (no mask): against a float64 reference
+// written here with plain loops (forward and log-sum-exp), against the composed path (reached with
+// an all-true Bool mask) for values and gradients, finite differences in f64, and every float
+// dtype through the per-op harness. Shapes cross the CPU kernel's 64-row tiles.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/backend.h"
+#include "harness/op_harness.h"
+#include "mantissa/core/allocator.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa {
+namespace {
+
+using testing::all_close;
+using testing::check_op;
+using testing::eps_of;
+using testing::OpCase;
+using testing::random_f64;
+
+std::vector<double> values(const Tensor& t) {
+  return t.contiguous().to_vector<double>();
+}
+
+// softmax(q k^T * scale) v for q (N, Tq, D), k and v (N, Tk, D) flattened over the leading dims,
+// and each query row's log-sum-exp of the scaled scores.
+struct Reference {
+  std::vector<double> out, lse;
+};
+
+Reference attention_ref(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                        bool causal) {
+  const int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1);
+  const int64_t n = q.numel() / (tq * d);
+  const std::vector<double> qv = values(q), kv = values(k), vv = values(v);
+  Reference r;
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t i = 0; i < tq; ++i) {
+      const int64_t seen = causal ? std::min(tk, i + 1) : tk;
+      std::vector<double> s(static_cast<size_t>(seen));
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < seen; ++j) {
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e)
+          dot += qv[size_t((b * tq + i) * d + e)] * kv[size_t((b * tk + j) * d + e)];
+        s[size_t(j)] = dot * scale;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      double total = 0;
+      for (double& x : s)
+        total += (x = std::exp(x - mx));
+      r.lse.push_back(mx + std::log(total));
+      for (int64_t e = 0; e < d; ++e) {
+        double acc = 0;
+        for (int64_t j = 0; j < seen; ++j)
+          acc += s[size_t(j)] / total * vv[size_t((b * tk + j) * d + e)];
+        r.out.push_back(acc);
+      }
+    }
+  }
+  return r;
+}
+
+struct Case {
+  Shape q, kv;
+  bool causal;
+};
+
+// Tq != Tk both ways, lengths that are not multiples of the 64-row tile, 2-D to 4-D inputs.
+const std::vector<Case> kCases = {
+    {{2, 3, 5, 8}, {2, 3, 5, 8}, false},
+    {{2, 3, 5, 8}, {2, 3, 5, 8}, true},
+    {{1, 2, 70, 6}, {1, 2, 131, 6}, false},
+    {{1, 2, 70, 6}, {1, 2, 131, 6}, true},
+    {{2, 130, 4}, {2, 65, 4}, true},
+    {{2, 130, 4}, {2, 65, 4}, false},
+    {{9, 3}, {1, 3}, false},
+    {{9, 3}, {1, 3}, true},
+};
+
+Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+             std::optional<double> scale = std::nullopt) {
+  return scaled_dot_product_attention(q, k, v, Tensor(), causal, scale);
+}
+
+// The composed path: an all-true Bool mask changes nothing but the route.
+Tensor composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                std::optional<double> scale = std::nullopt) {
+  const Tensor all = Tensor::full({q.size(-2), k.size(-2)}, 1.0, DType::Bool, q.device());
+  return scaled_dot_product_attention(q, k, v, all, causal, scale);
+}
+
+TEST(FusedAttention, ForwardMatchesFloat64Reference) {
+  uint64_t seed = 1;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal" : ""));
+    const Tensor q = random_f64(c.q, seed++, -2, 2), k = random_f64(c.kv, seed++, -2, 2),
+                 v = random_f64(c.kv, seed++);
+    const double scale = 1.0 / std::sqrt(double(q.size(-1)));
+    const Reference ref = attention_ref(q, k, v, scale, c.causal);
+    const Tensor want = Tensor::from_vector(ref.out, c.q, DType::F64);
+    EXPECT_TRUE(all_close(fused(q, k, v, c.causal), want, 0x1p-52, 64, "f64"));
+    EXPECT_TRUE(all_close(fused(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), c.causal),
+                          want, eps_of(DType::F32), 16, "f32"));
+  }
+}
+
+TEST(FusedAttention, LogSumExpOfTheBackend) {
+  uint64_t seed = 50;
+  for (const Case& c : kCases) {
+    if (c.q.size() != 4) continue;
+    SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal" : ""));
+    const Tensor q = random_f64(c.q, seed++, -3, 3), k = random_f64(c.kv, seed++, -3, 3),
+                 v = random_f64(c.kv, seed++);
+    const Reference ref = attention_ref(q, k, v, 0.7, c.causal);
+    const Shape lse_shape{c.q[0], c.q[1], c.q[2]};
+    const Tensor want = Tensor::from_vector(ref.lse, lse_shape, DType::F64);
+    backend::AttentionParams p;
+    p.scale = 0.7;
+    p.causal = c.causal;
+    for (DType d : {DType::F64, DType::F32, DType::BF16}) {
+      SCOPED_TRACE(dtype_name(d));
+      const Tensor qd = q.to(d), kd = k.to(d), vd = v.to(d);
+      Tensor out = Tensor::empty(c.q, d);
+      Tensor lse = Tensor::empty(lse_shape, d == DType::F64 ? DType::F64 : DType::F32);
+      backend::cpu_backend().attention(qd, kd, vd, out, lse, p);
+      // The reference on the dtype's rounded inputs: lse is computed in fp32 (f64 for f64).
+      const Reference rd =
+          attention_ref(qd.to(DType::F64), kd.to(DType::F64), vd.to(DType::F64), 0.7, c.causal);
+      const double e = d == DType::F64 ? 0x1p-52 : eps_of(DType::F32);
+      EXPECT_TRUE(all_close(lse, Tensor::from_vector(rd.lse, lse_shape, DType::F64), e, 64, "lse"));
+      if (d == DType::F64) {
+        EXPECT_TRUE(all_close(lse, want, e, 64, "lse f64"));
+      }
+    }
+  }
+}
+
+// Forward and the three gradients of the fused and the composed path agree, in every dtype.
+TEST(FusedAttention, MatchesComposedPathWithGradients) {
+  uint64_t seed = 100;
+  for (const Case& c : kCases) {
+    for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
+      SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal " : " ") +
+                   std::string(dtype_name(d)));
+      const Tensor q0 = random_f64(c.q, seed, -2, 2).to(d);
+      const Tensor k0 = random_f64(c.kv, seed + 1, -2, 2).to(d);
+      const Tensor v0 = random_f64(c.kv, seed + 2).to(d);
+      const Tensor w = random_f64(c.q, seed + 3).to(d);
+      auto run = [&](bool use_fused) {
+        Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
+        q.set_requires_grad(true);
+        k.set_requires_grad(true);
+        v.set_requires_grad(true);
+        Tensor out = use_fused ? fused(q, k, v, c.causal, 0.4) : composed(q, k, v, c.causal, 0.4);
+        out.backward(w);
+        return std::vector<Tensor>{out, q.grad(), k.grad(), v.grad()};
+      };
+      const std::vector<Tensor> a = run(true), b = run(false);
+      // Both round each of their steps in d; the composed one rounds scores and probabilities
+      // too, so the half dtypes get the room of a few roundings.
+      const double e = eps_of(d), k_tol = d == DType::F64 ? 64 : 24;
+      const char* what[] = {"out", "grad q", "grad k", "grad v"};
+      for (size_t i = 0; i < 4; ++i) {
+        ASSERT_TRUE(a[i].defined() && b[i].defined()) << what[i];
+        EXPECT_EQ(a[i].dtype(), d) << what[i];
+        EXPECT_EQ(a[i].shape(), b[i].shape()) << what[i];
+        EXPECT_TRUE(all_close(a[i], b[i], e, k_tol, what[i]));
+      }
+    }
+    seed += 4;
+  }
+}
+
+OpCase sdpa_case(std::string name, Shape qs, Shape kvs, bool causal, uint64_t seed) {
+  OpCase c;
+  c.name = std::move(name);
+  c.inputs = {random_f64(qs, seed), random_f64(kvs, seed + 1), random_f64(kvs, seed + 2)};
+  c.fn = [causal](const std::vector<Tensor>& in) { return fused(in[0], in[1], in[2], causal); };
+  c.reference = [causal](const std::vector<Tensor>& in) {
+    const Tensor& q = in[0];
+    return Tensor::from_vector(
+        attention_ref(q, in[1], in[2], 1.0 / std::sqrt(double(q.size(-1))), causal).out, q.shape(),
+        DType::F64);
+  };
+  c.k_forward = 16;
+  c.k_backward = 32;
+  return c;
+}
+
+// Every dtype against the f64 result on the same rounded inputs, strided inputs, and the f64
+// gradients against finite differences.
+TEST(FusedAttention, HarnessAllDtypesAndFiniteDifferences) {
+  check_op(sdpa_case("fused", {2, 2, 7, 5}, {2, 2, 9, 5}, false, 200));
+  check_op(sdpa_case("fused causal", {1, 2, 67, 4}, {1, 2, 66, 4}, true, 210));
+  check_op(sdpa_case("fused causal Tq > Tk", {2, 9, 3}, {2, 4, 3}, true, 220));
+}
+
+// Batch dims broadcast as in the composed path (one key/value head shared by every query head),
+// and the broadcast gradients are summed back.
+TEST(FusedAttention, BroadcastBatchDims) {
+  const Tensor q0 = random_f64({2, 3, 6, 4}, 300), k0 = random_f64({2, 1, 5, 4}, 301),
+               v0 = random_f64({1, 5, 4}, 302);
+  auto run = [&](bool use_fused) {
+    Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
+    q.set_requires_grad(true);
+    k.set_requires_grad(true);
+    v.set_requires_grad(true);
+    Tensor out = use_fused ? fused(q, k, v, true) : composed(q, k, v, true);
+    sum(mul(out, out)).backward();
+    return std::vector<Tensor>{out, q.grad(), k.grad(), v.grad()};
+  };
+  const std::vector<Tensor> a = run(true), b = run(false);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(a[i].shape(), b[i].shape());
+    EXPECT_TRUE(all_close(a[i], b[i], 0x1p-52, 64, "broadcast " + std::to_string(i)));
+  }
+}
+
+// The fused path never materializes the (Tq, Tk) scores: its peak is well under the composed
+// path's, which holds several score-sized tensors.
+TEST(FusedAttention, PeakMemoryBelowComposedPath) {
+  const Tensor q = random_f64({1, 2, 512, 16}, 400).to(DType::F32);
+  const Tensor k = random_f64({1, 2, 512, 16}, 401).to(DType::F32);
+  const Tensor v = random_f64({1, 2, 512, 16}, 402).to(DType::F32);
+  auto peak = [&](bool use_fused) {
+    NoGrad ng;
+    const int64_t before = memory_stats().current_bytes;
+    reset_peak_memory();
+    const Tensor out = use_fused ? fused(q, k, v, false) : composed(q, k, v, false);
+    return memory_stats().peak_bytes - before;
+  };
+  const int64_t scores_bytes = 2 * 512 * 512 * 4;
+  const int64_t fused_peak = peak(true), composed_peak = peak(false);
+  EXPECT_LT(fused_peak, scores_bytes / 4) << "fused " << fused_peak;
+  EXPECT_GT(composed_peak, scores_bytes) << "composed " << composed_peak;
+}
+
+}  // namespace
+}  // namespace mantissa
