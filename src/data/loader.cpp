@@ -12,6 +12,8 @@
 #include <numeric>
 #include <thread>
 
+#include "mantissa/core/cuda.h"
+#include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
 #include "mantissa/numerics/philox.h"
 
@@ -27,8 +29,8 @@ uint64_t below(uint64_t bits, uint64_t n) {
 }
 
 // Every batch's bytes come from here: one block holding x, then y at a 64-byte boundary, so that
-// pinned host memory (for asynchronous device copies) replaces this one call, and moving a batch
-// to a device is one transfer.
+// pinning a batch (for asynchronous device copies) is one copy and moving it to a device is one
+// transfer.
 std::shared_ptr<Storage> allocate_batch_storage(size_t bytes) {
   return std::make_shared<Storage>(bytes, Device::cpu());
 }
@@ -42,6 +44,17 @@ Tensor tensor_on(std::shared_ptr<Storage> storage, const Shape& shape, int64_t o
   impl->strides = contiguous_strides(shape);
   impl->offset = offset;
   impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+// The same view (shape, strides, offset, dtype) over another storage of the same layout.
+Tensor rebase(const Tensor& t, std::shared_ptr<Storage> storage) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = t.shape();
+  impl->strides = t.strides();
+  impl->offset = t.offset();
+  impl->dtype = t.dtype();
   return Tensor(std::move(impl));
 }
 
@@ -82,14 +95,15 @@ struct DataLoader::Source {
     const int64_t start = index * options.batch_size;
     const int64_t b = std::min(options.batch_size, num_samples - start);
     const int64_t per_image = dataset.channels() * dataset.height() * dataset.width();
-    const size_t esize = dtype_size(options.dtype);
+    const DType x_dtype = options.normalize ? options.dtype : DType::U8;
+    const size_t esize = dtype_size(x_dtype);
     const size_t x_bytes = size_t(b * per_image) * esize;
     const size_t y_at = (x_bytes + kAllocAlignment - 1) / kAllocAlignment * kAllocAlignment;
     auto storage = allocate_batch_storage(y_at + size_t(b) * sizeof(int64_t));
 
     Batch batch;
-    batch.x = tensor_on(storage, {b, dataset.channels(), dataset.height(), dataset.width()}, 0,
-                        options.dtype);
+    batch.x =
+        tensor_on(storage, {b, dataset.channels(), dataset.height(), dataset.width()}, 0, x_dtype);
     batch.y = tensor_on(storage, {b}, int64_t(y_at / sizeof(int64_t)), DType::I64);
     batch.index = index;
     batch.epoch = epoch;
@@ -101,6 +115,11 @@ struct DataLoader::Source {
       const int64_t item = order[size_t(start + i)];
       const uint8_t* src = images + item * per_image;
       uint8_t* dst = x + size_t(i * per_image) * esize;
+      if (!options.normalize) {
+        std::memcpy(dst, src, size_t(per_image));
+        y[i] = labels[item];
+        continue;
+      }
       switch (esize) {
         case 1:
           gather_pixels<uint8_t>(src, per_image, table.data(), dst);
@@ -120,7 +139,23 @@ struct DataLoader::Source {
       y[i] = labels[item];
     }
     if (options.transform) options.transform(batch);
+    if (options.pin_memory) pin(batch, storage);
     return batch;
+  }
+
+  static void pin(Batch& batch, const std::shared_ptr<Storage>& block) {
+    if (batch.x.storage() == block && batch.y.storage() == block) {
+      // One page-locked copy of the whole block, x and y rebuilt over it with their layouts:
+      // the batch still crosses to the device as one transfer.
+      const Tensor pinned = tensor_on(block, {int64_t(block->nbytes)}, 0, DType::U8).pin_memory();
+      MT_ASSERT(pinned.offset() == 0 && pinned.nbytes() == block->nbytes,
+                "pin_memory must copy the block as it is");
+      batch.x = rebase(batch.x, pinned.storage());
+      batch.y = rebase(batch.y, pinned.storage());
+    } else {
+      batch.x = batch.x.pin_memory();
+      batch.y = batch.y.pin_memory();
+    }
   }
 };
 
@@ -209,6 +244,9 @@ DataLoader::DataLoader(ImageDataset dataset, LoaderOptions options) {
   MT_CHECK(std::isfinite(options.mean) && std::isfinite(options.std) && options.std > 0,
            "DataLoader: normalization needs a finite mean and a positive std, got mean=",
            options.mean, " std=", options.std);
+  MT_CHECK(!options.pin_memory || cuda::is_available(),
+           "DataLoader: pin_memory needs a CUDA device (", cuda_info().status,
+           "); leave it off on the cpu");
 
   auto source = std::make_shared<Source>();
   dataset.images = dataset.images.contiguous();
@@ -266,6 +304,12 @@ const ImageDataset& DataLoader::dataset() const {
 }
 const LoaderOptions& DataLoader::options() const {
   return source_->options;
+}
+
+Tensor DataLoader::pixel_table() const {
+  const Tensor t = Tensor::empty({256}, source_->options.dtype);
+  std::memcpy(t.data_ptr(), source_->table.data(), source_->table.size());
+  return t;
 }
 
 std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mantissa/core/device.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::train {
@@ -39,6 +40,7 @@ namespace mantissa::train {
   _(loss_scale)                   \
   _(rounding)                     \
   _(underflow_every)              \
+  _(device)                       \
   _(seed)                         \
   _(threads)                      \
   _(workers)                      \
@@ -97,6 +99,11 @@ void TrainConfig::validate() const {
   MT_CHECK(momentum >= 0 && momentum < 1, "--momentum must be in [0, 1), got ", momentum);
   MT_CHECK(weight_decay >= 0, "--weight-decay must be non-negative, got ", weight_decay);
   MT_CHECK(dropout >= 0 && dropout < 1, "--dropout must be in [0, 1), got ", dropout);
+  try {
+    parse_device(device);
+  } catch (const Error& e) {
+    MT_CHECK(false, "--device: ", e.message());
+  }
   MT_CHECK(threads >= 0, "--threads must be 0 (all cores) or positive, got ", threads);
   MT_CHECK(workers >= 0, "--workers must be non-negative, got ", workers);
   MT_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);

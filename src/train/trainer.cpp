@@ -10,7 +10,10 @@
 #include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/allocator.h"
 #include "mantissa/core/cpu.h"
+#include "mantissa/core/cuda.h"
+#include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/dataset.h"
 #include "mantissa/nn/models.h"
@@ -33,9 +36,23 @@ nlohmann::ordered_json record(const char* kind) {
   return j;
 }
 
-int64_t count_correct(const Tensor& logits, const Tensor& y) {
+// Adds the batch's correct predictions to *acc (an I64 scalar on the logits' device), without
+// reading anything back.
+void count_correct(const Tensor& logits, const Tensor& y, Tensor* acc) {
   NoGrad ng;
-  return int64_t(sum(eq(argmax(logits, 1), y)).item());
+  const Tensor c = sum(eq(argmax(logits, 1), y));
+  *acc = acc->defined() ? add(*acc, c) : c;
+}
+
+int64_t read_count(const Tensor& acc) {
+  return acc.defined() ? int64_t(acc.item()) : 0;
+}
+
+// The values of one-element tensors (device scalars) in one read: one host sync, not one each.
+std::vector<float> read_scalars(const std::vector<Tensor>& scalars) {
+  if (scalars.empty()) return {};
+  if (scalars.size() == 1) return {float(scalars[0].item())};
+  return stack(scalars).to_vector<float>();
 }
 
 }  // namespace
@@ -68,11 +85,24 @@ amp::Amp initialize_precision(nn::Module& model, optim::Optimizer& opt, const Tr
   return amp::initialize(model, opt, level, half, ao);
 }
 
+Device require_device(const std::string& text) {
+  const Device d = parse_device(text);
+  if (d.is_cuda()) {
+    MT_CHECK(cuda::is_available(), "no CUDA device: ", cuda_info().status,
+             "; run with --device cpu");
+    MT_CHECK(d.index < cuda::device_count(), d.str(), " does not exist: this machine has ",
+             cuda::device_count(),
+             " CUDA device(s); use cuda:0 .. cuda:", cuda::device_count() - 1);
+  }
+  return d;
+}
+
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   // "auto" becomes the precision this machine runs fastest, stored as such (checkpoints and
   // metrics name what ran).
   config_.precision = resolve_precision(config_.precision);
   config_.validate();
+  device_ = require_device(config_.device);
   set_num_threads(config_.threads > 0 ? config_.threads
                                       : int(std::max(1u, std::thread::hardware_concurrency())));
   build();
@@ -112,6 +142,9 @@ void Trainer::build() {
   mc.seed = config_.seed;
   manual_seed(config_.seed);
   model_ = nn::make_model(config_.model, mc);
+  // Before the optimizer and amp::initialize: their state (momenta, fp32 masters, the scaler's
+  // flag) is made where the parameters are.
+  model_->to(device_);
 
   std::vector<Tensor> params = model_->parameters();
   if (config_.optimizer == "sgd") {
@@ -136,7 +169,7 @@ void Trainer::build() {
   lo.shuffle = true;
   lo.seed = config_.seed;
   lo.num_workers = config_.workers;
-  loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+  loader_ = std::make_unique<data::DevicePrefetcher>(train_set_, lo, device_);
 
   optim::ScheduleOptions so;
   so.lr = config_.lr;
@@ -174,7 +207,7 @@ void Trainer::save(const std::string& path) const {
                   amp_->scaler().state_dict());
 }
 
-double Trainer::train_step(const data::Batch& batch, int64_t* correct, bool* skipped) {
+Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skipped) {
   optimizer_->set_lr(schedule_->lr_at(state_.step));
   optimizer_->zero_grad(true);
   amp::GradScaler& sc = scaler();
@@ -205,8 +238,8 @@ double Trainer::train_step(const data::Batch& batch, int64_t* correct, bool* ski
   *skipped = sc.step(*optimizer_);
   sc.update();
   ++state_.step;
-  *correct += count_correct(logits, batch.y);
-  return loss.item();
+  count_correct(logits, batch.y, correct);
+  return loss.detach().to(DType::F32);
 }
 
 std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch) {
@@ -274,17 +307,23 @@ EvalResult Trainer::evaluate() {
   lo.batch_size = config_.eval_batch_size;
   lo.shuffle = false;
   lo.num_workers = config_.workers;
-  data::DataLoader loader(test_set_, lo);
-  double loss_sum = 0;
-  int64_t correct = 0, n = 0;
+  data::DevicePrefetcher loader(test_set_, lo, device_);
+  // The per-batch losses and the count stay on the device until the end: one host read.
+  std::vector<Tensor> losses;
+  Tensor correct_acc;
+  int64_t n = 0;
   for (auto& batch : loader) {
     const Tensor logits = amp_->forward(*model_, batch.x);
     CrossEntropyOptions ce;
     ce.reduction = Reduction::Sum;
-    loss_sum += cross_entropy(logits, batch.y, ce).item();
-    correct += count_correct(logits, batch.y);
+    losses.push_back(cross_entropy(logits, batch.y, ce).to(DType::F32));
+    count_correct(logits, batch.y, &correct_acc);
     n += batch.y.numel();
   }
+  double loss_sum = 0;
+  for (const float l : read_scalars(losses))
+    loss_sum += l;
+  const int64_t correct = read_count(correct_acc);
   model_->train();
   return {n ? loss_sum / double(n) : 0.0, n ? double(correct) / double(n) : 0.0, n,
           seconds_since(t0)};
@@ -292,12 +331,20 @@ EvalResult Trainer::evaluate() {
 
 TrainResult Trainer::fit(int64_t max_epochs) {
   TrainResult result;
-  reset_peak_memory();
+  reset_peak_memory(device_);
   const int64_t batches = loader_->num_batches();
   const int64_t epochs =
       config_.epochs > 0 ? config_.epochs : (config_.max_steps + batches - 1) / batches;
   Progress progress(config_.progress, config_.log_every);
   auto steps_done = [&] { return config_.max_steps > 0 && state_.step >= config_.max_steps; };
+  // Reading a device value back (the loss, the correct count) waits for the GPU to finish the
+  // step. On the GPU the losses and counts are kept on the device and read once every
+  // log_every steps (and at the end of an epoch), so the host queues steps ahead; on the CPU
+  // a read costs nothing and happens every step. The progress bar and the "train" metric
+  // records are updated at these reads.
+  const int64_t read_every = device_.is_cuda() ? config_.log_every : 1;
+  const bool scaled = scaler().options().mode != amp::ScaleMode::Disabled;
+  const int64_t skipped_before = scaled ? scaler().skipped_steps() : 0;
 
   const int64_t stop_epoch = max_epochs > 0 ? std::min(epochs, state_.epoch + max_epochs) : epochs;
   while (state_.epoch < stop_epoch && !steps_done()) {
@@ -306,46 +353,69 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t correct = 0, seen = 0, run_batches = 0;
-    while (!steps_done()) {
-      std::optional<data::Batch> batch = loader_->next();
-      if (!batch) break;
-      bool skipped = false;
-      const double loss = train_step(*batch, &correct, &skipped);
-      result.skipped_steps += skipped;
-      step_losses_.push_back(float(loss));
-      loss_sum += loss;
-      seen += batch->y.numel();
-      ++run_batches;
-      ++state_.batch;
-      const double elapsed = seconds_since(t0);
-      StepStats s;
-      s.epoch = state_.epoch + 1;
-      s.epochs = epochs;
-      s.batch = state_.batch;
-      s.batches = batches;
-      s.step = state_.step;
-      s.loss = loss_sum / double(run_batches);
-      s.accuracy = seen ? double(correct) / double(seen) : 0;
-      s.samples_per_s = elapsed > 0 ? double(seen) / elapsed : 0;
-      s.lr = optimizer_->lr();
-      s.eta_s = run_batches ? elapsed / double(run_batches) * double(batches - state_.batch) : 0;
-      if (scaler().options().mode != amp::ScaleMode::Disabled) {
-        s.loss_scale = scaler().get_scale();
-        s.skipped = result.skipped_steps;
+    std::vector<Tensor> pending_losses;  // steps not read back yet
+    Tensor pending_correct;
+    bool last_skipped = false;
+    auto read_back = [&] {
+      if (pending_losses.empty()) return;
+      const std::vector<float> losses = read_scalars(pending_losses);
+      pending_losses.clear();
+      correct += read_count(pending_correct);
+      pending_correct = Tensor();
+      if (scaler().on_device()) {
+        // A GPU scaler decides the skip on the device (step() returns false): its counters are
+        // read back here, with the losses.
+        result.skipped_steps = scaler().skipped_steps() - skipped_before;
+        last_skipped = scaler().found_inf();
       }
-      progress.update(s);
+      for (const float loss : losses) {
+        step_losses_.push_back(loss);
+        loss_sum += loss;
+      }
+      const double elapsed = seconds_since(t0);
+      StepStats st;
+      st.epoch = state_.epoch + 1;
+      st.epochs = epochs;
+      st.batch = state_.batch;
+      st.batches = batches;
+      st.step = state_.step;
+      st.loss = loss_sum / double(run_batches);
+      st.accuracy = seen ? double(correct) / double(seen) : 0;
+      st.samples_per_s = elapsed > 0 ? double(seen) / elapsed : 0;
+      st.lr = optimizer_->lr();
+      st.eta_s = run_batches ? elapsed / double(run_batches) * double(batches - state_.batch) : 0;
+      if (scaled) {
+        st.loss_scale = scaler().get_scale();
+        st.skipped = result.skipped_steps;
+      }
+      progress.update(st);
       if (metrics_->enabled() && state_.step % config_.log_every == 0) {
         auto j = record("train");
         j["step"] = state_.step;
         j["epoch"] = state_.epoch + 1;
-        j["loss"] = loss;
+        j["loss"] = double(losses.back());
         j["lr"] = optimizer_->lr();
-        j["samples_per_s"] = s.samples_per_s;
+        j["samples_per_s"] = st.samples_per_s;
         j["loss_scale"] = scaler().get_scale();
-        j["skipped"] = skipped;
+        j["skipped"] = last_skipped;
         metrics_->write(j.dump());
       }
+    };
+    while (!steps_done()) {
+      std::optional<data::Batch> batch = loader_->next();
+      if (!batch) break;
+      bool skipped = false;
+      pending_losses.push_back(train_step(*batch, &pending_correct, &skipped));
+      result.skipped_steps += skipped;
+      last_skipped = skipped;
+      seen += batch->y.numel();
+      ++run_batches;
+      ++state_.batch;
+      if (state_.step % read_every == 0 || state_.batch == batches || steps_done()) read_back();
     }
+    read_back();
+    // The epoch's time includes its last queued GPU work (one wait per epoch).
+    if (device_.is_cuda()) cuda::synchronize(device_.index);
     const double epoch_seconds = seconds_since(t0);
     state_.train_seconds += epoch_seconds;
     const bool finished_epoch = state_.batch >= batches;
@@ -378,7 +448,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
                   "%.1f s (%.0f samples/s) | peak %s",
                   (long long)er.epoch, (long long)epochs, er.train_loss, 100 * er.train_accuracy,
                   er.test.loss, 100 * er.test.accuracy, er.seconds, er.samples_per_s,
-                  format_bytes(memory_stats().peak_bytes).c_str());
+                  format_bytes(memory_stats(device_).peak_bytes).c_str());
     progress.end_epoch(line);
     result.epochs.push_back(er);
     if (!config_.checkpoint_path.empty()) save(config_.checkpoint_path);
@@ -387,7 +457,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   result.steps = state_.step;
   result.loss_scale = scaler().get_scale();
   result.underflow = underflow_;
-  result.peak_memory_bytes = memory_stats().peak_bytes;
+  result.peak_memory_bytes = memory_stats(device_).peak_bytes;
   for (const data::ImageDataset* d : {&train_set_, &test_set_})
     result.dataset_bytes += d->images.nbytes() + d->labels.nbytes();
   if (metrics_->enabled()) {
@@ -420,12 +490,15 @@ std::string Trainer::summary_json(const TrainResult& result) const {
   }
   j["model"] = config_.model;
   j["parameters"] = model_->num_parameters();
+  j["device"] = device_.str();
   return j.dump();
 }
 
-EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir) {
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir,
+                               const std::string& device) {
   Checkpoint ckpt = load_checkpoint(path);
   TrainConfig c = ckpt.config;
+  c.device = device;
   c.resume_path.clear();
   c.metrics_path.clear();
   c.checkpoint_path.clear();

@@ -85,5 +85,26 @@ with tempfile.TemporaryDirectory() as tmp:
         rc, out, err = run("train", "--data", "synthetic", *flags)
         check(rc == 2 and needle in err and out == "", f"{flags}: {rc} {err!r}")
 
+    # --device: recorded in the summary; a bad name or a missing GPU is one line and exit 2.
+    check(result.get("device") == "cpu", f"the summary names the device: {result}")
+    rc, out, err = run("train", *small, "--steps", "2", "--device", "cpu", "--json")
+    check(rc == 0 and json.loads(out).get("device") == "cpu", f"--device cpu ({rc}): {err[-300:]!r}")
+    rc, out, err = run("eval", "--checkpoint", ckpt, "--device", "cpu", "--json")
+    check(rc == 0 and json.loads(out).get("device") == "cpu", f"eval --device cpu ({rc}): {err!r}")
+    for cmd in (["train", *small, "--steps", "2"], ["eval", "--checkpoint", ckpt],
+                ["bench", "--steps", "1", "--warmup", "0"]):
+        rc, out, err = run(*cmd, "--device", "tpu")
+        check(rc == 2 and "tpu" in err and "cuda:N" in err and out == "",
+              f"{cmd[0]} --device tpu: {rc} {err!r}")
+    _, info, _ = run("info")
+    if "cuda devices: 0 " in info:
+        for cmd in (["train", *small, "--steps", "2"], ["eval", "--checkpoint", ckpt],
+                    ["bench", "--steps", "1", "--warmup", "0"]):
+            rc, out, err = run(*cmd, "--device", "cuda")
+            lines = err.strip().splitlines()
+            check(rc == 2 and len(lines) == 1 and "no CUDA device" in err
+                  and "run with --device cpu" in err and out == "",
+                  f"{cmd[0]} --device cuda without a GPU: {rc} {err!r}")
+
 print("all train CLI checks passed" if not failures else f"{len(failures)} train CLI checks failed")
 sys.exit(1 if failures else 0)

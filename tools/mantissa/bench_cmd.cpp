@@ -14,6 +14,7 @@
 #include "mantissa/amp/amp.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
+#include "mantissa/core/cuda.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/optimizer.h"
@@ -34,6 +35,7 @@ struct BenchArgs {
   int threads = 0;
   int64_t image_size = 28;
   int64_t in_channels = 1;
+  std::string device = "cpu";
   bool json = false;
 };
 
@@ -73,18 +75,19 @@ std::vector<Variant> parse_variants(const std::string& list) {
 // A model, its optimizer and its precision set-up, with one training step.
 class Runner {
  public:
-  Runner(const BenchArgs& a, const Variant& v) : config_(v.config) {
+  Runner(const BenchArgs& a, const Variant& v, Device device) : config_(v.config) {
     nn::ModelConfig mc;
     mc.image_size = a.image_size;
     mc.in_channels = a.in_channels;
     mc.max_seq_len = std::max<int64_t>(mc.max_seq_len, a.seq_len);
     model_ = nn::make_model(a.model, mc);
-    x_ = nn::example_input(a.model, mc, a.batch_size, a.seq_len, 1);
+    model_->to(device);
+    x_ = nn::example_input(a.model, mc, a.batch_size, a.seq_len, 1).to(device);
     tokens_ = nn::model_input(a.model) == nn::ModelInput::Tokens;
     // Targets: a class per image, or a next token per position.
     const int64_t classes = tokens_ ? (a.model == "gpt2" ? 50257 : mc.vocab_size) : mc.num_classes;
     const Shape target_shape = tokens_ ? x_.shape() : Shape{a.batch_size};
-    y_ = Tensor::uniform(target_shape, 0, double(classes), 2, DType::F32).to(DType::I64);
+    y_ = Tensor::uniform(target_shape, 0, double(classes), 2, DType::F32).to(DType::I64).to(device);
     optim::SGDOptions so;
     so.lr = 0.01;
     so.momentum = 0.9;
@@ -130,6 +133,12 @@ int run_bench(const BenchArgs& a) {
            "bench: --steps and --batch-size must be positive");
   set_num_threads(a.threads > 0 ? a.threads
                                 : int(std::max(1u, std::thread::hardware_concurrency())));
+  const Device device = train::require_device(a.device);
+  // GPU work is queued, not done, when step() returns: a step's time is measured from an idle
+  // device to an idle device.
+  auto wait_idle = [&] {
+    if (device.is_cuda()) cuda::synchronize(device.index);
+  };
   const std::vector<Variant> variants = parse_variants(a.precisions);
   std::vector<Row> rows(variants.size());
 
@@ -138,24 +147,26 @@ int run_bench(const BenchArgs& a) {
   int64_t parameters = 0;
   bool tokens = false;
   for (size_t k = 0; k < variants.size(); ++k) {
-    empty_cache();
-    reset_peak_memory();
-    Runner r(a, variants[k]);
+    empty_cache(device);
+    reset_peak_memory(device);
+    Runner r(a, variants[k], device);
     parameters = r.model().num_parameters();
     tokens = r.tokens();
     for (int i = 0; i < std::max(a.warmup, 2); ++i)
       r.step();
-    reset_peak_memory();
+    wait_idle();
+    reset_peak_memory(device);
     r.step();
+    wait_idle();
     rows[k].label = variants[k].label;
-    rows[k].peak = memory_stats().peak_bytes;
+    rows[k].peak = memory_stats(device).peak_bytes;
   }
 
   // Time, all variants alive and interleaved step by step, so that the machine's noise falls on
   // all of them alike; the median step of each.
   std::vector<std::unique_ptr<Runner>> runners;
   for (const Variant& v : variants)
-    runners.push_back(std::make_unique<Runner>(a, v));
+    runners.push_back(std::make_unique<Runner>(a, v, device));
   for (int i = 0; i < a.warmup; ++i) {
     for (auto& r : runners)
       r->step();
@@ -163,8 +174,10 @@ int run_bench(const BenchArgs& a) {
   std::vector<std::vector<double>> times(variants.size());
   for (int i = 0; i < a.steps; ++i) {
     for (size_t k = 0; k < runners.size(); ++k) {
+      wait_idle();
       const auto t0 = std::chrono::steady_clock::now();
       runners[k]->step();
+      wait_idle();
       times[k].push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
@@ -185,6 +198,7 @@ int run_bench(const BenchArgs& a) {
       j["model"] = a.model;
       j["precision"] = row.label;
       j["batch_size"] = a.batch_size;
+      j["device"] = device.str();
       j["threads"] = get_num_threads();
       j["ms_per_step"] = row.ms;
       j[tokens ? "tokens_per_s" : "samples_per_s"] = double(samples) / (row.ms / 1e3);
@@ -198,9 +212,9 @@ int run_bench(const BenchArgs& a) {
     return 0;
   }
   fmt::print(
-      "{} ({} parameters), batch {}, {} thread(s); median of {} steps interleaved across "
+      "{} ({} parameters) on {}, batch {}, {} thread(s); median of {} steps interleaved across "
       "precisions; peak memory of one step measured alone\n",
-      a.model, parameters, a.batch_size, get_num_threads(), a.steps);
+      a.model, parameters, device.str(), a.batch_size, get_num_threads(), a.steps);
   fmt::print("{:<12} {:>9} {:>12} {:>9} {:>12} {:>9}\n", "precision", "ms/step",
              tokens ? "tokens/s" : "samples/s", "speedup", "peak memory", "memory");
   for (const Row& row : rows) {
@@ -234,6 +248,10 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "Untimed steps first")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads (0: every core)")
+      ->capture_default_str();
+  cmd->add_option("--device", a->device,
+                  "cpu, cuda or cuda:N (on a GPU: each step timed from idle to idle, peak "
+                  "memory of the device)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON line");
   return [a] { return run_bench(*a); };

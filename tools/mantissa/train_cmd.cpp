@@ -54,12 +54,13 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
   if (scaled) {
     scaling = fmt::format(", loss scale {:g}, {} skipped steps", r.loss_scale, r.skipped_steps);
   }
+  const std::string where = trainer.device().is_cpu() ? "" : " on " + trainer.device().str();
   fmt::print(
-      "{} on {} ({}): test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
+      "{} on {} ({}){}: test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
       "({:.1f} s/epoch), peak memory {} (the dataset {} of it){}\n",
-      c.model, c.data, amp.describe(), 100 * r.test.accuracy, r.test.loss, r.steps, r.train_seconds,
-      per_epoch, train::format_bytes(r.peak_memory_bytes), train::format_bytes(r.dataset_bytes),
-      scaling);
+      c.model, c.data, amp.describe(), where, 100 * r.test.accuracy, r.test.loss, r.steps,
+      r.train_seconds, per_epoch, train::format_bytes(r.peak_memory_bytes),
+      train::format_bytes(r.dataset_bytes), scaling);
   if (u.measurements > 0) {
     fmt::print(
         "fp16 gradient underflow over {} measured steps, of {} non-zero fp32 gradient values: "
@@ -117,6 +118,9 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", c.seed, "Seed of the initialisation, shuffling and dropout")
       ->capture_default_str();
+  cmd->add_option("--device", c.device,
+                  "cpu, cuda or cuda:N: where the model, optimizer and batches live")
+      ->capture_default_str();
   cmd->add_option("--threads", c.threads, "Compute threads (0: every core)")->capture_default_str();
   cmd->add_option("--workers", c.workers, "Data-loader threads")->capture_default_str();
   cmd->add_option("--metrics", c.metrics_path, "Append JSON-lines metrics to FILE");
@@ -154,6 +158,7 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--metrics")) merged.metrics_path = config.metrics_path;
       if (cmd->count("--checkpoint")) merged.checkpoint_path = config.checkpoint_path;
       if (cmd->count("--threads")) merged.threads = config.threads;
+      if (cmd->count("--device")) merged.device = config.device;
       if (cmd->count("--workers")) merged.workers = config.workers;
       if (cmd->count("--data-dir")) merged.data_dir = config.data_dir;
       if (cmd->count("--log-every")) merged.log_every = config.log_every;
@@ -169,7 +174,7 @@ Command add_train_command(CLI::App& app) {
 
 Command add_eval_command(CLI::App& app) {
   struct EvalArgs {
-    std::string checkpoint, data_dir;
+    std::string checkpoint, data_dir, device = "cpu";
     bool json = false;
   };
   auto args = std::make_shared<EvalArgs>();
@@ -177,10 +182,15 @@ Command add_eval_command(CLI::App& app) {
   cmd->add_option("--checkpoint", args->checkpoint, "A checkpoint written by mantissa train")
       ->required();
   cmd->add_option("--data-dir", args->data_dir, "Directory of the Fashion-MNIST .gz files");
+  cmd->add_option("--device", args->device,
+                  "cpu, cuda or cuda:N (any device, whichever the run trained on)")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print JSON");
   return [args] {
+    train::require_device(args->device);
     const train::Checkpoint ckpt = train::load_checkpoint(args->checkpoint);
-    const train::EvalResult r = train::evaluate_checkpoint(args->checkpoint, args->data_dir);
+    const train::EvalResult r =
+        train::evaluate_checkpoint(args->checkpoint, args->data_dir, args->device);
     if (args->json) {
       nlohmann::ordered_json j;
       j["checkpoint"] = args->checkpoint;
@@ -188,6 +198,7 @@ Command add_eval_command(CLI::App& app) {
       j["test_loss"] = r.loss;
       j["test_accuracy"] = r.accuracy;
       j["samples"] = r.samples;
+      j["device"] = args->device;
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("{} ({} after {} steps): test accuracy {:.2f}%, test loss {:.4f} on {} images\n",

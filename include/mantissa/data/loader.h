@@ -20,7 +20,7 @@
 namespace mantissa::data {
 
 struct Batch {
-  Tensor x;           // (B, C, H, W) normalized, LoaderOptions::dtype
+  Tensor x;           // (B, C, H, W) normalized, LoaderOptions::dtype (U8 pixels: !normalize)
   Tensor y;           // I64 (B)
   int64_t index = 0;  // batch number within its epoch
   int64_t epoch = 0;
@@ -37,6 +37,13 @@ struct LoaderOptions {
   float mean = kFashionMnistMean;
   float std = kFashionMnistStd;
   DType dtype = DType::F32;  // a floating dtype
+  // false: x holds the raw U8 pixels and the consumer normalizes them with pixel_table() (the
+  // device prefetcher does so on the GPU: a quarter of the bytes of f32 cross the bus).
+  bool normalize = true;
+  // Each batch in page-locked memory (Tensor::pin_memory), made on the worker threads, so that
+  // its copy to a GPU is asynchronous; x and y stay views of one block (one transfer) unless
+  // the transform replaced them. Needs a CUDA device.
+  bool pin_memory = false;
   // Runs on a worker thread on each finished batch (augmentation, checks). Must be thread-safe
   // and deterministic in (batch.epoch, batch.index) to keep runs reproducible; what it throws
   // reaches the consumer's next().
@@ -110,6 +117,9 @@ class DataLoader {
   std::vector<int64_t> epoch_order(int64_t epoch) const;
   // Batch `index` of `epoch`, made on the calling thread (what the workers run).
   Batch make_batch(int64_t epoch, int64_t index) const;
+  // The normalization as a lookup: (256) in options().dtype, entry v = (v / 255 - mean) / std
+  // rounded once (RNE). A normalized batch's x is exactly pixel_table()[raw pixels].
+  Tensor pixel_table() const;
 
  private:
   struct Source;  // dataset, options, normalization table: shared with the workers
@@ -121,6 +131,55 @@ class DataLoader {
   std::unique_ptr<Run> run_;
   int64_t epoch_ = 0;
   int64_t cursor_ = 0;
+};
+
+// ---- device prefetcher -----------------------------------------------------------------------
+
+// A DataLoader whose batches arrive on `device`, the next one already in flight.
+//
+// CPU: a pass-through (the loader's batches as they are). CUDA: the loader makes raw U8 pixels
+// in page-locked memory on its workers (normalized f32/bf16 batches when a transform is set,
+// which expects them); the prefetcher copies batch k + 1 to the GPU on a side stream
+// (non_blocking) and normalizes it there (the loader's lookup table, so the values are bit for
+// bit the CPU's) while the model trains on batch k. next() makes the current stream wait for the
+// copy with an event (no host wait), tells the caching allocator that the current stream uses
+// the batch (cuda::record_stream), then starts the following copy. Batches, order, values and
+// epochs are those of the DataLoader.
+//
+// One consumer thread; the current stream at each next() is the one the batch is handed to.
+class DevicePrefetcher {
+ public:
+  // Throws a mantissa::Error when `device` is CUDA and there is none.
+  DevicePrefetcher(ImageDataset dataset, LoaderOptions options, Device device);
+  ~DevicePrefetcher();
+  DevicePrefetcher(const DevicePrefetcher&) = delete;
+  DevicePrefetcher& operator=(const DevicePrefetcher&) = delete;
+
+  Device device() const { return device_; }
+  const DataLoader& loader() const { return loader_; }
+  int64_t num_batches() const { return loader_.num_batches(); }
+  int64_t num_samples() const { return loader_.num_samples(); }
+  // As DataLoader's: the epoch next() delivers and the index of the batch it returns next.
+  int64_t epoch() const;
+  int64_t next_index() const;
+
+  void set_epoch(int64_t epoch) { start_epoch(epoch, 0); }
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+
+  std::optional<Batch> next();
+  LoaderIterator<DevicePrefetcher, Batch> begin() {
+    return LoaderIterator<DevicePrefetcher, Batch>(this);
+  }
+  std::default_sentinel_t end() { return {}; }
+
+ private:
+  struct Cuda;  // side stream, lookup table, the batch in flight
+  void fetch_ahead();
+  void drop_ahead();
+
+  DataLoader loader_;
+  Device device_;
+  std::unique_ptr<Cuda> cuda_;  // null on the CPU
 };
 
 // ---- language-model batches ------------------------------------------------------------------

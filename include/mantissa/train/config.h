@@ -55,6 +55,9 @@ struct TrainConfig {
   int64_t underflow_every = 0;
 
   // machine
+  // Where the model, optimizer state, loss scaler and batches live: cpu | cuda | cuda:N.
+  // Checkpoints are written from host copies and load onto any device.
+  std::string device = "cpu";
   uint64_t seed = 0;
   int threads = 0;  // 0: every core
   int workers = 2;  // data-loader threads

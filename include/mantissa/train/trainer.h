@@ -57,7 +57,7 @@ struct TrainResult {
   int64_t steps = 0;
   int64_t skipped_steps = 0;      // fp16: steps skipped for inf/NaN gradients (this run)
   double loss_scale = 1;          // fp16: the scale at the end
-  int64_t peak_memory_bytes = 0;  // tensor bytes, over this run
+  int64_t peak_memory_bytes = 0;  // tensor bytes on the run's device, over this run
   int64_t dataset_bytes = 0;      // of which the train and test sets (held as tensors)
   UnderflowStats underflow;       // with TrainConfig::underflow_every
 };
@@ -79,6 +79,7 @@ class Trainer {
   amp::GradScaler& scaler() { return amp_->scaler(); }
   const amp::Amp& amp() const { return *amp_; }
   const TrainConfig& config() const { return config_; }
+  Device device() const { return device_; }
   const TrainState& state() const { return state_; }
   // The loss of every step this Trainer ran, in order (for resume tests and plots).
   const std::vector<float>& step_losses() const { return step_losses_; }
@@ -87,19 +88,22 @@ class Trainer {
   void save(const std::string& path) const;  // a checkpoint of the current state
   // A run's result as one JSON object: what the metrics file's "summary" record holds (accuracy,
   // loss, time, peak memory, steps, skipped steps, loss scale, precision, opt level, underflow,
-  // model, parameters).
+  // model, parameters, device).
   std::string summary_json(const TrainResult& result) const;
 
  private:
   void build();
   void restore(const Checkpoint& ckpt);
-  double train_step(const data::Batch& batch, int64_t* correct, bool* skipped);
+  // One optimizer step; returns the loss (F32, on the device, not read back) and adds the
+  // batch's correct predictions to *correct (I64 on the device) without a host sync.
+  Tensor train_step(const data::Batch& batch, Tensor* correct, bool* skipped);
   // Compares this step's fp32 reference gradients (same weights and batch, no autocast) with
   // the run's own scaled gradients (call after backward, before unscale).
   UnderflowStats measure_underflow(const std::vector<Tensor>& reference) const;
   std::vector<Tensor> reference_gradients(const data::Batch& batch);
 
   TrainConfig config_;
+  Device device_;
   TrainState state_;
   data::ImageDataset train_set_, test_set_;
   std::shared_ptr<nn::Module> model_;
@@ -107,10 +111,14 @@ class Trainer {
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<amp::Amp> amp_;
   UnderflowStats underflow_;
-  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<data::DevicePrefetcher> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<float> step_losses_;
 };
+
+// The device named by `text` (cpu, cuda, cuda:N), checked to exist: a mantissa::Error in one
+// line otherwise ("no CUDA device: <why>; run with --device cpu").
+Device require_device(const std::string& text);
 
 // "auto" -> "bf16" where the CPU has native bf16 dot products, else "fp16"; others unchanged.
 std::string resolve_precision(const std::string& precision);
@@ -119,7 +127,9 @@ std::string resolve_precision(const std::string& precision);
 // `mantissa bench` use.
 amp::Amp initialize_precision(nn::Module& model, optim::Optimizer& opt, const TrainConfig& config);
 
-// `mantissa eval`: the test-set loss and accuracy of a checkpoint's weights.
-EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir = "");
+// `mantissa eval`: the test-set loss and accuracy of a checkpoint's weights, on `device`
+// (cpu, cuda, cuda:N; whatever device the run trained on).
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_dir = "",
+                               const std::string& device = "cpu");
 
 }  // namespace mantissa::train

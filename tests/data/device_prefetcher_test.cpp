@@ -1,0 +1,212 @@
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_test_util.h"
+#include "mantissa/core/cuda.h"
+#include "mantissa/core/error.h"
+#include "mantissa/data/dataset.h"
+#include "mantissa/data/loader.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa::data {
+namespace {
+
+ImageDataset small_set(int64_t n = 70) {
+  return synthetic_images(n, 1, 8, 10, 5);
+}
+
+LoaderOptions small_options(DType dtype = DType::F32) {
+  LoaderOptions o;
+  o.batch_size = 16;  // 70 images: 4 full batches and one of 6
+  o.seed = 11;
+  o.num_workers = 2;
+  o.prefetch = 2;
+  o.dtype = dtype;
+  return o;
+}
+
+// The bytes of a tensor's elements in row-major order, from any device.
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  std::vector<uint8_t> out(t.nbytes());
+  t.copy_to_host(out.data(), out.size());
+  return out;
+}
+
+void expect_same_batch(const Batch& got, const Batch& want, Device device) {
+  EXPECT_EQ(got.epoch, want.epoch);
+  EXPECT_EQ(got.index, want.index);
+  EXPECT_EQ(got.x.device(), device);
+  EXPECT_EQ(got.y.device(), device);
+  EXPECT_EQ(got.x.dtype(), want.x.dtype());
+  EXPECT_EQ(got.x.shape(), want.x.shape());
+  EXPECT_EQ(got.y.dtype(), DType::I64);
+  EXPECT_EQ(got.y.shape(), want.y.shape());
+  EXPECT_EQ(bytes_of(got.x), bytes_of(want.x)) << "epoch " << want.epoch << " batch " << want.index;
+  EXPECT_EQ(bytes_of(got.y), bytes_of(want.y)) << "epoch " << want.epoch << " batch " << want.index;
+}
+
+// Two epochs through `p` (the first left at batch 2 and resumed there with start_epoch, the
+// second by range-for), each batch compared with the DataLoader's own make_batch.
+void expect_loader_batches(DevicePrefetcher& p, const DataLoader& reference) {
+  const Device device = p.device();
+  EXPECT_EQ(p.num_batches(), reference.num_batches());
+  EXPECT_EQ(p.epoch(), 0);
+  EXPECT_EQ(p.next_index(), 0);
+  for (int64_t k = 0; k < 2; ++k) {
+    std::optional<Batch> b = p.next();
+    ASSERT_TRUE(b.has_value());
+    expect_same_batch(*b, reference.make_batch(0, k), device);
+  }
+  EXPECT_EQ(p.epoch(), 0);
+  EXPECT_EQ(p.next_index(), 2);
+  p.start_epoch(0, 2);
+  for (int64_t k = 2; k < reference.num_batches(); ++k) {
+    std::optional<Batch> b = p.next();
+    ASSERT_TRUE(b.has_value());
+    expect_same_batch(*b, reference.make_batch(0, k), device);
+  }
+  EXPECT_FALSE(p.next().has_value()) << "the epoch ends once";
+  EXPECT_EQ(p.epoch(), 1);
+  int64_t k = 0;
+  for (auto& b : p)
+    expect_same_batch(b, reference.make_batch(1, k++), device);
+  EXPECT_EQ(k, reference.num_batches());
+  // Jumping elsewhere drops what was in flight.
+  p.start_epoch(3, 4);
+  std::optional<Batch> b = p.next();
+  ASSERT_TRUE(b.has_value());
+  expect_same_batch(*b, reference.make_batch(3, 4), device);
+  EXPECT_FALSE(p.next().has_value());
+}
+
+TEST(DevicePrefetcherTest, CpuIsAPassThroughOfTheLoader) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const DataLoader reference(small_set(), small_options(dtype));
+    DevicePrefetcher p(small_set(), small_options(dtype), Device::cpu());
+    EXPECT_TRUE(p.loader().options().normalize) << "the CPU gets the loader's batches as they are";
+    EXPECT_FALSE(p.loader().options().pin_memory);
+    expect_loader_batches(p, reference);
+  }
+}
+
+TEST(DevicePrefetcherTest, RawPixelsThroughThePixelTableAreTheNormalizedBatch) {
+  // What the prefetcher does on the GPU, run here: U8 batches looked up in pixel_table() give
+  // the normalized batch bit for bit, in every dtype.
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    LoaderOptions raw_options = small_options(dtype);
+    raw_options.normalize = false;
+    const DataLoader normalized(small_set(), small_options(dtype));
+    const DataLoader raw(small_set(), raw_options);
+    const Tensor table = raw.pixel_table();
+    EXPECT_EQ(table.dtype(), dtype);
+    EXPECT_EQ(table.shape(), Shape({256}));
+    for (int64_t k = 0; k < raw.num_batches(); ++k) {
+      const Batch r = raw.make_batch(2, k);
+      const Batch n = normalized.make_batch(2, k);
+      EXPECT_EQ(r.x.dtype(), DType::U8);
+      const Tensor looked_up =
+          index_select(table, 0, r.x.contiguous().reshape({r.x.numel()}).to(DType::I64))
+              .view(r.x.shape());
+      EXPECT_EQ(bytes_of(looked_up), bytes_of(n.x)) << "batch " << k;
+      EXPECT_EQ(bytes_of(r.y), bytes_of(n.y)) << "batch " << k;
+    }
+  }
+}
+
+TEST(DevicePrefetcherTest, PixelTableIsTheNormalization) {
+  LoaderOptions o = small_options();
+  o.mean = 0.25f;
+  o.std = 0.5f;
+  const DataLoader loader(small_set(), o);
+  const std::vector<float> table = loader.pixel_table().to_vector<float>();
+  ASSERT_EQ(table.size(), 256u);
+  for (int v : {0, 1, 128, 255})
+    EXPECT_EQ(table[size_t(v)], (float(v) / 255.f - 0.25f) / 0.5f) << v;
+}
+
+TEST(DevicePrefetcherTest, CudaWithoutAGpuIsRefusedInOneLine) {
+  if (cuda::is_available()) GTEST_SKIP() << "this machine has a GPU";
+  try {
+    DevicePrefetcher p(small_set(), small_options(), Device::cuda(0));
+    FAIL() << "a CUDA prefetcher without a GPU";
+  } catch (const Error& e) {
+    const std::string m = e.message();
+    EXPECT_NE(m.find("no CUDA device"), std::string::npos) << m;
+    EXPECT_NE(m.find("--device cpu"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  LoaderOptions pinned = small_options();
+  pinned.pin_memory = true;
+  EXPECT_THROW(DataLoader(small_set(), pinned), Error);
+}
+
+// ---- on a GPU ----------------------------------------------------------------------------------
+
+TEST(DevicePrefetcherCudaTest, DeviceBatchesEqualTheLoaders) {
+  MT_REQUIRE_CUDA();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const DataLoader reference(small_set(), small_options(dtype));
+    DevicePrefetcher p(small_set(), small_options(dtype), Device::cuda(0));
+    EXPECT_FALSE(p.loader().options().normalize) << "pixels cross as bytes";
+    EXPECT_TRUE(p.loader().options().pin_memory);
+    expect_loader_batches(p, reference);
+  }
+}
+
+TEST(DevicePrefetcherCudaTest, WithATransformNormalizedBatchesCross) {
+  MT_REQUIRE_CUDA();
+  LoaderOptions o = small_options();
+  // In place: x and y stay views of the loader's block (one pinned copy, one transfer).
+  o.transform = [](Batch& b) { b.x.mul_(2.0); };
+  const DataLoader reference(small_set(), o);
+  DevicePrefetcher p(small_set(), o, Device::cuda(0));
+  EXPECT_TRUE(p.loader().options().normalize);
+  expect_loader_batches(p, reference);
+  // Replaced tensors are pinned and copied one by one.
+  o.transform = [](Batch& b) { b.x = add(b.x, 1.0); };
+  const DataLoader reference2(small_set(), o);
+  DevicePrefetcher p2(small_set(), o, Device::cuda(0));
+  expect_loader_batches(p2, reference2);
+}
+
+TEST(DevicePrefetcherCudaTest, BatchesOnASideStreamAreOrderedBeforeTheConsumersWork) {
+  MT_REQUIRE_CUDA();
+  // The consumer on a stream of its own: each batch must be complete when its work runs, and
+  // reusing the memory of consumed batches must not corrupt later ones.
+  const cuda::Stream main = cuda::Stream::create(0);
+  cuda::StreamGuard guard(main);
+  const DataLoader reference(small_set(200), small_options());
+  DevicePrefetcher p(small_set(200), small_options(), Device::cuda(0));
+  std::vector<Tensor> sums;
+  std::vector<double> want;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (auto& b : p) {
+      sums.push_back(sum(b.x.to(DType::F64)));
+      want.push_back(sum(reference.make_batch(b.epoch, b.index).x.to(DType::F64)).item());
+    }
+  }
+  main.synchronize();
+  ASSERT_EQ(sums.size(), want.size());
+  for (size_t i = 0; i < sums.size(); ++i)
+    EXPECT_EQ(sums[i].item(), want[i]) << "batch " << i;
+}
+
+TEST(DevicePrefetcherCudaTest, ATransformErrorReachesTheNextThatWouldReturnItsBatch) {
+  MT_REQUIRE_CUDA();
+  LoaderOptions o = small_options();
+  o.transform = [](Batch& b) { MT_CHECK(b.index != 2, "bad batch 2"); };
+  DevicePrefetcher p(small_set(), o, Device::cuda(0));
+  EXPECT_TRUE(p.next().has_value());
+  EXPECT_TRUE(p.next().has_value());
+  EXPECT_THROW(p.next(), Error);
+}
+
+}  // namespace
+}  // namespace mantissa::data
