@@ -5,6 +5,7 @@
 #include <exception>
 #include <utility>
 
+#include "data/rebase.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/device_info.h"
@@ -36,17 +37,6 @@ size_t end_byte(const Tensor& t) {
     ++last;
   }
   return size_t(last) * t.element_size();
-}
-
-// The same view (shape, strides, offset, dtype) over another storage of the same layout.
-Tensor rebase(const Tensor& t, std::shared_ptr<Storage> storage) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::move(storage);
-  impl->shape = t.shape();
-  impl->strides = t.strides();
-  impl->offset = t.offset();
-  impl->dtype = t.dtype();
-  return Tensor(std::move(impl));
 }
 
 // Queues host -> device copies of a (pinned) batch on the current stream, without waiting.

@@ -3,6 +3,8 @@
 // j - prefetch, so the queue is bounded and the consumer takes batches strictly in index order.
 #include "mantissa/data/loader.h"
 
+#include "data/rebase.h"
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -44,17 +46,6 @@ Tensor tensor_on(std::shared_ptr<Storage> storage, const Shape& shape, int64_t o
   impl->strides = contiguous_strides(shape);
   impl->offset = offset;
   impl->dtype = dtype;
-  return Tensor(std::move(impl));
-}
-
-// The same view (shape, strides, offset, dtype) over another storage of the same layout.
-Tensor rebase(const Tensor& t, std::shared_ptr<Storage> storage) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::move(storage);
-  impl->shape = t.shape();
-  impl->strides = t.strides();
-  impl->offset = t.offset();
-  impl->dtype = t.dtype();
   return Tensor(std::move(impl));
 }
 

@@ -4,23 +4,10 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cpu {
 namespace {
-
-struct Split {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-Split split_at(const Tensor& t, int dim) {
-  Split s;
-  for (int d = 0; d < dim; ++d)
-    s.outer *= t.size(d);
-  s.n = t.dim() ? t.size(dim) : 1;
-  for (int d = dim + 1; d < t.dim(); ++d)
-    s.inner *= t.size(d);
-  return s;
-}
 
 void check_index(int64_t i, int64_t n, const Tensor& x, int dim) {
   MT_CHECK(i >= 0 && i < n, "index ", i, " is out of range for dim ", dim, " of size ", n, " of a ",
@@ -32,7 +19,7 @@ void check_index(int64_t i, int64_t n, const Tensor& x, int dim) {
 void CpuBackend::index_select(const Tensor& x, int dim, const Tensor& index, Tensor& out) {
   MT_ASSERT(x.is_contiguous() && index.is_contiguous() && out.is_contiguous(),
             "index_select layout");
-  const Split sx = split_at(x, dim);
+  const DimSplit sx = split_around(x, dim);
   const int64_t* idx = static_cast<const int64_t*>(index.data_ptr());
   const int64_t m = index.numel();
   for (int64_t j = 0; j < m; ++j)
@@ -52,7 +39,7 @@ void CpuBackend::index_add(Tensor& grad_x, int dim, const Tensor& index, const T
   MT_ASSERT(grad_x.is_contiguous() && index.is_contiguous() && grad_out.is_contiguous(),
             "index_add layout");
   MT_ASSERT(grad_x.dtype() == grad_out.dtype(), "index_add dtypes");
-  const Split sx = split_at(grad_x, dim);
+  const DimSplit sx = split_around(grad_x, dim);
   const int64_t* idx = static_cast<const int64_t*>(index.data_ptr());
   const int64_t m = index.numel();
   for (int64_t j = 0; j < m; ++j)
@@ -78,7 +65,7 @@ void CpuBackend::index_add(Tensor& grad_x, int dim, const Tensor& index, const T
 
 void CpuBackend::gather(const Tensor& x, int dim, const Tensor& index, Tensor& out) {
   MT_ASSERT(x.is_contiguous() && index.is_contiguous() && out.is_contiguous(), "gather layout");
-  const Split sx = split_at(x, dim), si = split_at(index, dim);
+  const DimSplit sx = split_around(x, dim), si = split_around(index, dim);
   const int64_t* idx = static_cast<const int64_t*>(index.data_ptr());
   const size_t es = x.element_size();
   const char* src = static_cast<const char*>(x.data_ptr());
@@ -99,7 +86,7 @@ void CpuBackend::scatter_add(Tensor& grad_x, int dim, const Tensor& index, const
   MT_ASSERT(grad_x.is_contiguous() && index.is_contiguous() && grad_out.is_contiguous(),
             "scatter_add layout");
   MT_ASSERT(grad_x.dtype() == grad_out.dtype(), "scatter_add dtypes");
-  const Split sx = split_at(grad_x, dim), si = split_at(index, dim);
+  const DimSplit sx = split_around(grad_x, dim), si = split_around(index, dim);
   const int64_t* idx = static_cast<const int64_t*>(index.data_ptr());
   dispatch_dtype(grad_x.dtype(), [&]<typename T>() {
     using C = compute_t<T>;

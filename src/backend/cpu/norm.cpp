@@ -17,28 +17,10 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cpu {
 namespace {
-
-// Which gradients a normalization backward computes (the defined outputs), after checking that
-// the incoming gradient matches the input and grad_x (if wanted) can receive it.
-struct WantedGrads {
-  bool x, w, b;
-};
-WantedGrads wanted_grads(const char* op, const Tensor& g, const Tensor& x, const Tensor* grad_x,
-                         const Tensor* grad_weight, const Tensor* grad_bias) {
-  MT_ASSERT(g.shape() == x.shape() && g.dtype() == x.dtype(), op, ": grad ", g.describe(),
-            " for input ", x.describe());
-  const WantedGrads w{grad_x && grad_x->defined(), grad_weight && grad_weight->defined(),
-                      grad_bias && grad_bias->defined()};
-  if (w.x) {
-    MT_ASSERT(
-        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(), op,
-        " grad_x");
-  }
-  return w;
-}
 
 // Rows [0, rows) of `len` elements, in tasks of consecutive rows of about kChunk elements:
 // body(r0, r1, scratch), scratch holding `scratch_per_row` values per row of the task. Short rows
@@ -145,22 +127,6 @@ std::vector<A> channel_totals(const std::vector<A>& partial, const ChannelShape&
       total[size_t(c)] += partial[size_t(n * cs.c + c)];
   }
   return total;
-}
-
-// (outer, n, inner) of a tensor around `dim`.
-struct DimSplit {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-DimSplit split_around(const Tensor& t, int dim) {
-  DimSplit s;
-  if (t.dim() == 0) return s;
-  for (int d = 0; d < dim; ++d)
-    s.outer *= t.size(d);
-  s.n = t.size(dim);
-  for (int d = dim + 1; d < t.dim(); ++d)
-    s.inner *= t.size(d);
-  return s;
 }
 
 // Columns handled together when the softmax dim is not the innermost one.

@@ -100,22 +100,6 @@ bool is_aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// An unsigned integer of a dtype's size: copying, filling and selecting move bits unchanged.
-template <typename F>
-decltype(auto) dispatch_size(size_t bytes, F&& f) {
-  switch (bytes) {
-    case 1:
-      return f(Tag<uint8_t>{});
-    case 2:
-      return f(Tag<uint16_t>{});
-    case 4:
-      return f(Tag<uint32_t>{});
-    default:
-      MT_ASSERT(bytes == 8, "no dtype has ", bytes, " bytes");
-      return f(Tag<uint64_t>{});
-  }
-}
-
 // ---- math: the float or double function, as the CPU's std:: overloads pick it ------------------
 
 __device__ __forceinline__ float m_exp(float x) {

@@ -15,40 +15,10 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cuda {
 namespace {
-
-struct Split {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-Split split_at(const Tensor& t, int dim) {
-  Split s;
-  for (int d = 0; d < dim; ++d)
-    s.outer *= t.size(d);
-  s.n = t.dim() ? t.size(dim) : 1;
-  for (int d = dim + 1; d < t.dim(); ++d)
-    s.inner *= t.size(d);
-  return s;
-}
-
-// An unsigned integer type of each element size: index_select and gather move bits only.
-template <typename F>
-void dispatch_bits(size_t size, F&& f) {
-  switch (size) {
-    case 1:
-      return f(Tag<uint8_t>{});
-    case 2:
-      return f(Tag<uint16_t>{});
-    case 4:
-      return f(Tag<uint32_t>{});
-    case 8:
-      return f(Tag<uint64_t>{});
-    default:
-      MT_ASSERT(false, "no element type of ", size, " bytes");
-  }
-}
 
 // out(o, j, i) = x(o, idx[j], i); m = index length (index_select), or
 // out(o, j, i) = x(o, idx[(o, j, i)], i); m = index.size(dim) (gather, per_element).
@@ -96,11 +66,11 @@ void select(int device, const Tensor& x, int dim, const Tensor& index, Tensor& o
   MT_ASSERT(x.is_contiguous() && index.is_contiguous() && out.is_contiguous() &&
                 index.dtype() == DType::I64 && out.dtype() == x.dtype(),
             "index_select / gather layout");
-  const Split sx = split_at(x, dim);
-  const Split so = split_at(out, dim);
+  const DimSplit sx = split_around(x, dim);
+  const DimSplit so = split_around(out, dim);
   const int64_t total = out.numel();
   if (total == 0) return;
-  dispatch_bits(x.element_size(), [&](auto tag) {
+  dispatch_size(x.element_size(), [&](auto tag) {
     using B = typename decltype(tag)::type;
     select_kernel<B, per_element><<<grid_for(total), kThreads, 0, stream_for(device)>>>(
         device_ptr<const B>(x), device_ptr<const int64_t>(index), device_ptr<B>(out), so.outer,
@@ -116,8 +86,8 @@ void accumulate(int device, Tensor& grad_x, int dim, const Tensor& index, const 
                 index.dtype() == DType::I64,
             op, " layout");
   MT_ASSERT(grad_x.dtype() == grad_out.dtype(), op, " dtypes");
-  const Split sx = split_at(grad_x, dim);
-  const Split sg = split_at(grad_out, dim);
+  const DimSplit sx = split_around(grad_x, dim);
+  const DimSplit sg = split_around(grad_out, dim);
   const int64_t total = grad_out.numel();
   if (total == 0 || grad_x.numel() == 0) return;
   cudaStream_t stream = stream_for(device);

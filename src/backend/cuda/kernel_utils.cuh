@@ -159,6 +159,22 @@ decltype(auto) dispatch_all(DType dtype, const char* op, F&& f) {
   }
 }
 
+// An unsigned integer of a dtype's size: copying, filling and selecting move bits unchanged.
+template <typename F>
+decltype(auto) dispatch_size(size_t bytes, F&& f) {
+  switch (bytes) {
+    case 1:
+      return f(Tag<uint8_t>{});
+    case 2:
+      return f(Tag<uint16_t>{});
+    case 4:
+      return f(Tag<uint32_t>{});
+    default:
+      MT_ASSERT(bytes == 8, "no dtype has ", bytes, " bytes");
+      return f(Tag<uint64_t>{});
+  }
+}
+
 // ---- strided and broadcast indexing -----------------------------------------------------------
 // A tensor's elements seen through `shape` (its own or one it broadcasts to): element strides,
 // 0 on broadcast dims. Passed to kernels by value.

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cuda {
 namespace {
@@ -295,23 +296,6 @@ __global__ void batch_norm_grad_x_kernel(const S* __restrict__ g, const S* __res
     const int64_t c = (i / cs.s) % cs.c;
     store(gx + i, k[c] * (C(load(g + i)) - mg[c] - (C(load(x + i)) - mean[c]) * q[c]));
   }
-}
-
-struct Wanted {
-  bool x, w, b;
-};
-Wanted wanted_grads(const char* op, const Tensor& g, const Tensor& x, const Tensor* grad_x,
-                    const Tensor* grad_weight, const Tensor* grad_bias) {
-  MT_ASSERT(g.shape() == x.shape() && g.dtype() == x.dtype(), op, ": grad ", g.describe(),
-            " for input ", x.describe());
-  const Wanted w{grad_x && grad_x->defined(), grad_weight && grad_weight->defined(),
-                 grad_bias && grad_bias->defined()};
-  if (w.x) {
-    MT_ASSERT(
-        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(), op,
-        " grad_x");
-  }
-  return w;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cuda {
 namespace {
@@ -28,21 +29,6 @@ __device__ __forceinline__ C log_c(C v) {
   } else {
     return logf(v);
   }
-}
-
-// (outer, n, inner) of a tensor around `dim`.
-struct DimSplit {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-DimSplit split_around(const Tensor& t, int dim) {
-  DimSplit s;
-  if (t.dim() == 0) return s;
-  for (int d = 0; d < dim; ++d)
-    s.outer *= t.size(d);
-  s.n = t.size(dim);
-  for (int d = dim + 1; d < t.dim(); ++d)
-    s.inner *= t.size(d);
-  return s;
 }
 
 Tensor contiguous_input(const Tensor& t) {
