@@ -31,7 +31,9 @@ std::vector<Tensor> gradients_of(const std::vector<Tensor>& params, const char* 
 double norm_of(const std::vector<Tensor>& grads, double norm_type) {
   MT_CHECK(norm_type > 0, "a gradient norm needs norm_type > 0 (or inf), got ", norm_type);
   if (grads.empty()) return 0.0;
-  Tensor out = Tensor::empty(Shape{}, DType::F64, Device::cpu());
+  // The result lives where the gradients do (a device backend writes device memory); item()
+  // reads it back, the one host wait clipping needs per step.
+  Tensor out = Tensor::empty(Shape{}, DType::F64, grads[0].device());
   backend::backend_for(grads[0].device()).multi_tensor_norm(grads, norm_type, out);
   return out.item();
 }

@@ -182,7 +182,9 @@ bool is_rounding_of(const Tensor& p, const Tensor& master) {
   const FormatInfo& f = kFormatTable[size_t(*dtype_format(p.dtype()))];
   const double rel = f.epsilon, tiny = f.min_subnormal;
   const Tensor diff = abs(sub(p.to(DType::F32), master));
-  const Tensor bound = maximum(mul(abs(master), rel), Tensor::scalar(tiny, DType::F32));
+  // The floor on the master's device: a binary op takes no cpu scalar with a cuda tensor.
+  const Tensor bound =
+      maximum(mul(abs(master), rel), Tensor::scalar(tiny, DType::F32, master.device()));
   return sum(gt(diff, bound)).item() == 0;
 }
 

@@ -275,17 +275,19 @@ UnderflowStats Trainer::measure_underflow(const std::vector<Tensor>& reference) 
   auto both = [](const Tensor& a, const Tensor& b) {
     return int64_t(sum(mul(a.to(DType::F32), b.to(DType::F32))).item());
   };
-  const Tensor zero16 = Tensor::scalar(0.0, DType::F16);
+  // The zeros compared with live on the gradients' device (binary ops take no cpu scalar with
+  // a cuda tensor).
+  const Tensor zero16 = Tensor::scalar(0.0, DType::F16, device_);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!reference[i].defined()) continue;
     const Tensor r = reference[i].to(DType::F32);
-    const Tensor nz = ne(r, Tensor::scalar(0.0, DType::F32));
+    const Tensor nz = ne(r, Tensor::scalar(0.0, DType::F32, r.device()));
     u.nonzero += int64_t(sum(nz.to(DType::F32)).item());
     u.cast_unscaled += both(nz, eq(r.to(DType::F16), zero16));
     u.cast_scaled += both(nz, eq(mul(r, scale).to(DType::F16), zero16));
     const Tensor own = params[i].grad();
-    u.observed +=
-        own.defined() ? both(nz, eq(own, Tensor::scalar(0.0, own.dtype()))) : both(nz, nz);
+    u.observed += own.defined() ? both(nz, eq(own, Tensor::scalar(0.0, own.dtype(), own.device())))
+                                : both(nz, nz);
   }
   return u;
 }
