@@ -236,6 +236,14 @@ struct UnaryFn {
   }
 };
 
+// A product rounded on its own (never contracted into an fma with a following add).
+__device__ __forceinline__ float mul_rn(float x, float y) {
+  return __fmul_rn(x, y);
+}
+__device__ __forceinline__ double mul_rn(double x, double y) {
+  return __dmul_rn(x, y);
+}
+
 template <typename C>
 struct UnaryBackwardFn {
   UnaryOp op;
@@ -289,7 +297,9 @@ struct UnaryBackwardFn {
       case UnaryOp::Sigmoid:
         return g * y * (C(1) - y);
       case UnaryOp::Tanh:
-        return g * (C(1) - y * y);
+        // y * y rounded before the subtraction, as the CPU does: nvcc would contract 1 - y * y
+        // into one fma, which differs most where it matters (|y| near 1, heavy cancellation).
+        return g * (C(1) - mul_rn(y, y));
       case UnaryOp::PowScalar:
         return a == C(0) ? C(0) : g * a * m_pow(x, a - C(1));
     }

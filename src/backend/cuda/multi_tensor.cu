@@ -300,7 +300,9 @@ struct AdamWOp {
 
   template <typename C>
   __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
-    const C decay = C(1.0 - lr * weight_decay);
+    // Not `1.0 - lr * weight_decay`: nvcc contracts that into one fma (rounded once), the CPU
+    // rounds the product and then the difference; in f64 parameters the decay would differ.
+    const C decay = C(sub_rn(1.0, mul_rn(lr, weight_decay)));
     const C w = C(1.0 - beta1);  // lerp weight
     const C one_minus_w = C(1) - w;
     const C b2 = C(beta2), omb2 = C(1.0 - beta2), eps_c = C(eps);

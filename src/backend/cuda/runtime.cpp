@@ -65,11 +65,15 @@ Stream Stream::default_stream(int device) {
   return stream;
 }
 
+// A null handle is the legacy default stream of the *current* device: make device_ current, or
+// cuda:1's default stream would wait for (or report on) cuda:0's.
 void Stream::synchronize() const {
+  backend::cuda::DeviceGuard guard(device_);
   MT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
 }
 
 bool Stream::query() const {
+  backend::cuda::DeviceGuard guard(device_);
   const cudaError_t err = cudaStreamQuery(static_cast<cudaStream_t>(handle_));
   if (err == cudaErrorNotReady) {
     cudaGetLastError();
