@@ -108,7 +108,9 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   C* qs = reinterpret_cast<C*>(smem_raw);
   C* ks = qs + kFwdRows * d;
   C* vs = ks + kTile * (d + 1);
-  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kFwdRows;
+  // blockIdx.x = bh * query tiles + tile (one flat grid dim: B * H may exceed gridDim.y's 65535).
+  const int64_t ntiles = (sh.tq + kFwdRows - 1) / kFwdRows;
+  const int64_t bh = int64_t(blockIdx.x) / ntiles, i0 = (int64_t(blockIdx.x) % ntiles) * kFwdRows;
   const int nq = int(min(int64_t(kFwdRows), sh.tq - i0));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const C neg_inf = C(-INFINITY);
@@ -215,7 +217,9 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
   C* dss = vs + kBwdKeys * d;
   C* lse_s = dss + kBwdKeys * kTile;
   C* delta_s = lse_s + kTile;
-  const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kBwdKeys;
+  // blockIdx.x = bh * key tiles + tile (one flat grid dim: B * H may exceed gridDim.y's 65535).
+  const int64_t ntiles = (sh.tk + kBwdKeys - 1) / kBwdKeys;
+  const int64_t bh = int64_t(blockIdx.x) / ntiles, j0 = (int64_t(blockIdx.x) % ntiles) * kBwdKeys;
   const int nk = int(min(int64_t(kBwdKeys), sh.tk - j0));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   load_tile(ks, d, k + bh * sh.tk * d, j0, nk, kBwdKeys, d, sh.vec);
@@ -348,9 +352,15 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const cha
            ", got q ", q.describe(),
            "; use scaled_dot_product_attention, which takes the "
            "composed path for larger heads");
-  MT_CHECK(q.size(0) * q.size(1) <= 65535, op, " on cuda: B * H must be at most 65535, got q ",
-           q.describe());
   return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3)};
+}
+
+// The blocks of a (tiles x bh) launch, flattened into gridDim.x (at most 2^31 - 1).
+unsigned flat_grid(int64_t tiles, int64_t bh, const char* op) {
+  const int64_t blocks = tiles * bh;
+  MT_CHECK(blocks <= int64_t(INT32_MAX), op, " on cuda: ", tiles, " tiles x ", bh,
+           " batch-heads exceed the grid's 2^31 - 1 blocks");
+  return unsigned(blocks);
 }
 
 DType lse_dtype_for(DType d) {
@@ -393,7 +403,7 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
       const auto fn = decltype(kernel)::fn;
       const size_t smem = forward_smem<C>(sh.d);
       reserve_smem(fn, smem);
-      const dim3 grid(unsigned((n.tq + kFwdRows - 1) / kFwdRows), unsigned(n.bh));
+      const dim3 grid(flat_grid((n.tq + kFwdRows - 1) / kFwdRows, n.bh, "attention"));
       fn<<<grid, kFwdWarps * 32, smem, stream>>>(device_ptr<const S>(q), device_ptr<const S>(k),
                                                  device_ptr<const S>(v), device_ptr<S>(out),
                                                  device_ptr<C>(lse), sh, C(p.scale));
@@ -446,7 +456,7 @@ void CudaBackend::attention_backward(const Tensor& grad_out_in, const Tensor& q_
         const auto fn = decltype(kernel)::fn;
         const size_t smem = backward_smem<C>(sh.d);
         reserve_smem(fn, smem);
-        const dim3 grid(unsigned((n.tk + kBwdKeys - 1) / kBwdKeys), unsigned(n.bh));
+        const dim3 grid(flat_grid((n.tk + kBwdKeys - 1) / kBwdKeys, n.bh, "attention_backward"));
         fn<<<grid, kBwdWarps * 32, smem, stream>>>(
             device_ptr<const S>(g), device_ptr<const S>(q), device_ptr<const S>(k),
             device_ptr<const S>(v), device_ptr<const C>(lse), delta, dq_acc, device_ptr<S>(grad_k),

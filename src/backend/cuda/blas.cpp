@@ -231,6 +231,13 @@ bool run(const Gemm& g, int device) {
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+    if (g.io_type == DType::F16 || g.io_type == DType::BF16) {
+      // Split-K algorithms reducing "in place" or in the output type store fp16/bf16 partial
+      // sums: the output would be rounded more than once. Only unsplit or fp32-reduced ones
+      // (PyTorch's default for half GEMMs does the same).
+      pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+               uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.d, lb.d, ld.d, ld.d,

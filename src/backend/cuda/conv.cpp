@@ -345,8 +345,10 @@ void CudaBackend::conv2d_backward(const Tensor& grad_out, const Tensor& x, const
   }
   if (x.numel() == 0 || w.numel() == 0) {
     // Every input value is padding (or there are none): the weight gradient is zero, the data
-    // gradient empty; only the bias gradient has something to sum.
+    // gradient empty; only the bias gradient has something to sum. (An empty kernel window, kH or
+    // kW = 0, leaves x non-empty: its gradient is then zero, not left unwritten.)
     if (grad_w) fill(*grad_w, 0.0);
+    if (grad_x) fill(*grad_x, 0.0);
     grad_x = nullptr;
     grad_w = nullptr;
   }
