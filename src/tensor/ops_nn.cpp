@@ -535,9 +535,12 @@ Tensor as_bhtd(const Tensor& t, const Shape& batch) {
 // composed path then reports them).
 std::optional<Shape> fused_attention_batch(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& mask) {
+  const AttentionPath path = get_attention_path();
+  if (path == AttentionPath::Composed) return std::nullopt;
   if (mask.defined() || v.size(-1) != q.size(-1)) return std::nullopt;
   if (q.size(-2) == 0 || k.size(-2) == 0 || q.size(-1) == 0) return std::nullopt;
   if (q.device().is_cuda() && q.size(-1) > kCudaFusedAttentionMaxHeadDim) return std::nullopt;
+  if (path == AttentionPath::Auto && q.device().is_cpu()) return std::nullopt;  // see AttentionPath
   try {
     return broadcast_shapes(batch_dims(q), broadcast_shapes(batch_dims(k), batch_dims(v)));
   } catch (const Error&) {

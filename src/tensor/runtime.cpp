@@ -13,7 +13,16 @@ namespace mantissa {
 
 namespace {
 std::atomic<MatmulPrecision> g_matmul_precision{MatmulPrecision::Highest};
+std::atomic<AttentionPath> g_attention_path{AttentionPath::Auto};
 }  // namespace
+
+void set_attention_path(AttentionPath path) {
+  g_attention_path.store(path);
+}
+
+AttentionPath get_attention_path() {
+  return g_attention_path.load();
+}
 
 void set_matmul_precision(MatmulPrecision precision) {
   g_matmul_precision.store(precision);

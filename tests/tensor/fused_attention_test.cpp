@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "harness/op_harness.h"
+#include "mantissa/autograd/node.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/tensor/ops.h"
 
@@ -81,6 +84,13 @@ const std::vector<Case> kCases = {
     {{9, 3}, {1, 3}, true},
 };
 
+// The CPU's Auto path takes the composed GEMMs (faster there): these tests force the fused kernel
+// for their whole body.
+struct ForceFusedPath {
+  ForceFusedPath() { set_attention_path(AttentionPath::Fused); }
+  ~ForceFusedPath() { set_attention_path(AttentionPath::Auto); }
+};
+
 Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
              std::optional<double> scale = std::nullopt) {
   return scaled_dot_product_attention(q, k, v, Tensor(), causal, scale);
@@ -94,6 +104,7 @@ Tensor composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
 }
 
 TEST(FusedAttention, ForwardMatchesFloat64Reference) {
+  const ForceFusedPath force;
   uint64_t seed = 1;
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal" : ""));
@@ -109,6 +120,7 @@ TEST(FusedAttention, ForwardMatchesFloat64Reference) {
 }
 
 TEST(FusedAttention, LogSumExpOfTheBackend) {
+  const ForceFusedPath force;
   uint64_t seed = 50;
   for (const Case& c : kCases) {
     if (c.q.size() != 4) continue;
@@ -141,6 +153,7 @@ TEST(FusedAttention, LogSumExpOfTheBackend) {
 
 // Forward and the three gradients of the fused and the composed path agree, in every dtype.
 TEST(FusedAttention, MatchesComposedPathWithGradients) {
+  const ForceFusedPath force;
   uint64_t seed = 100;
   for (const Case& c : kCases) {
     for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
@@ -194,6 +207,7 @@ OpCase sdpa_case(std::string name, Shape qs, Shape kvs, bool causal, uint64_t se
 // Every dtype against the f64 result on the same rounded inputs, strided inputs, and the f64
 // gradients against finite differences.
 TEST(FusedAttention, HarnessAllDtypesAndFiniteDifferences) {
+  const ForceFusedPath force;
   check_op(sdpa_case("fused", {2, 2, 7, 5}, {2, 2, 9, 5}, false, 200));
   check_op(sdpa_case("fused causal", {1, 2, 67, 4}, {1, 2, 66, 4}, true, 210));
   check_op(sdpa_case("fused causal Tq > Tk", {2, 9, 3}, {2, 4, 3}, true, 220));
@@ -202,6 +216,7 @@ TEST(FusedAttention, HarnessAllDtypesAndFiniteDifferences) {
 // Batch dims broadcast as in the composed path (one key/value head shared by every query head),
 // and the broadcast gradients are summed back.
 TEST(FusedAttention, BroadcastBatchDims) {
+  const ForceFusedPath force;
   const Tensor q0 = random_f64({2, 3, 6, 4}, 300), k0 = random_f64({2, 1, 5, 4}, 301),
                v0 = random_f64({1, 5, 4}, 302);
   auto run = [&](bool use_fused) {
@@ -222,7 +237,28 @@ TEST(FusedAttention, BroadcastBatchDims) {
 
 // The fused path never materializes the (Tq, Tk) scores: its peak is well under the composed
 // path's, which holds several score-sized tensors.
+TEST(FusedAttention, AutoTakesTheComposedPathOnTheCpu) {
+  // On the CPU Auto builds the composed path's autograd graph, not the fused one.
+  const Tensor q = Tensor::uniform({2, 2, 8, 4}, -1, 1, 1).set_requires_grad(true);
+  ASSERT_EQ(get_attention_path(), AttentionPath::Auto);
+  auto graph_of = [&](AttentionPath path) {
+    set_attention_path(path);
+    const Tensor out = scaled_dot_product_attention(q, q, q);
+    set_attention_path(AttentionPath::Auto);
+    // The node names along the first input edges, from the output back to the leaf.
+    std::string names;
+    for (std::shared_ptr<autograd::Node> node = out.grad_fn(); node;
+         node = node->next_edges.empty() ? nullptr : node->next_edges[0].node)
+      names += node->name() + " ";
+    return names;
+  };
+  const std::string auto_graph = graph_of(AttentionPath::Auto);
+  EXPECT_EQ(auto_graph, graph_of(AttentionPath::Composed));
+  EXPECT_NE(auto_graph, graph_of(AttentionPath::Fused));
+}
+
 TEST(FusedAttention, PeakMemoryBelowComposedPath) {
+  const ForceFusedPath force;
   const Tensor q = random_f64({1, 2, 512, 16}, 400).to(DType::F32);
   const Tensor k = random_f64({1, 2, 512, 16}, 401).to(DType::F32);
   const Tensor v = random_f64({1, 2, 512, 16}, 402).to(DType::F32);
