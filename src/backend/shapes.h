@@ -46,4 +46,54 @@ inline WantedGrads wanted_grads(const char* op, const Tensor& g, const Tensor& x
   return w;
 }
 
+// ---- the fused attention's contract (Backend::attention), checked by every backend ----------
+struct AttentionDims {
+  int64_t bh, tq, tk, d;  // batch x heads, query and key lengths, head dim
+};
+
+// The dtype of lse: the compute type, so that an f64 backward recomputes exact probabilities.
+inline DType attention_lse_dtype(DType d) {
+  return d == DType::F64 ? DType::F64 : DType::F32;
+}
+
+inline AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
+  MT_ASSERT(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention takes (B, H, T, D) tensors");
+  MT_ASSERT(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
+                q.size(3) == k.size(3),
+            "attention: q (B, H, Tq, D), k and v (B, H, Tk, D)");
+  MT_ASSERT(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "attention: one dtype");
+  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3)};
+}
+
+// The forward's arguments; returns their dims.
+inline AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse) {
+  const AttentionDims n = attention_dims(q, k, v);
+  MT_ASSERT(out.is_contiguous() && out.shape() == q.shape() && out.dtype() == q.dtype(),
+            "attention output");
+  MT_ASSERT(lse.is_contiguous() && lse.numel() == n.bh * n.tq &&
+                lse.dtype() == attention_lse_dtype(q.dtype()),
+            "attention lse: (B, H, Tq) in the compute dtype");
+  return n;
+}
+
+// The backward's arguments; returns their dims.
+inline AttentionDims check_attention_backward(const Tensor& grad_out, const Tensor& q,
+                                              const Tensor& k, const Tensor& v, const Tensor& out,
+                                              const Tensor& lse, const Tensor& grad_q,
+                                              const Tensor& grad_k, const Tensor& grad_v) {
+  const AttentionDims n = attention_dims(q, k, v);
+  MT_ASSERT(grad_out.shape() == q.shape() && out.shape() == q.shape() &&
+                grad_out.dtype() == q.dtype() && out.dtype() == q.dtype(),
+            "attention_backward: grad_out and out are (B, H, Tq, D) in the inputs' dtype");
+  MT_ASSERT(lse.numel() == n.bh * n.tq && lse.dtype() == attention_lse_dtype(q.dtype()),
+            "attention_backward lse");
+  MT_ASSERT(grad_q.is_contiguous() && grad_q.shape() == q.shape() && grad_q.dtype() == q.dtype() &&
+                grad_k.is_contiguous() && grad_k.shape() == k.shape() &&
+                grad_k.dtype() == k.dtype() && grad_v.is_contiguous() &&
+                grad_v.shape() == v.shape() && grad_v.dtype() == v.dtype(),
+            "attention_backward gradients");
+  return n;
+}
+
 }  // namespace mantissa::backend

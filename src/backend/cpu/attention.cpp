@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/shapes.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::backend::cpu {
@@ -16,25 +17,6 @@ namespace {
 
 constexpr int64_t kBlockQ = 64;  // query rows per block
 constexpr int64_t kBlockK = 64;  // keys per block
-
-struct Dims {
-  int64_t bh, tq, tk, d;
-};
-
-// The shapes the interface promises (the op layer checks the user's arguments).
-Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
-  MT_ASSERT(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention takes (B, H, T, D) tensors");
-  MT_ASSERT(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
-                q.size(3) == k.size(3),
-            "attention: q (B, H, Tq, D), k and v (B, H, Tk, D)");
-  MT_ASSERT(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "attention: one dtype");
-  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3)};
-}
-
-// The dtype of lse: the compute type, so that an f64 backward recomputes exact probabilities.
-DType lse_dtype_for(DType d) {
-  return d == DType::F64 ? DType::F64 : DType::F32;
-}
 
 Tensor contiguous_input(const Tensor& t) {
   return t.detach().contiguous();
@@ -78,7 +60,7 @@ void load_rows(const T* src, int64_t r0, int64_t n, int64_t d, C* dst, C* kt) {
 
 template <typename T>
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       const Dims& n, const AttentionParams& p) {
+                       const AttentionDims& n, const AttentionParams& p) {
   using C = compute_t<T>;
   const T* qp = static_cast<const T*>(q.data_ptr());
   const T* kp = static_cast<const T*>(k.data_ptr());
@@ -178,7 +160,7 @@ void probabilities_block(const C* qb, const C* dob, const C* kt, const C* vt, co
 template <typename T>
 void attention_backward_impl(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                              const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& grad_q,
-                             Tensor& grad_k, Tensor& grad_v, const Dims& n,
+                             Tensor& grad_k, Tensor& grad_v, const AttentionDims& n,
                              const AttentionParams& p) {
   using C = compute_t<T>;
   const T* gp = static_cast<const T*>(grad_out.data_ptr());
@@ -308,12 +290,7 @@ void attention_backward_impl(const Tensor& grad_out, const Tensor& q, const Tens
 
 void CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, Tensor& out,
                            Tensor& lse, const AttentionParams& p) {
-  const Dims n = attention_dims(q_in, k_in, v_in);
-  MT_ASSERT(out.is_contiguous() && out.shape() == q_in.shape() && out.dtype() == q_in.dtype(),
-            "attention output");
-  MT_ASSERT(lse.is_contiguous() && lse.numel() == n.bh * n.tq &&
-                lse.dtype() == lse_dtype_for(q_in.dtype()),
-            "attention lse: (B, H, Tq) in the compute dtype");
+  const AttentionDims n = check_attention(q_in, k_in, v_in, out, lse);
   if (out.numel() == 0) return;
   MT_ASSERT(n.tk > 0, "attention needs at least one key");
   const Tensor q = contiguous_input(q_in), k = contiguous_input(k_in), v = contiguous_input(v_in);
@@ -325,18 +302,8 @@ void CpuBackend::attention_backward(const Tensor& grad_out_in, const Tensor& q_i
                                     const Tensor& k_in, const Tensor& v_in, const Tensor& out_in,
                                     const Tensor& lse_in, Tensor& grad_q, Tensor& grad_k,
                                     Tensor& grad_v, const AttentionParams& p) {
-  const Dims n = attention_dims(q_in, k_in, v_in);
-  MT_ASSERT(grad_out_in.shape() == q_in.shape() && out_in.shape() == q_in.shape() &&
-                grad_out_in.dtype() == q_in.dtype() && out_in.dtype() == q_in.dtype(),
-            "attention_backward: grad_out and out are (B, H, Tq, D) in the inputs' dtype");
-  MT_ASSERT(lse_in.numel() == n.bh * n.tq && lse_in.dtype() == lse_dtype_for(q_in.dtype()),
-            "attention_backward lse");
-  MT_ASSERT(grad_q.is_contiguous() && grad_q.shape() == q_in.shape() &&
-                grad_q.dtype() == q_in.dtype() && grad_k.is_contiguous() &&
-                grad_k.shape() == k_in.shape() && grad_k.dtype() == k_in.dtype() &&
-                grad_v.is_contiguous() && grad_v.shape() == v_in.shape() &&
-                grad_v.dtype() == v_in.dtype(),
-            "attention_backward gradients");
+  const AttentionDims n = check_attention_backward(grad_out_in, q_in, k_in, v_in, out_in, lse_in,
+                                                   grad_q, grad_k, grad_v);
   if (grad_k.numel() == 0 && grad_q.numel() == 0) return;
   const Tensor g = contiguous_input(grad_out_in), q = contiguous_input(q_in),
                k = contiguous_input(k_in), v = contiguous_input(v_in),

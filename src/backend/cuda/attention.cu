@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cuda {
 
@@ -338,21 +339,11 @@ void reserve_smem(Fn fn, size_t bytes) {
   }
 }
 
-struct Dims {
-  int64_t bh, tq, tk, d;
-};
-
-Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
-  MT_ASSERT(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention takes (B, H, T, D) tensors");
-  MT_ASSERT(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
-                q.size(3) == k.size(3),
-            "attention: q (B, H, Tq, D), k and v (B, H, Tk, D)");
-  MT_ASSERT(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "attention: one dtype");
-  MT_CHECK(q.size(3) <= kMaxHeadDim, op, " on cuda supports head dims up to ", kMaxHeadDim,
-           ", got q ", q.describe(),
-           "; use scaled_dot_product_attention, which takes the "
-           "composed path for larger heads");
-  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3)};
+// The CUDA kernels' own limit on top of the interface's contract (backend/shapes.h).
+void check_head_dim(const AttentionDims& n, const char* op) {
+  MT_CHECK(n.d <= kMaxHeadDim, op, " on cuda supports head dims up to ", kMaxHeadDim, ", got ", n.d,
+           "; use scaled_dot_product_attention, which takes the composed path for larger "
+           "heads");
 }
 
 // The blocks of a (tiles x bh) launch, flattened into gridDim.x (at most 2^31 - 1).
@@ -361,10 +352,6 @@ unsigned flat_grid(int64_t tiles, int64_t bh, const char* op) {
   MT_CHECK(blocks <= int64_t(INT32_MAX), op, " on cuda: ", tiles, " tiles x ", bh,
            " batch-heads exceed the grid's 2^31 - 1 blocks");
   return unsigned(blocks);
-}
-
-DType lse_dtype_for(DType d) {
-  return d == DType::F64 ? DType::F64 : DType::F32;
 }
 
 bool aligned16(const Tensor& t) {
@@ -384,12 +371,8 @@ bool vector_loads(std::initializer_list<const Tensor*> ts, int64_t d) {
 void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, Tensor& out,
                             Tensor& lse, const AttentionParams& p) {
   DeviceGuard guard(device_);
-  const Dims n = attention_dims(q_in, k_in, v_in, "attention");
-  MT_ASSERT(out.is_contiguous() && out.shape() == q_in.shape() && out.dtype() == q_in.dtype(),
-            "attention output");
-  MT_ASSERT(lse.is_contiguous() && lse.numel() == n.bh * n.tq &&
-                lse.dtype() == lse_dtype_for(q_in.dtype()),
-            "attention lse: (B, H, Tq) in the compute dtype");
+  const AttentionDims n = check_attention(q_in, k_in, v_in, out, lse);
+  check_head_dim(n, "attention");
   if (out.numel() == 0) return;
   MT_ASSERT(n.tk > 0, "attention needs at least one key");
   const Tensor q = q_in.detach().contiguous(), k = k_in.detach().contiguous(),
@@ -417,18 +400,9 @@ void CudaBackend::attention_backward(const Tensor& grad_out_in, const Tensor& q_
                                      const Tensor& lse_in, Tensor& grad_q, Tensor& grad_k,
                                      Tensor& grad_v, const AttentionParams& p) {
   DeviceGuard guard(device_);
-  const Dims n = attention_dims(q_in, k_in, v_in, "attention_backward");
-  MT_ASSERT(grad_out_in.shape() == q_in.shape() && out_in.shape() == q_in.shape() &&
-                grad_out_in.dtype() == q_in.dtype() && out_in.dtype() == q_in.dtype(),
-            "attention_backward: grad_out and out are (B, H, Tq, D) in the inputs' dtype");
-  MT_ASSERT(lse_in.numel() == n.bh * n.tq && lse_in.dtype() == lse_dtype_for(q_in.dtype()),
-            "attention_backward lse");
-  MT_ASSERT(grad_q.is_contiguous() && grad_q.shape() == q_in.shape() &&
-                grad_q.dtype() == q_in.dtype() && grad_k.is_contiguous() &&
-                grad_k.shape() == k_in.shape() && grad_k.dtype() == k_in.dtype() &&
-                grad_v.is_contiguous() && grad_v.shape() == v_in.shape() &&
-                grad_v.dtype() == v_in.dtype(),
-            "attention_backward gradients");
+  const AttentionDims n = check_attention_backward(grad_out_in, q_in, k_in, v_in, out_in, lse_in,
+                                                   grad_q, grad_k, grad_v);
+  check_head_dim(n, "attention_backward");
   if (grad_k.numel() == 0 && grad_q.numel() == 0) return;
   const Tensor g = grad_out_in.detach().contiguous(), q = q_in.detach().contiguous(),
                k = k_in.detach().contiguous(), v = v_in.detach().contiguous(),

@@ -236,14 +236,6 @@ struct UnaryFn {
   }
 };
 
-// A product rounded on its own (never contracted into an fma with a following add).
-__device__ __forceinline__ float mul_rn(float x, float y) {
-  return __fmul_rn(x, y);
-}
-__device__ __forceinline__ double mul_rn(double x, double y) {
-  return __dmul_rn(x, y);
-}
-
 template <typename C>
 struct UnaryBackwardFn {
   UnaryOp op;
@@ -358,11 +350,9 @@ struct CompareFn {
 };
 
 // x + alpha * y rounded twice, as the CPU computes it (nvcc would fuse it into one fma).
-__device__ __forceinline__ float axpy_rn(float x, float alpha, float y) {
-  return __fadd_rn(x, __fmul_rn(alpha, y));
-}
-__device__ __forceinline__ double axpy_rn(double x, double alpha, double y) {
-  return __dadd_rn(x, __dmul_rn(alpha, y));
+template <typename C>
+__device__ __forceinline__ C axpy_rn(C x, C alpha, C y) {
+  return add_rn(x, mul_rn(alpha, y));
 }
 
 template <typename C>

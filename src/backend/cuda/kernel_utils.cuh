@@ -236,6 +236,40 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(blockDim.x) * gridDim.x)
 
+// ---- arithmetic without contraction ------------------------------------------------------------
+// Each operation rounded on its own, as the CPU build (no FMA) computes: nvcc would otherwise
+// contract a * b + c into one fma, and results that should match the CPU bit for bit would not.
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+__device__ __forceinline__ float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rn(double a, double b) {
+  return __dadd_rn(a, b);
+}
+__device__ __forceinline__ float sub_rn(float a, float b) {
+  return __fsub_rn(a, b);
+}
+__device__ __forceinline__ double sub_rn(double a, double b) {
+  return __dsub_rn(a, b);
+}
+__device__ __forceinline__ float div_rn(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+__device__ __forceinline__ double div_rn(double a, double b) {
+  return __ddiv_rn(a, b);
+}
+__device__ __forceinline__ float sqrt_rn(float a) {
+  return __fsqrt_rn(a);
+}
+__device__ __forceinline__ double sqrt_rn(double a) {
+  return __dsqrt_rn(a);
+}
+
 // ---- warp and block reductions (fp32 or f64) -----------------------------------------------
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {

@@ -103,38 +103,6 @@ int64_t total_chunks(std::span<const Tensor> tensors) {
   return c;
 }
 
-// ---- arithmetic without contraction ----------------------------------------------------------
-__device__ __forceinline__ float mul_rn(float a, float b) {
-  return __fmul_rn(a, b);
-}
-__device__ __forceinline__ double mul_rn(double a, double b) {
-  return __dmul_rn(a, b);
-}
-__device__ __forceinline__ float add_rn(float a, float b) {
-  return __fadd_rn(a, b);
-}
-__device__ __forceinline__ double add_rn(double a, double b) {
-  return __dadd_rn(a, b);
-}
-__device__ __forceinline__ float sub_rn(float a, float b) {
-  return __fsub_rn(a, b);
-}
-__device__ __forceinline__ double sub_rn(double a, double b) {
-  return __dsub_rn(a, b);
-}
-__device__ __forceinline__ float div_rn(float a, float b) {
-  return __fdiv_rn(a, b);
-}
-__device__ __forceinline__ double div_rn(double a, double b) {
-  return __ddiv_rn(a, b);
-}
-__device__ __forceinline__ float sqrt_rn(float a) {
-  return __fsqrt_rn(a);
-}
-__device__ __forceinline__ double sqrt_rn(double a) {
-  return __dsqrt_rn(a);
-}
-
 // ---- loads and stores by runtime dtype (one tensor's dtype is uniform over a block) ----------
 template <typename C>
 __device__ __forceinline__ C load_c(const void* p, DType dtype, int64_t i) {
