@@ -25,6 +25,11 @@ inline DimSplit split_around(const Tensor& t, int dim) {
   return s;
 }
 
+// A kernel's contiguous view of an input (a copy only when it is strided), outside autograd.
+inline Tensor contiguous_input(const Tensor& t) {
+  return t.detach().contiguous();
+}
+
 // Which gradients a normalization backward computes (the defined outputs), after checking that
 // the incoming gradient matches the input and grad_x (if wanted) can receive it.
 struct WantedGrads {

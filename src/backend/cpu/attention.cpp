@@ -18,10 +18,6 @@ namespace {
 constexpr int64_t kBlockQ = 64;  // query rows per block
 constexpr int64_t kBlockK = 64;  // keys per block
 
-Tensor contiguous_input(const Tensor& t) {
-  return t.detach().contiguous();
-}
-
 // Keys [j0, j0 + nk) that query row i (absolute) may see: the causal limit is key i.
 inline int64_t visible_keys(bool causal, int64_t i, int64_t j0, int64_t nk) {
   return causal ? std::clamp<int64_t>(i - j0 + 1, 0, nk) : nk;

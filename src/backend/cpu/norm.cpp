@@ -34,10 +34,6 @@ void parallel_row_blocks(int64_t rows, int64_t len, int64_t scratch_per_row, F b
                    [&](int64_t t, S* buf) { body(t * per, std::min(rows, (t + 1) * per), buf); });
 }
 
-Tensor contiguous_input(const Tensor& t) {
-  return t.detach().contiguous();
-}
-
 template <typename C>
 constexpr DType stats_dtype_of() {
   return std::is_same_v<C, double> ? DType::F64 : DType::F32;

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cpu {
 namespace {
@@ -57,10 +58,6 @@ inline int64_t avg_divisor(int64_t oh, int64_t ow, const PoolGeometry& g, const 
 // PyTorch's adaptive window along one axis: [floor(i*n/m), ceil((i+1)*n/m)).
 inline Window adaptive_window(int64_t i, int64_t n, int64_t m) {
   return {(i * n) / m, ((i + 1) * n + m - 1) / m};
-}
-
-Tensor contiguous_input(const Tensor& t) {
-  return t.detach().contiguous();
 }
 
 }  // namespace

@@ -27,23 +27,6 @@ constexpr int kBwdKeys = kBwdWarps * kBwdKeysPerWarp;  // keys per backward bloc
 static_assert(kBwdKeys == kTile, "the dQ pass indexes ds as (key, query) tiles of kTile");
 constexpr size_t kDefaultSmem = 48 * 1024;
 
-template <typename C>
-__device__ __forceinline__ C exp_c(C x) {
-  if constexpr (std::is_same_v<C, double>) {
-    return exp(x);
-  } else {
-    return expf(x);
-  }
-}
-template <typename C>
-__device__ __forceinline__ C log_c(C x) {
-  if constexpr (std::is_same_v<C, double>) {
-    return log(x);
-  } else {
-    return logf(x);
-  }
-}
-
 // Rows [r0, r0 + n) of a contiguous (T, d) matrix into shared memory (row stride ld) in the
 // compute type; rows n..rows-1 become zeros. vec: 2-byte data with d % 8 == 0 and a 16-byte
 // aligned base, read 8 values per 16-byte load.
@@ -145,8 +128,8 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
       const C mx = fmax(m[r], warp_max(s));
       // Nothing seen yet: nothing to rescale or add (mx is the same in every lane).
       if (mx == neg_inf) continue;
-      const C alpha = exp_c(m[r] - mx);
-      const C p = exp_c(s - mx);
+      const C alpha = m_exp(m[r] - mx);
+      const C p = m_exp(s - mx);
       l[r] = l[r] * alpha + warp_sum(p);
       m[r] = mx;
 #pragma unroll
@@ -174,7 +157,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
       const int e = lane + 32 * c;
       if (e < d) store(out + row * d + e, o[r][c] * inv);
     }
-    if (lane == 0) lse[row] = m[r] + log_c(l[r]);
+    if (lane == 0) lse[row] = m[r] + m_log(l[r]);
   }
 }
 
@@ -254,7 +237,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
       if (kj < nk && lane < nq && (!sh.causal || j0 + kj <= i)) {
         const C s = dot(qs + lane * ld, ks + kj * d, d) * scale;
         const C dp = dot(dos + lane * ld, vs + kj * d, d);
-        p = exp_c(s - lse_s[lane]);
+        p = m_exp(s - lse_s[lane]);
         ds = p * (dp - delta_s[lane]);
       }
       dss[kj * kTile + lane] = ds;
@@ -375,8 +358,7 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
   check_head_dim(n, "attention");
   if (out.numel() == 0) return;
   MT_ASSERT(n.tk > 0, "attention needs at least one key");
-  const Tensor q = q_in.detach().contiguous(), k = k_in.detach().contiguous(),
-               v = v_in.detach().contiguous();
+  const Tensor q = contiguous_input(q_in), k = contiguous_input(k_in), v = contiguous_input(v_in);
   const AttnShape sh{n.tq, n.tk, int(n.d), p.causal, vector_loads({&q, &k, &v}, n.d)};
   const cudaStream_t stream = stream_for(device_);
   dispatch_float(q.dtype(), "attention", [&](auto tag) {
@@ -404,9 +386,9 @@ void CudaBackend::attention_backward(const Tensor& grad_out_in, const Tensor& q_
                                                    grad_q, grad_k, grad_v);
   check_head_dim(n, "attention_backward");
   if (grad_k.numel() == 0 && grad_q.numel() == 0) return;
-  const Tensor g = grad_out_in.detach().contiguous(), q = q_in.detach().contiguous(),
-               k = k_in.detach().contiguous(), v = v_in.detach().contiguous(),
-               out = out_in.detach().contiguous(), lse = lse_in.detach().contiguous();
+  const Tensor g = contiguous_input(grad_out_in), q = contiguous_input(q_in),
+               k = contiguous_input(k_in), v = contiguous_input(v_in),
+               out = contiguous_input(out_in), lse = contiguous_input(lse_in);
   const AttnShape sh{n.tq, n.tk, int(n.d), p.causal, vector_loads({&g, &q, &k, &v}, n.d)};
   const cudaStream_t stream = stream_for(device_);
   dispatch_float(q.dtype(), "attention_backward", [&](auto tag) {

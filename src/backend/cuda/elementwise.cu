@@ -100,45 +100,6 @@ bool is_aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// ---- math: the float or double function, as the CPU's std:: overloads pick it ------------------
-
-__device__ __forceinline__ float m_exp(float x) {
-  return expf(x);
-}
-__device__ __forceinline__ double m_exp(double x) {
-  return exp(x);
-}
-__device__ __forceinline__ float m_log(float x) {
-  return logf(x);
-}
-__device__ __forceinline__ double m_log(double x) {
-  return log(x);
-}
-__device__ __forceinline__ float m_sqrt(float x) {
-  return sqrtf(x);
-}
-__device__ __forceinline__ double m_sqrt(double x) {
-  return sqrt(x);
-}
-__device__ __forceinline__ float m_tanh(float x) {
-  return tanhf(x);
-}
-__device__ __forceinline__ double m_tanh(double x) {
-  return tanh(x);
-}
-__device__ __forceinline__ float m_erf(float x) {
-  return erff(x);
-}
-__device__ __forceinline__ double m_erf(double x) {
-  return erf(x);
-}
-__device__ __forceinline__ float m_pow(float x, float y) {
-  return powf(x, y);
-}
-__device__ __forceinline__ double m_pow(double x, double y) {
-  return pow(x, y);
-}
-
 template <typename C>
 __device__ __forceinline__ C sigmoid_of(C x) {
   return C(1) / (C(1) + m_exp(-x));

@@ -236,6 +236,45 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(blockDim.x) * gridDim.x)
 
+// ---- math: the float or double function, as the CPU's std:: overloads pick it ------------------
+
+__device__ __forceinline__ float m_exp(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double m_exp(double x) {
+  return exp(x);
+}
+__device__ __forceinline__ float m_log(float x) {
+  return logf(x);
+}
+__device__ __forceinline__ double m_log(double x) {
+  return log(x);
+}
+__device__ __forceinline__ float m_sqrt(float x) {
+  return sqrtf(x);
+}
+__device__ __forceinline__ double m_sqrt(double x) {
+  return sqrt(x);
+}
+__device__ __forceinline__ float m_tanh(float x) {
+  return tanhf(x);
+}
+__device__ __forceinline__ double m_tanh(double x) {
+  return tanh(x);
+}
+__device__ __forceinline__ float m_erf(float x) {
+  return erff(x);
+}
+__device__ __forceinline__ double m_erf(double x) {
+  return erf(x);
+}
+__device__ __forceinline__ float m_pow(float x, float y) {
+  return powf(x, y);
+}
+__device__ __forceinline__ double m_pow(double x, double y) {
+  return pow(x, y);
+}
+
 // ---- arithmetic without contraction ------------------------------------------------------------
 // Each operation rounded on its own, as the CPU build (no FMA) computes: nvcc would otherwise
 // contract a * b + c into one fma, and results that should match the CPU bit for bit would not.

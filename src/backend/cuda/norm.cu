@@ -16,10 +16,6 @@
 namespace mantissa::backend::cuda {
 namespace {
 
-Tensor contiguous_input(const Tensor& t) {
-  return t.detach().contiguous();
-}
-
 template <typename C>
 constexpr DType stats_dtype_of() {
   return std::is_same_v<C, double> ? DType::F64 : DType::F32;
@@ -70,15 +66,6 @@ unsigned row_grid(int64_t rows) {
   return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 132 * 32));
 }
 
-template <typename C>
-__device__ __forceinline__ C sqrt_c(C v) {
-  if constexpr (std::is_same_v<C, double>) {
-    return sqrt(v);
-  } else {
-    return sqrtf(v);
-  }
-}
-
 // ---- layer norm ------------------------------------------------------------------------------
 
 template <typename S>
@@ -99,7 +86,7 @@ __global__ void layer_norm_kernel(const S* __restrict__ x, const compute_t<S>* _
       const C d = C(load(row + i)) - mu;
       ss += d * d;
     }
-    const C rs = C(1) / sqrt_c(block_sum(ss) / C(n) + eps);
+    const C rs = C(1) / m_sqrt(block_sum(ss) / C(n) + eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const C wi = w ? w[i] : C(1), bi = b ? b[i] : C(0);
       store(out + r * n + i, (C(load(row + i)) - mu) * rs * wi + bi);
@@ -215,7 +202,7 @@ __global__ void batch_norm_stats_kernel(const S* __restrict__ x, ChannelShape cs
     ss = block_sum(ss);
     if (threadIdx.x == 0) {
       mean[c] = mu;
-      rstd[c] = C(1) / sqrt_c(ss / C(count) + eps);
+      rstd[c] = C(1) / m_sqrt(ss / C(count) + eps);
       if (running_mean) {
         const double unbiased = double(ss) / double(count - 1);
         running_mean[c] = (1 - momentum) * running_mean[c] + momentum * double(mu);
@@ -231,7 +218,7 @@ __global__ void batch_norm_eval_stats_kernel(const C* __restrict__ running_mean,
                                              C eps, C* __restrict__ mean, C* __restrict__ rstd) {
   MT_GRID_STRIDE_LOOP(c, channels) {
     mean[c] = running_mean[c];
-    rstd[c] = C(1) / sqrt_c(running_var[c] + eps);
+    rstd[c] = C(1) / m_sqrt(running_var[c] + eps);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
 #include "backend/cuda/pool_windows.h"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cuda {
 namespace {
@@ -46,13 +47,6 @@ __device__ __forceinline__ int64_t avg_divisor(int64_t oh, int64_t ow, const Geo
                                                const Window2d& p) {
   return pool_avg_divisor(oh, ow, g.h, g.w, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw,
                           p.count_include_pad);
-}
-
-Tensor contiguous_input(CudaBackend& be, const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
-  be.copy(t, c);
-  return c;
 }
 
 // ---- max pooling ------------------------------------------------------------------------------
@@ -195,7 +189,7 @@ void CudaBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
   const Geometry g = geometry(x_in, out);
   const int64_t n = out.numel();
   if (n == 0) return;
-  const Tensor x = contiguous_input(*this, x_in);
+  const Tensor x = contiguous_input(x_in);
   dispatch_float(x.dtype(), "max_pool2d", [&](auto tag) {
     using S = typename decltype(tag)::type;
     max_pool_kernel<S><<<grid_for(n), kThreads, 0, stream_for(device_)>>>(
@@ -213,8 +207,8 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out_in, const Tensor& i
   const Geometry g = geometry(grad_x, grad_out_in);
   if (grad_x.numel() == 0) return;
   cudaStream_t stream = stream_for(device_);
-  const Tensor go = contiguous_input(*this, grad_out_in);
-  const Tensor ix = contiguous_input(*this, indices_in);
+  const Tensor go = contiguous_input(grad_out_in);
+  const Tensor ix = contiguous_input(indices_in);
   const int64_t n = go.numel();
   dispatch_float(go.dtype(), "max_pool2d_backward", [&](auto tag) {
     using S = typename decltype(tag)::type;
@@ -243,7 +237,7 @@ void CudaBackend::avg_pool2d(const Tensor& x_in, Tensor& out, const Pool2dParams
   const Geometry g = geometry(x_in, out);
   const int64_t n = out.numel();
   if (n == 0) return;
-  const Tensor x = contiguous_input(*this, x_in);
+  const Tensor x = contiguous_input(x_in);
   dispatch_float(x.dtype(), "avg_pool2d", [&](auto tag) {
     using S = typename decltype(tag)::type;
     avg_pool_kernel<S><<<grid_for(n), kThreads, 0, stream_for(device_)>>>(
@@ -260,7 +254,7 @@ void CudaBackend::avg_pool2d_backward(const Tensor& grad_out_in, Tensor& grad_x,
   const Geometry g = geometry(grad_x, grad_out_in);
   const int64_t n = grad_x.numel();
   if (n == 0) return;
-  const Tensor go = contiguous_input(*this, grad_out_in);
+  const Tensor go = contiguous_input(grad_out_in);
   dispatch_float(go.dtype(), "avg_pool2d_backward", [&](auto tag) {
     using S = typename decltype(tag)::type;
     avg_pool_backward_kernel<S><<<grid_for(n), kThreads, 0, stream_for(device_)>>>(
@@ -275,7 +269,7 @@ void CudaBackend::adaptive_avg_pool2d(const Tensor& x_in, Tensor& out) {
   const Geometry g = geometry(x_in, out);
   const int64_t n = out.numel();
   if (n == 0) return;
-  const Tensor x = contiguous_input(*this, x_in);
+  const Tensor x = contiguous_input(x_in);
   dispatch_float(x.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
     using S = typename decltype(tag)::type;
     adaptive_avg_pool_kernel<S><<<grid_for(n), kThreads, 0, stream_for(device_)>>>(
@@ -295,7 +289,7 @@ void CudaBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out_in, Tensor
     fill(grad_x, 0.0);
     return;
   }
-  const Tensor go = contiguous_input(*this, grad_out_in);
+  const Tensor go = contiguous_input(grad_out_in);
   dispatch_float(go.dtype(), "adaptive_avg_pool2d_backward", [&](auto tag) {
     using S = typename decltype(tag)::type;
     adaptive_avg_pool_backward_kernel<S><<<grid_for(n), kThreads, 0, stream_for(device_)>>>(

@@ -14,27 +14,6 @@
 namespace mantissa::backend::cuda {
 namespace {
 
-template <typename C>
-__device__ __forceinline__ C exp_c(C v) {
-  if constexpr (std::is_same_v<C, double>) {
-    return exp(v);
-  } else {
-    return expf(v);
-  }
-}
-template <typename C>
-__device__ __forceinline__ C log_c(C v) {
-  if constexpr (std::is_same_v<C, double>) {
-    return log(v);
-  } else {
-    return logf(v);
-  }
-}
-
-Tensor contiguous_input(const Tensor& t) {
-  return t.detach().contiguous();
-}
-
 unsigned row_grid(int64_t rows) {
   return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 132 * 32));
 }
@@ -55,7 +34,7 @@ template <typename S, typename C>
 __device__ C row_sum_exp(const S* row, int64_t n, C mx) {
   C s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    s += exp_c(C(load(row + i)) - mx);
+    s += m_exp(C(load(row + i)) - mx);
   return block_sum(s);
 }
 
@@ -70,13 +49,13 @@ __global__ void softmax_rows_kernel(const S* __restrict__ x, S* __restrict__ out
     const C s = row_sum_exp<S, C>(row, n, mx);
     if (log) {
       // (x - max) - log(sum): log(sum) is not rounded at the magnitude of max.
-      const C log_s = log_c(s);
+      const C log_s = m_log(s);
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         store(dst + i, (C(load(row + i)) - mx) - log_s);
     } else {
       const C inv = C(1) / s;
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        store(dst + i, exp_c(C(load(row + i)) - mx) * inv);
+        store(dst + i, m_exp(C(load(row + i)) - mx) * inv);
     }
   }
 }
@@ -96,11 +75,11 @@ __global__ void softmax_cols_kernel(const S* __restrict__ x, S* __restrict__ out
     }
     C s = 0;
     for (int64_t k = 0; k < sp.n; ++k)
-      s += exp_c(C(load(src + k * sp.inner)) - mx);
-    const C a = log ? log_c(s) : C(1) / s;
+      s += m_exp(C(load(src + k * sp.inner)) - mx);
+    const C a = log ? m_log(s) : C(1) / s;
     for (int64_t k = 0; k < sp.n; ++k) {
       const C v = load(src + k * sp.inner);
-      store(dst + k * sp.inner, log ? (v - mx) - a : exp_c(v - mx) * a);
+      store(dst + k * sp.inner, log ? (v - mx) - a : m_exp(v - mx) * a);
     }
   }
 }
@@ -121,7 +100,7 @@ __global__ void softmax_backward_rows_kernel(const S* __restrict__ g, const S* _
     s = block_sum(s);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const C gv = load(gr + i), yv = load(yr + i);
-      store(dst + i, log ? gv - exp_c(yv) * s : yv * (gv - s));
+      store(dst + i, log ? gv - m_exp(yv) * s : yv * (gv - s));
     }
   }
 }
@@ -140,7 +119,7 @@ __global__ void softmax_backward_cols_kernel(const S* __restrict__ g, const S* _
     for (int64_t k = 0; k < sp.n; ++k) {
       const int64_t i = base + k * sp.inner;
       const C gv = load(g + i), yv = load(y + i);
-      store(gx + i, log ? gv - exp_c(yv) * s : yv * (gv - s));
+      store(gx + i, log ? gv - m_exp(yv) * s : yv * (gv - s));
     }
   }
 }
@@ -158,7 +137,7 @@ __global__ void cross_entropy_kernel(const S* __restrict__ logits,
     const S* row = logits + r * classes;
     C* lp = log_probs + r * classes;
     const C mx = row_max<S, C>(row, classes);
-    const C log_s = log_c(row_sum_exp<S, C>(row, classes, mx));
+    const C log_s = m_log(row_sum_exp<S, C>(row, classes, mx));
     C total = 0;
     for (int64_t i = threadIdx.x; i < classes; i += blockDim.x) {
       const C v = (C(load(row + i)) - mx) - log_s;
@@ -198,7 +177,7 @@ __global__ void cross_entropy_backward_kernel(const C* __restrict__ grad_loss,
     } else if (t < 0 || t >= classes) {
       v = C(NAN);
     } else {
-      v = grad_loss[r] * (exp_c(log_probs[e]) - (i == t ? on : off));
+      v = grad_loss[r] * (m_exp(log_probs[e]) - (i == t ? on : off));
     }
     store(grad_logits + e, v);
   }
