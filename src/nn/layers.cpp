@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/numerics/philox.h"
 
 namespace mantissa::nn {
 
@@ -50,11 +51,11 @@ bool random_init_enabled() {
 }
 
 uint64_t derive_seed(uint64_t seed, uint64_t index) {
-  // splitmix64 of a combination: nearby (seed, index) pairs give unrelated streams.
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + (index + 1) * 0xD1B54A32D192ED03ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return mix_seed(seed, index);
+}
+
+uint64_t seed_or_draw(std::optional<uint64_t> seed) {
+  return seed ? *seed : draw_seed();
 }
 
 std::pair<int64_t, int64_t> fan_in_and_fan_out(const Tensor& weight) {
@@ -168,8 +169,10 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 
 // ---- Linear, Conv2d ----------------------------------------------------------------------------
 
-Linear::Linear(int64_t in_features, int64_t out_features, uint64_t seed, Bias bias)
+Linear::Linear(int64_t in_features, int64_t out_features, std::optional<uint64_t> seed_arg,
+               Bias bias)
     : Module("Linear"), in_(in_features), out_(out_features) {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   MT_CHECK(in_features > 0 && out_features > 0,
            "Linear: features must be positive, got in=", in_features, ", out=", out_features);
   // kaiming_uniform_(a = sqrt(5)) is U(+-1/sqrt(fan_in)), the bias's bound too.
@@ -207,12 +210,13 @@ std::string Linear::extra_repr() const {
 }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
-               const Conv2dConfig& config, uint64_t seed)
+               const Conv2dConfig& config, std::optional<uint64_t> seed_arg)
     : Module("Conv2d"),
       in_(in_channels),
       out_(out_channels),
       kernel_(kernel_size),
       config_(config) {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   MT_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0,
            "Conv2d: channels and kernel_size must be positive, got in=", in_channels,
            ", out=", out_channels, ", kernel_size=", kernel_size);
@@ -324,8 +328,10 @@ std::string LayerNorm::extra_repr() const {
 
 // ---- Embedding, Dropout, pooling, activations --------------------------------------------------
 
-Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed)
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
+                     std::optional<uint64_t> seed_arg)
     : Module("Embedding"), num_(num_embeddings), dim_(embedding_dim) {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   MT_CHECK(num_embeddings > 0 && embedding_dim > 0,
            "Embedding: sizes must be positive, got num_embeddings=", num_embeddings,
            ", embedding_dim=", embedding_dim);
@@ -419,9 +425,11 @@ std::string Flatten::extra_repr() const {
 
 // ---- attention and transformer blocks ----------------------------------------------------------
 
-MultiheadAttention::MultiheadAttention(int64_t dim, int64_t num_heads, uint64_t seed,
+MultiheadAttention::MultiheadAttention(int64_t dim, int64_t num_heads,
+                                       std::optional<uint64_t> seed_arg,
                                        const AttentionConfig& config)
     : Module("MultiheadAttention"), dim_(dim), heads_(num_heads), config_(config) {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   MT_CHECK(dim > 0 && num_heads > 0 && dim % num_heads == 0, "MultiheadAttention: dim=", dim,
            " must be a positive multiple of num_heads=", num_heads);
   qkv = register_module(
@@ -455,9 +463,10 @@ std::string MultiheadAttention::extra_repr() const {
   return os.str();
 }
 
-Mlp::Mlp(int64_t dim, int64_t hidden, uint64_t seed, GeluApproximation approximate,
-         double dropout_p)
+Mlp::Mlp(int64_t dim, int64_t hidden, std::optional<uint64_t> seed_arg,
+         GeluApproximation approximate, double dropout_p)
     : Module("Mlp") {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   fc1 = register_module("fc1", std::make_shared<Linear>(dim, hidden, init::derive_seed(seed, 0)));
   act = register_module("act", std::make_shared<GELU>(approximate));
   fc2 = register_module("fc2", std::make_shared<Linear>(hidden, dim, init::derive_seed(seed, 1)));
@@ -468,9 +477,10 @@ Tensor Mlp::forward(const Tensor& x) {
   return (*drop)((*fc2)((*act)((*fc1)(x))));
 }
 
-TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, uint64_t seed,
+TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, std::optional<uint64_t> seed_arg,
                                    const TransformerConfig& config)
     : Module("TransformerBlock") {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   MT_CHECK(config.mlp_ratio > 0, "TransformerBlock: mlp_ratio must be positive, got ",
            config.mlp_ratio);
   AttentionConfig ac;
@@ -509,8 +519,9 @@ Tensor& lstm_param(Module& m, const std::string& name, const Shape& shape, doubl
 
 }  // namespace
 
-LSTMCell::LSTMCell(int64_t input_size, int64_t hidden_size, uint64_t seed)
+LSTMCell::LSTMCell(int64_t input_size, int64_t hidden_size, std::optional<uint64_t> seed_arg)
     : Module("LSTMCell"), input_(input_size), hidden_(hidden_size) {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   MT_CHECK(input_size > 0 && hidden_size > 0,
            "LSTMCell: sizes must be positive, got input=", input_size, ", hidden=", hidden_size);
   const double k = 1.0 / std::sqrt(double(hidden_size));
@@ -540,13 +551,14 @@ std::string LSTMCell::extra_repr() const {
   return std::to_string(input_) + ", " + std::to_string(hidden_);
 }
 
-LSTM::LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers, uint64_t seed,
-           double dropout_p)
+LSTM::LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers,
+           std::optional<uint64_t> seed_arg, double dropout_p)
     : Module("LSTM"),
       input_(input_size),
       hidden_(hidden_size),
       layers_(num_layers),
       dropout_(dropout_p) {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
   MT_CHECK(input_size > 0 && hidden_size > 0 && num_layers > 0,
            "LSTM: sizes must be positive, got input=", input_size, ", hidden=", hidden_size,
            ", layers=", num_layers);

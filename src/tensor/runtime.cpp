@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
+#include "mantissa/numerics/philox.h"
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa {
@@ -66,6 +67,11 @@ GeneratorState take_stream() {
 void manual_seed(uint64_t seed) {
   std::lock_guard lock(g_gen_mutex);
   g_gen = {seed, 0};
+}
+
+uint64_t draw_seed() {
+  const GeneratorState s = take_stream();
+  return mix_seed(s.seed, s.offset);
 }
 
 GeneratorState generator_state() {

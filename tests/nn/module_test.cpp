@@ -363,6 +363,47 @@ double std_of(const std::vector<double>& v) {
   return std::sqrt(s / double(v.size()));
 }
 
+// The trap: with a default seed of 0 every unseeded layer of a shape drew the same values, so a
+// model built layer by layer started symmetric. Unseeded layers now draw from the default
+// generator: they differ, and manual_seed makes the whole build reproducible.
+TEST(Init, LayersWithoutASeedDifferAndFollowManualSeed) {
+  const GeneratorState saved = generator_state();
+  auto build = [] {
+    std::vector<std::vector<double>> w;
+    w.push_back(values(Linear(64, 64).weight()));
+    w.push_back(values(Linear(64, 64).weight()));
+    w.push_back(values(Conv2d(4, 4, 3).weight()));
+    w.push_back(values(Conv2d(4, 4, 3).weight()));
+    w.push_back(values(Embedding(16, 8).weight()));
+    w.push_back(values(Embedding(16, 8).weight()));
+    LSTMCell a(8, 8), b(8, 8);
+    w.push_back(values(a.weight_hh()));
+    w.push_back(values(b.weight_hh()));
+    TransformerBlock t1(16, 2), t2(16, 2);
+    w.push_back(values(t1.attn->qkv->weight()));
+    w.push_back(values(t2.attn->qkv->weight()));
+    w.push_back(values(t1.mlp->fc1->weight()));
+    return w;
+  };
+  manual_seed(1234);
+  const auto first = build();
+  for (size_t i = 0; i + 1 < first.size(); i += 2)
+    EXPECT_NE(first[i], first[i + 1]) << "two unseeded layers of the same shape, pair " << i / 2;
+  EXPECT_NE(first[8], first[10]) << "the sub-layers of one block draw different values";
+  manual_seed(1234);
+  EXPECT_EQ(build(), first) << "the same manual_seed, the same model";
+  manual_seed(1235);
+  EXPECT_NE(build()[0], first[0]) << "another seed, other values";
+  // An explicit seed does not touch the default generator and gives what it always gave.
+  manual_seed(99);
+  const GeneratorState before = generator_state();
+  const std::vector<double> seeded = values(Linear(64, 64, 5).weight());
+  EXPECT_EQ(generator_state().offset, before.offset);
+  EXPECT_EQ(values(Linear(64, 64, 5).weight()), seeded);
+  EXPECT_EQ(seeded, values(Tensor::uniform({64, 64}, -0.125, 0.125, init::derive_seed(5, 0))));
+  set_generator_state(saved);
+}
+
 TEST(Init, PyTorchDefaultDistributionsAndSeeds) {
   Linear lin(400, 300, 7);
   const double bound = 1.0 / 20.0;

@@ -2,13 +2,17 @@
 // initialisation (the same distributions; the numbers come from Mantissa's seeded Philox
 // generator, so a model is reproducible from its seed on every machine and thread count).
 //
-// Seeds: every layer with random initial values takes a seed; each of its tensors draws from
-// init::derive_seed(seed, k) for its own k, and reference models give each layer
-// derive_seed(model_seed, layer_index).
+// Seeds: every layer with random initial values takes an optional seed; each of its tensors draws
+// from init::derive_seed(seed, k) for its own k. A layer built without one takes a fresh seed
+// from the default generator (mantissa::draw_seed), as PyTorch layers draw from the generator
+// torch.manual_seed seeds: two layers get different values, and mantissa::manual_seed(s) before
+// building a model makes it reproducible. Reference models give each layer
+// derive_seed(model_seed, layer_index), so they depend on their config's seed alone.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +46,8 @@ bool random_init_enabled();
 
 // A well-mixed seed for the index-th tensor of something seeded with `seed` (splitmix64).
 uint64_t derive_seed(uint64_t seed, uint64_t index);
+// `seed` when given, else a fresh one from the default generator (mantissa::draw_seed).
+uint64_t seed_or_draw(std::optional<uint64_t> seed);
 // (fan_in, fan_out) of a weight: (out, in, k...) has fan_in = in * prod(k), fan_out = out * ...
 std::pair<int64_t, int64_t> fan_in_and_fan_out(const Tensor& weight);
 // torch.nn.init.calculate_gain; `param` is LeakyReLU's negative slope.
@@ -78,7 +84,8 @@ enum class Bias : bool { No = false, Yes = true };
 // y = x W^T + b over the last dim. weight (out, in) ~ U(+-1/sqrt(in)), bias ~ U(+-1/sqrt(in)).
 class Linear : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, uint64_t seed = 0, Bias bias = Bias::Yes);
+  Linear(int64_t in_features, int64_t out_features, std::optional<uint64_t> seed = {},
+         Bias bias = Bias::Yes);
   // Over existing tensors (weight (out, in), bias (out) or undefined), e.g. GPT-2's output layer
   // tied to the token embedding: the same leaf registered in two modules.
   explicit Linear(const Tensor& weight, const Tensor& bias = Tensor());
@@ -109,7 +116,7 @@ struct Conv2dConfig {
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
-         const Conv2dConfig& config = {}, uint64_t seed = 0);
+         const Conv2dConfig& config = {}, std::optional<uint64_t> seed = {});
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   Tensor& weight() { return *weight_; }
@@ -184,7 +191,7 @@ bool is_batch_norm(const Module& m);
 // weight (num, dim) ~ N(0, 1); forward takes integer indices of any shape -> (..., dim).
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed = 0);
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<uint64_t> seed = {});
   Tensor forward(const Tensor& indices) override;
   std::string extra_repr() const override;
   Tensor& weight() { return *weight_; }
@@ -305,7 +312,7 @@ struct AttentionConfig {
 // head, output Linear proj (C -> C), dropout.
 class MultiheadAttention : public Module {
  public:
-  MultiheadAttention(int64_t dim, int64_t num_heads, uint64_t seed = 0,
+  MultiheadAttention(int64_t dim, int64_t num_heads, std::optional<uint64_t> seed = {},
                      const AttentionConfig& config = {});
   Tensor forward(const Tensor& x) override;
   // With a mask broadcastable to (B, heads, T, T): Bool (true = attend) or additive float.
@@ -324,7 +331,7 @@ class MultiheadAttention : public Module {
 // fc1 (dim -> hidden), GELU, fc2 (hidden -> dim), dropout.
 class Mlp : public Module {
  public:
-  Mlp(int64_t dim, int64_t hidden, uint64_t seed = 0,
+  Mlp(int64_t dim, int64_t hidden, std::optional<uint64_t> seed = {},
       GeluApproximation approximate = GeluApproximation::None, double dropout = 0.0);
   Tensor forward(const Tensor& x) override;
 
@@ -345,7 +352,7 @@ struct TransformerConfig {
 // norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2.
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(int64_t dim, int64_t num_heads, uint64_t seed = 0,
+  TransformerBlock(int64_t dim, int64_t num_heads, std::optional<uint64_t> seed = {},
                    const TransformerConfig& config = {});
   Tensor forward(const Tensor& x) override;
 
@@ -367,7 +374,7 @@ struct LSTMState {
 // biases ~ U(+-1/sqrt(hidden)).
 class LSTMCell : public Module {
  public:
-  LSTMCell(int64_t input_size, int64_t hidden_size, uint64_t seed = 0);
+  LSTMCell(int64_t input_size, int64_t hidden_size, std::optional<uint64_t> seed = {});
   // x (B, in); an undefined state starts from zeros.
   LSTMState step(const Tensor& x, const LSTMState& state = {});
   Tensor forward(const Tensor& x) override { return step(x).h; }
@@ -388,8 +395,8 @@ class LSTMCell : public Module {
 // input projection of all steps is one GEMM per layer. Dropout between layers in training.
 class LSTM : public Module {
  public:
-  LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, uint64_t seed = 0,
-       double dropout = 0.0);
+  LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1,
+       std::optional<uint64_t> seed = {}, double dropout = 0.0);
   // (B, T, H): the last layer's hidden state at every step.
   Tensor forward(const Tensor& x) override;
   // The same, from given initial states (one per layer, or empty for zeros); `final` receives

@@ -35,4 +35,14 @@ constexpr uint32_t random_bits(uint64_t seed, uint64_t offset, uint64_t index) {
   return r[index & 3];
 }
 
+// A well-mixed 64-bit seed for sub-stream `index` of `seed` (splitmix64 of a combination):
+// nearby (seed, index) pairs give unrelated seeds. How a model's layers and a default generator's
+// draws get seeds of their own from one seed.
+constexpr uint64_t mix_seed(uint64_t seed, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + (index + 1) * 0xD1B54A32D192ED03ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace mantissa

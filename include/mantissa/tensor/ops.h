@@ -208,8 +208,13 @@ MatmulPrecision get_matmul_precision();
 // ------------------------------------------------------------------
 void set_num_threads(int n);
 int get_num_threads();
-// The default generator behind dropout and other unseeded randomness.
+// The default generator behind dropout, the initial values of layers built without a seed,
+// and other unseeded randomness (PyTorch's torch.manual_seed): one seed makes a run
+// reproducible. Each draw takes the generator's next stream (seed, offset), so two draws differ.
 void manual_seed(uint64_t seed);
+// A fresh 64-bit seed from the default generator's next stream (advances it by one): what a
+// layer built without an explicit seed initialises its tensors from.
+uint64_t draw_seed();
 struct GeneratorState {
   uint64_t seed = 0;
   uint64_t offset = 0;
