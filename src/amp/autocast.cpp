@@ -2,12 +2,14 @@
 // weight-cast cache. The table itself is in cast_policy.cpp.
 #include "mantissa/amp/autocast.h"
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <unordered_map>
 
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
+#include "mantissa/core/warning.h"
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa::amp {
@@ -22,11 +24,16 @@ bool autocast_active() {
 
 namespace {
 
+// PyTorch's defaults: bf16 on the CPU, fp16 on CUDA.
+constexpr std::array<DType, kNumDeviceTypes> kDefaultDType{DType::BF16, DType::F16};
+
 struct State {
   std::array<bool, kNumDeviceTypes> enabled{};
-  // PyTorch's defaults: bf16 on the CPU, fp16 on CUDA.
-  std::array<DType, kNumDeviceTypes> dtype{DType::BF16, DType::F16};
+  std::array<DType, kNumDeviceTypes> dtype = kDefaultDType;
   int depth = 0;
+  // Ops with a floating input on each device type seen while any region was enabled: how a
+  // region learns that it never met its own device type.
+  std::array<int64_t, kNumDeviceTypes> seen{};
 };
 thread_local State t_state;
 
@@ -113,11 +120,31 @@ bool eligible(const Tensor& t) {
   return t_state.enabled[size_t(t.device().type)];
 }
 
+#ifdef NDEBUG
+std::atomic<bool> g_region_check{false};
+#else
+std::atomic<bool> g_region_check{true};
+#endif
+
 }  // namespace
 
 // ---- regions -----------------------------------------------------------------------------------
 
-Autocast::Autocast(DeviceType device, DType dtype, bool enabled) : device_(device) {
+void set_autocast_region_check(bool on) {
+  g_region_check.store(on);
+}
+
+bool autocast_region_check() {
+  return g_region_check.load();
+}
+
+DType default_autocast_dtype(DeviceType device) {
+  return kDefaultDType[size_t(device)];
+}
+
+Autocast::Autocast(DeviceType device, std::optional<DType> dtype_arg, bool enabled)
+    : device_(device), enabled_(enabled), seen_at_start_(t_state.seen) {
+  const DType dtype = dtype_arg.value_or(default_autocast_dtype(device));
   MT_CHECK(!enabled || dtype == DType::F16 || dtype == DType::BF16,
            "Autocast: the region's low-precision dtype must be f16 or bf16, got ",
            dtype_name(dtype),
@@ -137,6 +164,18 @@ Autocast::~Autocast() {
   t_state.dtype[d] = prev_dtype_;
   refresh_any();
   if (--t_state.depth == 0) t_cache.entries.clear();
+  if (!enabled_ || !autocast_region_check() || t_state.seen[d] != seen_at_start_[d]) return;
+  for (size_t other = 0; other < t_state.seen.size(); ++other) {
+    if (other == d || t_state.seen[other] == seen_at_start_[other]) continue;
+    const Device mine{device_, 0}, theirs{DeviceType(other), 0};
+    const std::string type = mine.str(), other_type = theirs.str();
+    warn("autocast:device:" + type,
+         ::mantissa::detail::concat("an autocast region for ", type, " ended without meeting a ",
+                                    type, " tensor; its ops ran on ", other_type,
+                                    " untouched by it. Open the region for the device of the model "
+                                    "(Autocast(x.device(), dtype))"));
+    return;
+  }
 }
 
 NoAutocast::NoAutocast() : prev_(t_state.enabled) {
@@ -188,6 +227,12 @@ namespace detail {
 
 void apply_policy(OpId op, const Tensor** ins, Tensor* store, size_t n) {
   const PolicyEntry& entry = policy_entry(op);
+  for (size_t i = 0; i < n; ++i) {
+    if (ins[i]->defined() && ins[i]->is_floating_point()) {
+      ++t_state.seen[size_t(ins[i]->device().type)];
+      break;
+    }
+  }
   if (entry.fp16 == Fp16Rule::Banned) {
     for (size_t i = 0; i < n; ++i) {
       const Tensor& t = *ins[i];

@@ -10,12 +10,14 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/error.h"
+#include "mantissa/core/warning.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/tensor/ops.h"
@@ -275,6 +277,71 @@ TEST(AutocastRegion, PoliciesApplyOnlyToTheRegionsDeviceType) {
   const Tensor a = Tensor::ones({2, 2});
   EXPECT_EQ(matmul(a, a).dtype(), DType::F32);  // CPU tensors: untouched
   EXPECT_EQ(softmax(a.to(DType::BF16), 0).dtype(), DType::BF16);
+}
+
+// The trap: Autocast defaulted to the CPU, so `Autocast ac;` around a GPU model did nothing.
+// The device type is now required, and a region that only meets another device's tensors says so.
+static_assert(!std::is_default_constructible_v<Autocast>, "a region names its device");
+static_assert(!std::is_constructible_v<Autocast, DType>, "a dtype alone is not a region");
+
+struct WarningCapture {
+  std::vector<std::pair<std::string, std::string>> got;
+  WarningHandler prev;
+  bool prev_check = amp::autocast_region_check();
+  WarningCapture() {
+    reset_warnings();
+    amp::set_autocast_region_check(true);
+    prev = set_warning_handler([this](std::string_view key, const std::string& message) {
+      got.emplace_back(std::string(key), message);
+    });
+  }
+  ~WarningCapture() {
+    set_warning_handler(prev);
+    amp::set_autocast_region_check(prev_check);
+    reset_warnings();
+  }
+};
+
+TEST(AutocastRegion, ARegionThatNeverMeetsItsDeviceSaysSo) {
+  const Tensor a = Tensor::ones({2, 2});
+  {
+    WarningCapture w;
+    {
+      Autocast cuda(DeviceType::CUDA);  // around CPU tensors: nothing is autocast
+      EXPECT_EQ(amp::autocast_dtype(DeviceType::CUDA), DType::F16) << "CUDA's default dtype";
+      EXPECT_EQ(matmul(a, a).dtype(), DType::F32);
+    }
+    ASSERT_EQ(w.got.size(), 1u);
+    EXPECT_EQ(w.got[0].first, "autocast:device:cuda:0");
+    EXPECT_NE(w.got[0].second.find("without meeting a cuda:0 tensor"), std::string::npos)
+        << w.got[0].second;
+    EXPECT_NE(w.got[0].second.find("Autocast(x.device()"), std::string::npos);
+    EXPECT_EQ(warning_count("autocast:device:cuda:0"), 1);
+  }
+  {
+    WarningCapture w;
+    {
+      Autocast cpu(DeviceType::CPU);  // the right device: no warning, bf16 by default
+      EXPECT_EQ(matmul(a, a).dtype(), DType::BF16);
+    }
+    { Autocast cuda(DeviceType::CUDA); }                    // no op at all: nothing to say
+    { Autocast off(DeviceType::CUDA, DType::F16, false); }  // a disabled region neither
+    {
+      Autocast cuda(DeviceType::CUDA);
+      NoGrad ng;
+      (void)add(a, a);  // not under any policy of the region's device: still counted as met
+    }
+    EXPECT_EQ(w.got.size(), 1u) << "only the last region met ops, all on the CPU";
+  }
+  {
+    WarningCapture w;
+    amp::set_autocast_region_check(false);
+    {
+      Autocast cuda(DeviceType::CUDA);
+      (void)matmul(a, a);
+    }
+    EXPECT_TRUE(w.got.empty()) << "the check is off";
+  }
 }
 
 TEST(AutocastRegion, RejectsANonHalfDtypeWithAHint) {

@@ -5,7 +5,7 @@
 // may change the dtype or disable autocast until it ends.
 //
 //   {
-//     amp::Autocast ac(DeviceType::CPU, DType::BF16);
+//     amp::Autocast ac(x.device(), DType::BF16);       // the device type is required
 //     Tensor loss = cross_entropy(model(x), y);   // linear in bf16, the loss in fp32
 //   }
 //   loss.backward();                              // fp32 parameters get fp32 gradients
@@ -18,6 +18,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -100,14 +101,18 @@ std::string_view policy_name(CastPolicy p);
 
 // ---- regions -------------------------------------------------------------------------------
 
-// RAII region: autocast for tensors on `device` in `dtype` (F16 or BF16), or off (enabled =
-// false) until it ends. Restores the previous state of that device type on exit. Regions on
-// other device types are left as they are.
+// RAII region: autocast for tensors on `device` in `dtype` (F16 or BF16; unset: the device type's
+// default, bf16 on the CPU and fp16 on CUDA, as PyTorch's), or off (enabled = false) until it
+// ends. Restores the previous state of that device type on exit. Regions on other device types
+// are left as they are. The device type is required (as torch.autocast's device_type): a region
+// only acts on ops whose tensors live on its device type, so a CPU region around a GPU model
+// would do nothing. A region that ends having seen ops, but none on its device type, says so
+// through mantissa::warn when the region check is on (the default in debug builds; see
+// set_autocast_region_check).
 class Autocast {
  public:
-  explicit Autocast(DeviceType device = DeviceType::CPU, DType dtype = DType::BF16,
-                    bool enabled = true);
-  explicit Autocast(Device device, DType dtype = DType::BF16, bool enabled = true)
+  explicit Autocast(DeviceType device, std::optional<DType> dtype = {}, bool enabled = true);
+  explicit Autocast(Device device, std::optional<DType> dtype = {}, bool enabled = true)
       : Autocast(device.type, dtype, enabled) {}
   ~Autocast();
   Autocast(const Autocast&) = delete;
@@ -115,9 +120,21 @@ class Autocast {
 
  private:
   DeviceType device_;
+  bool enabled_;
   bool prev_enabled_;
   DType prev_dtype_;
+  // Ops with floating inputs met per device type (this thread) when the region began.
+  std::array<int64_t, kNumDeviceTypes> seen_at_start_;
 };
+
+// Whether an enabled region that ends without meeting a tensor of its own device type (but
+// tensors of another) warns (mantissa::warn, key "autocast:device:<type>"). On by default in
+// builds without NDEBUG, off otherwise. Process-wide.
+void set_autocast_region_check(bool on);
+bool autocast_region_check();
+
+// The dtype a region on `device` lowers to when none is given: bf16 on the CPU, fp16 on CUDA.
+DType default_autocast_dtype(DeviceType device);
 
 // RAII: autocast off on every device type inside (code that must run in its inputs' dtypes).
 class NoAutocast {
@@ -131,9 +148,10 @@ class NoAutocast {
   std::array<bool, kNumDeviceTypes> prev_;
 };
 
-bool is_autocast_enabled(DeviceType device = DeviceType::CPU);
-// The dtype a region on `device` lowers to (also when disabled: the last one set, BF16 at first).
-DType autocast_dtype(DeviceType device = DeviceType::CPU);
+bool is_autocast_enabled(DeviceType device);
+// The dtype a region on `device` lowers to (also when disabled: the last one set; at first the
+// device type's default).
+DType autocast_dtype(DeviceType device);
 // How many Autocast regions enclose this point (enabled or not) on this thread.
 int autocast_nesting();
 
