@@ -1,5 +1,8 @@
 // The loss scaler: torch.amp.GradScaler's per-optimizer stages and update rule
-// (_amp_update_scale_), with hysteresis, min/max clamps and static/disabled modes on top.
+// (_amp_update_scale_), with hysteresis, min/max clamps and static/disabled modes on top. One
+// path for every device: the state and the flags are tensors where the parameters live, and the
+// decisions run there (Backend::unscale_and_check, the optimizers' skip flag,
+// Backend::update_scale).
 #include "mantissa/amp/grad_scaler.h"
 
 #include <algorithm>
@@ -8,11 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "amp/scale_update.h"
 #include "backend/backend.h"
-#if defined(MANTISSA_HAS_CUDA)
-#include "backend/cuda/multi_tensor.h"
-#endif
+#include "backend/step_math.h"
+#include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
 
@@ -21,7 +22,7 @@ namespace {
 
 // The scale is an fp32 value, as PyTorch's.
 double to_f32(double x) {
-  return detail::round_to_f32(x);
+  return backend::round_to_f32(x);
 }
 
 Tensor i64_scalar(int64_t v) {
@@ -40,12 +41,21 @@ const char* mode_name(ScaleMode m) {
   return "?";
 }
 
+Tensor state_tensor(const std::array<double, 4>& v, Device device) {
+  return Tensor::from_vector(std::vector<double>(v.begin(), v.end()), Shape{4}, DType::F64)
+      .to(device);
+}
+
 }  // namespace
 
-GradScaler::GradScaler(const GradScalerOptions& options)
-    : options_(options), scale_(to_f32(options.init_scale)) {
+bool StepResult::skipped() const {
+  return found_inf_.defined() && found_inf_.item() != 0;
+}
+
+GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
   const GradScalerOptions& o = options_;
-  MT_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 && std::isfinite(scale_) && scale_ > 0,
+  const double scale = to_f32(o.init_scale);
+  MT_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 && std::isfinite(scale) && scale > 0,
            "GradScaler: init_scale must be positive and finite in fp32, got ", o.init_scale);
   MT_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1,
            "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
@@ -59,48 +69,38 @@ GradScaler::GradScaler(const GradScalerOptions& options)
            "GradScaler: need 0 < min_scale <= max_scale (finite), got ", o.min_scale, " and ",
            o.max_scale);
   if (o.mode == ScaleMode::Dynamic) {
-    MT_CHECK(scale_ >= o.min_scale && scale_ <= o.max_scale, "GradScaler: init_scale ",
-             o.init_scale, " is outside [min_scale, max_scale] = [", o.min_scale, ", ", o.max_scale,
-             "]");
+    MT_CHECK(scale >= o.min_scale && scale <= o.max_scale, "GradScaler: init_scale ", o.init_scale,
+             " is outside [min_scale, max_scale] = [", o.min_scale, ", ", o.max_scale, "]");
   }
+  state_ = state_tensor({scale, 0, 0, 0}, Device::cpu());
+  skipped_ = Tensor::zeros(Shape{}, DType::F64);
+  last_found_inf_ = Tensor::zeros(Shape{}, DType::F32);
+}
+
+void GradScaler::adopt_device(Device device, const char* what) const {
+  if (!adopted_) {
+    adopted_ = true;
+    if (device != state_.device()) {
+      state_ = state_.to(device);
+      skipped_ = skipped_.to(device);
+      last_found_inf_ = last_found_inf_.to(device);
+    }
+    return;
+  }
+  MT_CHECK(device == state_.device(), "GradScaler: ", what, " on ", device.str(),
+           " but this scaler's state is on ", state_.device().str(),
+           "; use one GradScaler per device");
 }
 
 Tensor GradScaler::scale(const Tensor& loss) const {
   MT_CHECK(loss.defined(), "GradScaler::scale of an undefined tensor");
   if (!enabled()) return loss;
-  if (device_state_.defined() && loss.device() == device_state_.device()) {
-    // The device scale as an fp32 scalar (exact: it is an fp32 value); a narrower loss is
-    // multiplied in fp32 and rounded back, as mul(loss, double) does.
-    const Tensor s = device_state_.select(0, 0).to(DType::F32);
-    const Tensor scaled = mul(loss, s);
-    return scaled.dtype() == loss.dtype() ? scaled : cast(scaled, loss.dtype());
-  }
-  if (device_state_.defined()) pull();
-  return mul(loss, scale_);
-}
-
-void GradScaler::adopt_device(Device device) {
-  if (device_state_.defined() || !device.is_cuda()) return;
-  device_state_ = Tensor::empty(Shape{4}, DType::F64, device);
-  device_skipped_ = Tensor::zeros(Shape{}, DType::F32, device);
-  device_last_found_inf_ = Tensor::scalar(last_found_inf_ ? 1.0 : 0.0, DType::F32, device);
-  push();
-}
-
-void GradScaler::push() {
-  const double host[4] = {scale_, double(growth_tracker_), double(hysteresis_tracker_),
-                          double(min_scale_overflows_)};
-  device_state_.copy_from_host(host, sizeof(host));
-}
-
-void GradScaler::pull() const {
-  if (!device_state_.defined()) return;
-  double host[4];
-  device_state_.copy_to_host(host, sizeof(host));
-  scale_ = host[0];
-  growth_tracker_ = int64_t(host[1]);
-  hysteresis_tracker_ = int64_t(host[2]);
-  min_scale_overflows_ = int64_t(host[3]);
+  adopt_device(loss.device(), "the loss");
+  // The scale as an fp32 scalar where it lives (exact: it is an fp32 value); a narrower loss is
+  // multiplied in fp32 and rounded back, as mul(loss, double) does.
+  const Tensor s = state_.select(0, 0).to(DType::F32);
+  const Tensor scaled = mul(loss, s);
+  return scaled.dtype() == loss.dtype() ? scaled : cast(scaled, loss.dtype());
 }
 
 void GradScaler::unscale_(optim::Optimizer& opt) {
@@ -112,17 +112,16 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   MT_CHECK(st.stage != Stage::Stepped,
            "GradScaler::unscale_() is being called after step() on this optimizer; call it "
            "before step(), once per update()");
-  std::vector<Tensor> grads;
   const std::vector<Tensor>& params = opt.params();
-  adopt_device(params[0].device());
+  adopt_device(params[0].device(), "optimizer parameters");
+  std::vector<Tensor> grads;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
     MT_CHECK(g.is_floating_point() && g.device() == p.device(),
-             "GradScaler: the gradient of "
-             "optimizer parameter ",
-             i, " is a ", g.describe(), " for a ", p.describe());
+             "GradScaler: the gradient of optimizer parameter ", i, " is a ", g.describe(),
+             " for a ", p.describe());
     if (g.dtype() == DType::F16) {
       // An fp16 gradient (of an fp16 parameter: O2/O3) is unscaled into fp32: S * g fits fp16,
       // but g itself may be below fp16's smallest subnormal. The fused step reads any dtype.
@@ -134,46 +133,20 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
     }
     grads.push_back(std::move(g));
   }
-  if (device_state_.defined()) {
-    // The flag stays on the device: step() hands it to the optimizer's kernel.
-    st.flag = Tensor::zeros(Shape{}, DType::F32, device_state_.device());
-    if (!grads.empty()) {
-      MT_CHECK(params[0].device() == device_state_.device(), "GradScaler: optimizer parameters on ",
-               params[0].device().str(), " but this scaler's state is on ",
-               device_state_.device().str(), "; use one GradScaler per device");
-#if defined(MANTISSA_HAS_CUDA)
-      // The kernel takes 1 / S (rounded to fp32, as below) from the device state itself.
-      backend::cuda::unscale_and_check_by_state(grads, device_state_, st.flag);
-#else
-      MT_ASSERT(false, "a scaler state on a GPU in a build without CUDA");
-#endif
-      for (const Tensor& g : grads)
-        g.bump_version();
-    }
-    st.stage = Stage::Unscaled;
-    return;
-  }
-  // 1 / S rounded to fp32, as PyTorch's inv_scale = scale.double().reciprocal().float().
-  const double inv_scale = to_f32(1.0 / scale_);
-  bool found = false;
+  st.flag = Tensor::zeros(Shape{}, DType::F32, state_.device());
   if (!grads.empty()) {
-    const Device device = params[0].device();
-    // The flag as a device tensor (what a GPU backend would keep on the device); read back here
-    // because step() decides on the host whether to call the optimizer.
-    Tensor flag = Tensor::zeros(Shape{}, DType::F32, device);
-    const bool returned = backend::backend_for(device).unscale_and_check(grads, inv_scale, &flag);
-    found = returned || flag.item() != 0;
+    // 1 / S (rounded to fp32) is taken from the state where it lives: no host wait.
+    backend::backend_for(state_.device()).unscale_and_check(grads, state_, st.flag);
     for (const Tensor& g : grads)
       g.bump_version();
   }
-  st.found_inf = found;
   st.stage = Stage::Unscaled;
 }
 
-bool GradScaler::step(optim::Optimizer& opt) {
+StepResult GradScaler::step(optim::Optimizer& opt) {
   if (!enabled()) {
     opt.step();
-    return false;
+    return StepResult();
   }
   {
     const auto it = per_optimizer_.find(&opt);
@@ -184,19 +157,27 @@ bool GradScaler::step(optim::Optimizer& opt) {
   }
   PerOptimizer& st = per_optimizer_[&opt];
   st.stage = Stage::Stepped;
-  if (st.flag.defined()) {
-    // The optimizer's kernel reads the flag and leaves everything as it is when it is set.
-    device_skipped_ = add(device_skipped_, st.flag);
-    opt.skip_next_step_if(st.flag);
-    opt.step();
-    return false;
-  }
-  if (st.found_inf) {
-    ++skipped_steps_;
-    return true;
-  }
+  NoGrad ng;
+  skipped_ = add(skipped_, st.flag);
+  // The optimizer's kernels read the flag and leave everything as it is when it is set.
+  opt.skip_next_step_if(st.flag);
   opt.step();
-  return false;
+  return StepResult(st.flag);
+}
+
+Tensor GradScaler::take_flags() {
+  NoGrad ng;
+  Tensor combined;
+  for (const auto& [opt, st] : per_optimizer_)
+    combined = combined.defined() ? add(combined, st.flag) : st.flag;
+  per_optimizer_.clear();
+  return combined;
+}
+
+std::array<double, 4> GradScaler::read_state() const {
+  std::array<double, 4> host{};
+  state_.copy_to_host(host.data(), sizeof(host));
+  return host;
 }
 
 void GradScaler::update() {
@@ -204,97 +185,46 @@ void GradScaler::update() {
   MT_CHECK(!per_optimizer_.empty(),
            "GradScaler::update(): no optimizer was unscaled or stepped since the last update()");
   const GradScalerOptions& o = options_;
+  last_found_inf_ = take_flags();
+  if (o.mode == ScaleMode::Static) return;
   const backend::ScaleUpdate rule{.growth_factor = o.growth_factor,
                                   .backoff_factor = o.backoff_factor,
                                   .growth_interval = o.growth_interval,
                                   .hysteresis = o.hysteresis,
                                   .min_scale = o.min_scale,
                                   .max_scale = o.max_scale};
-  if (device_state_.defined()) {
-    // The flags of all optimizers combined on the device (non-zero: an overflow somewhere).
-    Tensor combined;
-    for (const auto& [opt, st] : per_optimizer_)
-      combined = combined.defined() ? add(combined, st.flag) : st.flag;
-    per_optimizer_.clear();
-    device_last_found_inf_ = combined;
-    if (o.mode == ScaleMode::Static) return;
-    const int64_t overflows_before = o.error_at_min_scale ? min_scale_overflows() : 0;
-    backend::backend_for(device_state_.device()).update_scale(device_state_, combined, rule);
-    if (o.error_at_min_scale) {
-      const int64_t overflows = min_scale_overflows();
-      MT_CHECK(overflows == overflows_before,
-               "GradScaler: inf/NaN gradients with the loss scale at its minimum ", o.min_scale,
-               " (", overflows,
-               " such steps so far); training has diverged or min_scale is too "
-               "high");
-    }
-    return;
+  const int64_t overflows_before = o.error_at_min_scale ? min_scale_overflows() : 0;
+  backend::backend_for(state_.device()).update_scale(state_, last_found_inf_, rule);
+  if (o.error_at_min_scale) {
+    const int64_t overflows = min_scale_overflows();
+    MT_CHECK(overflows == overflows_before,
+             "GradScaler: inf/NaN gradients with the loss scale at its minimum ", o.min_scale, " (",
+             overflows, " such steps so far); training has diverged or min_scale is too high");
   }
-  bool found = false;
-  for (const auto& [opt, st] : per_optimizer_)
-    found = found || st.found_inf;
-  per_optimizer_.clear();
-  last_found_inf_ = found;
-  if (o.mode == ScaleMode::Static) return;
-
-  const detail::ScaleState next = detail::next_scale_state(
-      {scale_, growth_tracker_, hysteresis_tracker_, min_scale_overflows_}, found, rule);
-  const bool overflow_at_min = next.min_scale_overflows != min_scale_overflows_;
-  scale_ = next.scale;
-  growth_tracker_ = next.growth_tracker;
-  hysteresis_tracker_ = next.hysteresis_tracker;
-  min_scale_overflows_ = next.min_scale_overflows;
-  MT_CHECK(!(overflow_at_min && o.error_at_min_scale),
-           "GradScaler: inf/NaN gradients with the loss scale at its minimum ", o.min_scale, " (",
-           min_scale_overflows_,
-           " such steps so far); training has diverged or min_scale is too high");
 }
 
 void GradScaler::update(double new_scale) {
   if (!enabled()) return;
   const double s = to_f32(new_scale);
   MT_CHECK(std::isfinite(s) && s > 0,
-           "GradScaler::update(new_scale): the scale must be positive "
-           "and finite in fp32, got ",
+           "GradScaler::update(new_scale): the scale must be positive and finite in fp32, got ",
            new_scale);
-  if (device_state_.defined()) {
-    // The flags are folded into the last-update flag the way update() does; the scale is set
-    // where it lives (a short wait: this is not an every-iteration call).
-    Tensor combined;
-    for (const auto& [opt, st] : per_optimizer_)
-      combined = combined.defined() ? add(combined, st.flag) : st.flag;
-    per_optimizer_.clear();
-    if (combined.defined()) device_last_found_inf_ = combined;
-    pull();
-    scale_ = s;
-    push();
-    return;
-  }
-  bool found = false;
-  for (const auto& [opt, st] : per_optimizer_)
-    found = found || st.found_inf;
-  per_optimizer_.clear();
-  last_found_inf_ = found;
-  scale_ = s;
+  // The flags are folded into the last-update flag the way update() does; the scale is set
+  // where it lives, the trackers are left as they are (PyTorch).
+  const Tensor combined = take_flags();
+  if (combined.defined()) last_found_inf_ = combined;
+  state_.select(0, 0).fill_(s);
 }
 
 double GradScaler::get_scale() const {
   if (!enabled()) return 1.0;
-  pull();
-  return scale_;
+  return read_state()[0];
 }
 
 bool GradScaler::found_inf() const {
-  if (device_state_.defined()) {
-    if (per_optimizer_.empty()) return device_last_found_inf_.item() != 0;
-    for (const auto& [opt, st] : per_optimizer_) {
-      if (st.flag.defined() && st.flag.item() != 0) return true;
-    }
-    return false;
-  }
-  if (per_optimizer_.empty()) return last_found_inf_;
+  if (per_optimizer_.empty()) return last_found_inf_.item() != 0;
   for (const auto& [opt, st] : per_optimizer_) {
-    if (st.found_inf) return true;
+    if (st.flag.defined() && st.flag.item() != 0) return true;
   }
   return false;
 }
@@ -304,41 +234,37 @@ bool GradScaler::at_min_scale() const {
 }
 
 int64_t GradScaler::growth_tracker() const {
-  pull();
-  return growth_tracker_;
+  return int64_t(read_state()[1]);
 }
 
 int64_t GradScaler::hysteresis_tracker() const {
-  pull();
-  return hysteresis_tracker_;
+  return int64_t(read_state()[2]);
 }
 
 int64_t GradScaler::min_scale_overflows() const {
-  pull();
-  return min_scale_overflows_;
+  return int64_t(read_state()[3]);
 }
 
 int64_t GradScaler::skipped_steps() const {
-  if (!device_skipped_.defined()) return skipped_steps_;
-  return skipped_steps_ + int64_t(device_skipped_.item());
+  return int64_t(skipped_.item());
 }
 
-optim::StateDict GradScaler::state_dict() const {
-  optim::StateDict out;
+NamedTensors GradScaler::state_dict() const {
+  NamedTensors out;
   if (!enabled()) return out;
-  pull();
-  out.emplace_back("scale", Tensor::scalar(scale_, DType::F64));
+  const std::array<double, 4> st = read_state();
+  out.emplace_back("scale", Tensor::scalar(st[0], DType::F64));
   out.emplace_back("growth_factor", Tensor::scalar(options_.growth_factor, DType::F64));
   out.emplace_back("backoff_factor", Tensor::scalar(options_.backoff_factor, DType::F64));
   out.emplace_back("growth_interval", i64_scalar(options_.growth_interval));
-  out.emplace_back("growth_tracker", i64_scalar(growth_tracker_));
-  out.emplace_back("hysteresis_tracker", i64_scalar(hysteresis_tracker_));
-  out.emplace_back("min_scale_overflows", i64_scalar(min_scale_overflows_));
+  out.emplace_back("growth_tracker", i64_scalar(int64_t(st[1])));
+  out.emplace_back("hysteresis_tracker", i64_scalar(int64_t(st[2])));
+  out.emplace_back("min_scale_overflows", i64_scalar(int64_t(st[3])));
   out.emplace_back("skipped_steps", i64_scalar(skipped_steps()));
   return out;
 }
 
-void GradScaler::load_state_dict(const optim::StateDict& dict) {
+void GradScaler::load_state_dict(const NamedTensors& dict) {
   if (!enabled()) return;
   MT_CHECK(!dict.empty(),
            "GradScaler::load_state_dict: the dict is empty, possibly because it "
@@ -380,18 +306,11 @@ void GradScaler::load_state_dict(const optim::StateDict& dict) {
   MT_CHECK(bf > 0 && bf < 1, "GradScaler::load_state_dict: 'backoff_factor' ", bf);
   MT_CHECK(gi >= 1 && gt >= 0 && ht >= 0 && mo >= 0 && sk >= 0,
            "GradScaler::load_state_dict: negative counter or growth_interval < 1");
-  scale_ = s;
   options_.growth_factor = gf;
   options_.backoff_factor = bf;
   options_.growth_interval = gi;
-  growth_tracker_ = gt;
-  hysteresis_tracker_ = ht;
-  min_scale_overflows_ = mo;
-  skipped_steps_ = sk;
-  if (device_state_.defined()) {
-    device_skipped_ = Tensor::zeros(Shape{}, DType::F32, device_state_.device());
-    push();
-  }
+  state_ = state_tensor({s, double(gt), double(ht), double(mo)}, state_.device());
+  skipped_ = Tensor::scalar(double(sk), DType::F64, state_.device());
 }
 
 }  // namespace mantissa::amp

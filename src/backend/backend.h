@@ -94,36 +94,48 @@ struct Pool2dParams {
 };
 
 // ---- multi-tensor optimizer kernels ------------------------------------------------------------
-// One call updates every parameter in one pass (DESIGN.md §5): element i of each span belongs to
-// tensor i. Parameters may mix float dtypes; each is loaded in its storage dtype, updated in fp32
-// (f64 for f64) and rounded once on store (RNE). Optimizer state (momentum, exp_avg, exp_avg_sq)
-// is kept in the compute type: F32 for f32/half/fp8 parameters, F64 for f64. Gradients may be any
-// float dtype. Every tensor is contiguous and on this device; a gradient has its parameter's shape.
-// `steps[i]` is the how-manieth update of tensor i this is (1 = its first): on a first update the
-// state buffers are written, not read, so they may be passed uninitialized.
-// Results do not depend on the thread count.
+// One call updates every parameter of one parameter group in one pass (DESIGN.md §5): element i
+// of each span belongs to tensor i. Parameters may mix float dtypes; each is loaded in its
+// storage dtype, updated in fp32 (f64 for f64) and rounded once on store (RNE). Optimizer state
+// (momentum, exp_avg, exp_avg_sq) is kept in optimizer_state_dtype(param): F32 for f32/half/fp8
+// parameters, F64 for f64. Gradients may be any float dtype. Every tensor is contiguous and on
+// this device; a gradient has its parameter's shape. Results do not depend on the thread count.
+//
+// Step counts live on the device, as PyTorch's fused optimizers keep theirs: `step_counts` is an
+// I64 tensor on this device with one entry per parameter of the optimizer, and tensor i of the
+// call is its row ids[i]. A call that is not skipped first advances the rows of its tensors by
+// one and then reads them as each tensor's t (1 = its first update: the state buffers are then
+// written, not read, so they may hold anything). A skipped call (found_inf set) leaves them as
+// they are, so AdamW's bias correction never counts a skipped step.
 //
 // The mixed-precision recipe (DESIGN.md §4) lives in MultiTensorOptions:
 // - fp32 master weights: when `masters` is not empty it has one entry per parameter; a defined
-//   masters[i] (F32, contiguous, the parameter's shape) is what the update reads and writes, and
-//   the parameter then receives the updated master rounded to its own dtype. An undefined entry
-//   updates the parameter itself.
+//   masters[i] (F32, contiguous, the parameter's shape, for a parameter stored narrower than
+//   f32) is what the update reads and writes, and the parameter then receives the updated
+//   master rounded to its own dtype. An undefined entry updates the parameter itself.
 // - the rounding of every store into a narrower parameter dtype: NearestEven, or Stochastic with
-//   element j of tensor i drawing random_bits(seed, offset, (tensor_ids[i] << 40) + j) — the
-//   optimizer passes its step count as offset, so every step draws fresh bits, and a parameter's
-//   own index as tensor id, so the bits do not depend on which parameters have gradients.
-//   Stores into f32/f64 parameters are exact: the rounding mode does not apply to them.
+//   element j of tensor i at its t-th update drawing random_bits(seed, t, (ids[i] << 40) + j):
+//   fresh bits at every update, and bits that depend neither on which other parameters have
+//   gradients nor on skipped steps. Stores into f32/f64 parameters are exact: the rounding mode
+//   does not apply to them.
+// - the loss scaler's device-side skip: `found_inf`, when given, is a one-element F32 tensor on
+//   this device; a non-zero value makes the whole call a no-op (parameters, masters, state and
+//   step counts untouched) without the host reading it.
+// check_step_call (multi_tensor_check.cpp) is the one validation of these arguments, shared by
+// every backend.
 struct MultiTensorOptions {
+  std::span<const uint64_t> ids;  // one per parameter: its index in the optimizer
+  Tensor* step_counts = nullptr;  // I64 (parameters of the optimizer), on this device
   std::span<Tensor> masters;
   RoundingMode store_rounding = RoundingMode::NearestEven;  // NearestEven | Stochastic
   uint64_t seed = 0;
-  uint64_t offset = 0;
-  std::span<const uint64_t> tensor_ids;  // Stochastic: one per parameter
-  // The loss scaler's device-side skip: when defined, a one-element F32 tensor on this device;
-  // a non-zero value makes the whole call a no-op (parameters, masters, state untouched) without
-  // the host reading it. The caller still advances its step counts (they are host state).
   const Tensor* found_inf = nullptr;
 };
+
+// The dtype of an optimizer's state for a parameter of dtype `param` (and of its master).
+constexpr DType optimizer_state_dtype(DType param) {
+  return param == DType::F64 ? DType::F64 : DType::F32;
+}
 
 // PyTorch's torch.optim.SGD: g += wd * p; buf = momentum * buf + (1 - dampening) * g (buf = g on
 // the first update); g = nesterov ? g + momentum * buf : buf; p -= lr * g.
@@ -138,7 +150,8 @@ struct SgdStep {
 
 // PyTorch's torch.optim.AdamW: p *= 1 - lr * wd; m = lerp(m, g, 1 - beta1);
 // v = beta2 * v + (1 - beta2) * g^2; p -= lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps)
-// with t = steps[i] (eps added after the square root of the corrected second moment).
+// with t the tensor's step count (eps added after the square root of the corrected second
+// moment; the corrections come from adamw_bias_correction in step_math.h).
 struct AdamWStep {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -148,7 +161,7 @@ struct AdamWStep {
   MultiTensorOptions options;
 };
 
-// The loss scaler's update rule (see update_scale and src/amp/scale_update.h).
+// The loss scaler's update rule (see update_scale and step_math.h).
 struct ScaleUpdate {
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -271,18 +284,19 @@ class Backend {
   // ---- multi-tensor (optimizers, clipping): one pass over all tensors, see above -------------
   // momentum_bufs is empty when hyper.momentum == 0.
   virtual void sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
-                        std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
-                        const SgdStep& hyper) = 0;
+                        std::span<Tensor> momentum_bufs, const SgdStep& hyper) = 0;
   virtual void adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
                           std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
-                          std::span<const int64_t> steps, const AdamWStep& hyper) = 0;
+                          const AdamWStep& hyper) = 0;
   // out (one element, F64) = the norm_type-norm of all elements of all tensors together:
   // (sum |x|^p)^(1/p) for p > 0, max |x| for p = inf (NaN propagates). Accumulates in fp32
   // per chunk (f64 for f64), chunks combined in f64 in a fixed order.
   virtual void multi_tensor_norm(std::span<const Tensor> tensors, double norm_type,
                                  Tensor& out) = 0;
-  // Every tensor *= factor in place (compute type, one rounding).
-  virtual void multi_tensor_scale(std::span<Tensor> tensors, double factor) = 0;
+  // Every tensor *= factor in place (compute type, one rounding); factor is one F64 element on
+  // this device, read there (clipping computes it on the device: no host wait). A factor of
+  // exactly 1 leaves every value as it is.
+  virtual void multi_tensor_scale(std::span<Tensor> tensors, const Tensor& factor) = 0;
   // The loss scaler's fused pass (DESIGN.md §4): every gradient *= inv_scale in place (loaded in
   // its dtype, multiplied in the compute type, fp32 for f32/half, one rounding on store; left
   // untouched when inv_scale == 1) and, in the same pass, a check for inf/NaN, as PyTorch's
@@ -295,11 +309,17 @@ class Backend {
   // return false without waiting (the CUDA backend does); without it, the return value is exact
   // and a device backend waits for it. Every tensor is floating, contiguous and on this device.
   virtual bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) = 0;
+  // The same with the factor taken where the scale lives: inv_scale = 1 / scale_state[0] (the
+  // F64 state of update_scale) rounded to fp32, as PyTorch's
+  // inv_scale = scale.double().reciprocal().float(); found_inf (one F32 element) is set to 1 when
+  // a gradient holds inf/NaN. Never waits: how GradScaler unscales on every device.
+  virtual void unscale_and_check(std::span<Tensor> grads, const Tensor& scale_state,
+                                 Tensor& found_inf) = 0;
   // The dynamic loss scale's update where the scale lives (PyTorch's _amp_update_scale_, plus
   // hysteresis and the min/max clamp of GradScalerOptions): state is an F64 tensor of 4 elements
   // on this device {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}; found_inf
-  // the one-element F32 flag of unscale_and_check. Follows amp::detail::next_scale_state (the
-  // one definition, shared with the host GradScaler), so device and host trajectories agree.
+  // the one-element F32 flag of unscale_and_check. Follows next_scale_state (step_math.h, the
+  // one definition every backend runs), so trajectories agree across devices.
   virtual void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) = 0;
 };
 

@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "backend/backend.h"
+#include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
+#include "mantissa/tensor/ops.h"
 
 namespace mantissa::optim {
 namespace {
@@ -28,33 +30,39 @@ std::vector<Tensor> gradients_of(const std::vector<Tensor>& params, const char* 
   return grads;
 }
 
-double norm_of(const std::vector<Tensor>& grads, double norm_type) {
+Tensor norm_of(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+               double norm_type) {
   MT_CHECK(norm_type > 0, "a gradient norm needs norm_type > 0 (or inf), got ", norm_type);
-  if (grads.empty()) return 0.0;
-  // The result lives where the gradients do (a device backend writes device memory); item()
-  // reads it back, the one host wait clipping needs per step.
-  Tensor out = Tensor::empty(Shape{}, DType::F64, grads[0].device());
-  backend::backend_for(grads[0].device()).multi_tensor_norm(grads, norm_type, out);
-  return out.item();
+  const Device device =
+      grads.empty() ? (params.empty() ? Device::cpu() : params[0].device()) : grads[0].device();
+  // The result lives where the gradients do (a device backend writes device memory).
+  Tensor out = Tensor::zeros(Shape{}, DType::F64, device);
+  if (!grads.empty()) backend::backend_for(device).multi_tensor_norm(grads, norm_type, out);
+  return out;
 }
 
 }  // namespace
 
-double grad_norm(const std::vector<Tensor>& params, double norm_type) {
-  return norm_of(gradients_of(params, "grad_norm"), norm_type);
+Tensor grad_norm(const std::vector<Tensor>& params, double norm_type) {
+  return norm_of(params, gradients_of(params, "grad_norm"), norm_type);
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
   MT_CHECK(std::isfinite(max_norm) && max_norm >= 0,
            "clip_grad_norm: max_norm must be finite and >= 0, got ", max_norm);
   std::vector<Tensor> grads = gradients_of(params, "clip_grad_norm");
-  const double total = norm_of(grads, norm_type);
-  const double coef = max_norm / (total + 1e-6);
-  if (!(coef >= 1.0) && !grads.empty()) {  // NaN scales too, as in PyTorch
-    backend::backend_for(grads[0].device()).multi_tensor_scale(grads, coef);
-    for (const Tensor& g : grads)
-      g.bump_version();
-  }
+  const Tensor total = norm_of(params, grads, norm_type);
+  if (grads.empty()) return total;
+  NoGrad ng;
+  // min(1, max_norm / (norm + 1e-6)) in f64 on the device; where(ratio >= 1, 1, ratio) keeps a
+  // NaN ratio (the comparison is false), which scales by NaN as PyTorch's clamp does.
+  const Device device = total.device();
+  const Tensor ratio = div(Tensor::scalar(max_norm, DType::F64, device), add(total, 1e-6));
+  const Tensor one = Tensor::scalar(1.0, DType::F64, device);
+  const Tensor factor = where(ge(ratio, one), one, ratio).contiguous();
+  backend::backend_for(device).multi_tensor_scale(grads, factor);
+  for (const Tensor& g : grads)
+    g.bump_version();
   return total;
 }
 

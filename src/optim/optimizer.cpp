@@ -1,7 +1,9 @@
-// The optimizer base (gradients, per-parameter state, state dicts) and SGD / AdamW, whose step()
-// gathers the parameters that have a gradient and hands them all to one multi-tensor kernel.
+// The optimizer base (parameter groups, gradients, per-parameter state and step counts, state
+// dicts) and SGD / AdamW, whose run_group() hands all parameters of a group that have a gradient
+// to one multi-tensor kernel.
 #include "mantissa/optim/optimizer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -14,11 +16,6 @@
 
 namespace mantissa::optim {
 namespace {
-
-// fp32 state for f32 and half parameters (the mixed-precision recipe), f64 for f64.
-DType state_dtype(DType param) {
-  return param == DType::F64 ? DType::F64 : DType::F32;
-}
 
 void check_lr(double lr) {
   MT_CHECK(std::isfinite(lr) && lr >= 0, "the learning rate must be finite and >= 0, got ", lr);
@@ -37,33 +34,156 @@ Tensor int_scalar(int64_t v) {
   return Tensor::from_vector(std::vector<int64_t>{v}, Shape{}, DType::I64);
 }
 
+// The fields a GroupOptions sets, by name.
+std::vector<std::string> fields_set(const GroupOptions& o) {
+  std::vector<std::string> out;
+  if (o.lr) out.emplace_back("lr");
+  if (o.weight_decay) out.emplace_back("weight_decay");
+  if (o.momentum) out.emplace_back("momentum");
+  if (o.dampening) out.emplace_back("dampening");
+  if (o.nesterov) out.emplace_back("nesterov");
+  if (o.beta1) out.emplace_back("beta1");
+  if (o.beta2) out.emplace_back("beta2");
+  if (o.eps) out.emplace_back("eps");
+  return out;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names)
+    out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::string group_label(size_t g, const std::string& name) {
+  return "parameter group " + std::to_string(g) + (name.empty() ? "" : " ('" + name + "')");
+}
+
 }  // namespace
 
-// ---- Optimizer
-// -----------------------------------------------------------------------------------
-
-Optimizer::Optimizer(std::vector<Tensor> params, double lr)
-    : params_(std::move(params)), state_(params_.size()), lr_(lr) {
-  check_lr(lr);
-  MT_CHECK(!params_.empty(), "an optimizer got an empty parameter list");
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
-    MT_CHECK(p.defined(), "optimizer parameter ", i, " is an undefined tensor");
-    MT_CHECK(p.is_floating_point(), "optimizer parameter ", i, " is a ", p.describe(),
-             "; only floating tensors can be optimized");
-    MT_CHECK(p.device() == params_[0].device(), "optimizer parameter ", i, " is on ",
-             p.device().str(), " but parameter 0 on ", params_[0].device().str(),
-             "; one optimizer updates the parameters of one device");
-    for (size_t j = 0; j < i; ++j) {
-      MT_CHECK(!p.is_same(params_[j]), "optimizer parameters ", j, " and ", i,
-               " are the same tensor; pass each parameter once");
-    }
+std::vector<ParamGroup> weight_decay_groups(const NamedTensors& named_params, double weight_decay) {
+  MT_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+           "weight_decay_groups: weight_decay must be finite and >= 0, got ", weight_decay);
+  ParamGroup decay{.params = {}, .options = {.weight_decay = weight_decay}, .name = "decay"};
+  ParamGroup no_decay{.params = {}, .options = {.weight_decay = 0.0}, .name = "no_decay"};
+  for (const auto& [name, p] : named_params) {
+    MT_CHECK(p.defined(), "weight_decay_groups: parameter '", name, "' is an undefined tensor");
+    (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   }
+  std::vector<ParamGroup> out;
+  if (!decay.params.empty()) out.push_back(std::move(decay));
+  if (!no_decay.params.empty()) out.push_back(std::move(no_decay));
+  MT_CHECK(!out.empty(), "weight_decay_groups: no parameters");
+  return out;
+}
+
+// ---- Optimizer -------------------------------------------------------------------------------
+
+struct Optimizer::GroupStep {
+  std::vector<size_t> index;  // into params_
+  std::vector<Tensor> params;
+  std::vector<Tensor> grads;
+  std::vector<std::vector<Tensor>> states;  // [state name][k]
+  std::vector<Tensor> masters;              // [k]: empty without master weights; undefined: none
+  std::vector<uint64_t> ids;                // [k]: the parameter's index
+  backend::MultiTensorOptions options;
+};
+
+Optimizer::~Optimizer() = default;
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double default_lr, const char* kind,
+                     std::vector<std::string> accepted) {
+  check_lr(default_lr);
+  MT_CHECK(!groups.empty(), kind, " got no parameter groups");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ParamGroup& pg = groups[g];
+    MT_CHECK(!pg.params.empty(), kind, ": ", group_label(g, pg.name),
+             " has no parameters; leave it out");
+    for (const std::string& f : fields_set(pg.options)) {
+      MT_CHECK(std::find(accepted.begin(), accepted.end(), f) != accepted.end(), kind, ": ",
+               group_label(g, pg.name), " sets '", f, "', which ", kind,
+               " does not have; a group may set: ", join(accepted));
+    }
+    if (pg.options.lr) check_lr(*pg.options.lr);
+    Group group;
+    group.name = pg.name;
+    group.options = pg.options;
+    group.base_lr = group.lr = pg.options.lr.value_or(default_lr);
+    for (Tensor& p : pg.params) {
+      const size_t i = params_.size();
+      MT_CHECK(p.defined(), kind, ": parameter ", i, " (", group_label(g, pg.name),
+               ") is an undefined tensor");
+      MT_CHECK(p.is_floating_point(), kind, ": parameter ", i, " is a ", p.describe(),
+               "; only floating tensors can be optimized");
+      MT_CHECK(params_.empty() || p.device() == params_[0].device(), kind, ": parameter ", i,
+               " is on ", p.device().str(), " but parameter 0 on ", params_[0].device().str(),
+               "; one optimizer updates the parameters of one device");
+      for (size_t j = 0; j < params_.size(); ++j) {
+        MT_CHECK(!p.is_same(params_[j]), kind, ": parameters ", j, " and ", i,
+                 " are the same tensor; pass each parameter once (in one group)");
+      }
+      group.members.push_back(i);
+      group_of_.push_back(g);
+      params_.push_back(p);
+    }
+    group_params_.push_back(std::move(pg.params));
+    groups_.push_back(std::move(group));
+  }
+  state_.resize(params_.size());
+  step_counts_ = Tensor::zeros(Shape{int64_t(params_.size()) + 1}, DType::I64, params_[0].device());
+}
+
+const std::string& Optimizer::group_name(size_t group) const {
+  MT_CHECK(group < groups_.size(), "parameter group ", group, " does not exist (", groups_.size(),
+           " groups)");
+  return groups_[group].name;
+}
+
+const std::vector<Tensor>& Optimizer::group_params(size_t group) const {
+  MT_CHECK(group < groups_.size(), "parameter group ", group, " does not exist (", groups_.size(),
+           " groups)");
+  return group_params_[group];
+}
+
+double Optimizer::lr(size_t group) const {
+  MT_CHECK(group < groups_.size(), "parameter group ", group, " does not exist (", groups_.size(),
+           " groups)");
+  return groups_[group].lr;
+}
+
+double Optimizer::base_lr(size_t group) const {
+  MT_CHECK(group < groups_.size(), "parameter group ", group, " does not exist (", groups_.size(),
+           " groups)");
+  return groups_[group].base_lr;
 }
 
 void Optimizer::set_lr(double lr) {
   check_lr(lr);
-  lr_ = lr;
+  for (Group& g : groups_)
+    g.lr = lr;
+}
+
+void Optimizer::set_lr(size_t group, double lr) {
+  check_lr(lr);
+  MT_CHECK(group < groups_.size(), "parameter group ", group, " does not exist (", groups_.size(),
+           " groups)");
+  groups_[group].lr = lr;
+}
+
+Tensor& Optimizer::step_counts() {
+  const Device device = params_[0].device();
+  if (step_counts_.device() != device) step_counts_ = own_copy(step_counts_, device);
+  return step_counts_;
+}
+
+int64_t Optimizer::step_count() const {
+  return int64_t(step_counts_.select(0, int64_t(params_.size())).item());
+}
+
+int64_t Optimizer::updates(size_t i) const {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  return int64_t(step_counts_.select(0, int64_t(i)).item());
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -78,11 +198,12 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
-Optimizer::StepBatch Optimizer::begin_step(size_t num_states) {
-  StepBatch b;
-  b.states.resize(num_states);
+std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
+  auto b = std::make_unique<GroupStep>();
+  const std::vector<std::string> names = state_names(group);
+  b->states.resize(names.size());
   const Device device = params_[0].device();
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : groups_[group].members) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -97,42 +218,62 @@ Optimizer::StepBatch Optimizer::begin_step(size_t num_states) {
     if (!g.is_contiguous()) g = g.contiguous();
 
     ParamState& s = state_[i];
-    const DType sd = state_dtype(p.dtype());
-    if (s.steps == 0) {
-      s.tensors.clear();
+    const DType sd = backend::optimizer_state_dtype(p.dtype());
+    if (s.tensors.empty()) {
       // A step the device may skip must leave defined state: zeros, what a first update starts
-      // from, so that the next update (no longer a first one) reads the same.
-      for (size_t k = 0; k < num_states; ++k) {
+      // from, so that the next update (then the first the kernel counts) reads the same.
+      for (size_t k = 0; k < names.size(); ++k) {
         s.tensors.push_back(found_inf_.defined() ? Tensor::zeros(p.shape(), sd, device)
                                                  : Tensor::empty(p.shape(), sd, device));
       }
     } else {
-      MT_ASSERT(s.tensors.size() == num_states, "optimizer state of parameter ", i);
+      MT_ASSERT(s.tensors.size() == names.size(), "optimizer state of parameter ", i);
       for (Tensor& t : s.tensors) {
         MT_CHECK(t.shape() == p.shape(), "optimizer parameter ", i, " changed shape from ",
                  t.shape().str(), " to ", p.shape().str(), " after its state was made");
-        if (t.dtype() != sd) t = own_copy(t.to(sd), device);
+        if (t.dtype() != sd || t.device() != device) t = own_copy(t.to(sd), device);
       }
     }
-    b.index.push_back(i);
-    b.params.push_back(p);
-    b.grads.push_back(std::move(g));
-    for (size_t k = 0; k < num_states; ++k)
-      b.states[k].push_back(s.tensors[k]);
-    b.steps.push_back(s.steps + 1);
-    b.ids.push_back(uint64_t(i));
-    if (master_weights_) b.masters.push_back(prepare_master(i));
+    b->index.push_back(i);
+    b->params.push_back(p);
+    b->grads.push_back(std::move(g));
+    for (size_t k = 0; k < names.size(); ++k)
+      b->states[k].push_back(s.tensors[k]);
+    b->ids.push_back(uint64_t(i));
+    if (master_weights_) b->masters.push_back(prepare_master(i));
   }
+  backend::MultiTensorOptions& o = b->options;
+  o.ids = b->ids;
+  o.step_counts = &step_counts();
+  o.masters = b->masters;
+  o.store_rounding = store_rounding_;
+  o.seed = rounding_seed_;
+  o.found_inf = found_inf_.defined() ? &found_inf_ : nullptr;
   return b;
 }
 
-void Optimizer::fill_options(StepBatch& b, backend::MultiTensorOptions& o) const {
-  o.masters = b.masters;
-  o.store_rounding = store_rounding_;
-  o.seed = rounding_seed_;
-  o.offset = uint64_t(step_count_ + 1);
-  o.tensor_ids = b.ids;
-  o.found_inf = found_inf_.defined() ? &found_inf_ : nullptr;
+void Optimizer::step() {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::unique_ptr<GroupStep> b = begin_group(g);
+    if (b->params.empty()) continue;
+    run_group(g, *b);
+    for (size_t k = 0; k < b->index.size(); ++k) {
+      b->params[k].bump_version();  // written in place: saved copies of it are now stale
+      if (master_weights_) masters_[b->index[k]].version = b->params[k].version();
+    }
+  }
+  // The optimizer's own count (the last row) advances unless the step was skipped: by
+  // 1 - (flag != 0), computed where the flag is; without a flag by a kept 1 (no allocation).
+  NoGrad ng;
+  Tensor total = step_counts().select(0, int64_t(params_.size()));
+  if (found_inf_.defined()) {
+    total.add_(eq(found_inf_, Tensor::zeros(Shape{}, DType::F32, total.device())).to(DType::I64));
+  } else {
+    if (!one_.defined() || one_.device() != total.device())
+      one_ = Tensor::scalar(1.0, DType::I64, total.device());
+    total.add_(one_);
+  }
+  found_inf_ = Tensor();
 }
 
 void Optimizer::skip_next_step_if(Tensor found_inf) {
@@ -207,26 +348,22 @@ Tensor& Optimizer::prepare_master(size_t i) {
   return m.value;
 }
 
-void Optimizer::end_step(const StepBatch& b) {
-  ++step_count_;
-  found_inf_ = Tensor();
-  for (size_t k = 0; k < b.index.size(); ++k) {
-    state_[b.index[k]].steps = b.steps[k];
-    b.params[k].bump_version();  // written in place: saved copies of it are now stale
-    if (master_weights_) masters_[b.index[k]].version = b.params[k].version();
+NamedTensors Optimizer::state_dict() const {
+  NamedTensors out;
+  const std::vector<int64_t> counts = step_counts_.to(Device::cpu()).to_vector<int64_t>();
+  out.emplace_back("step", int_scalar(counts.back()));
+  out.emplace_back("lr", Tensor::scalar(lr(), DType::F64));
+  if (groups_.size() > 1) {
+    for (size_t g = 0; g < groups_.size(); ++g)
+      out.emplace_back("group." + std::to_string(g) + ".lr",
+                       Tensor::scalar(groups_[g].lr, DType::F64));
   }
-}
-
-StateDict Optimizer::state_dict() const {
-  StateDict out;
-  out.emplace_back("step", int_scalar(step_count_));
-  out.emplace_back("lr", Tensor::scalar(lr_, DType::F64));
-  const std::vector<std::string> names = state_names();
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamState& s = state_[i];
-    if (s.steps == 0) continue;
+    if (counts[i] == 0 || s.tensors.empty()) continue;
+    const std::vector<std::string> names = state_names(group_of_[i]);
     const std::string prefix = "state." + std::to_string(i) + ".";
-    out.emplace_back(prefix + "step", int_scalar(s.steps));
+    out.emplace_back(prefix + "step", int_scalar(counts[i]));
     for (size_t k = 0; k < names.size(); ++k)
       out.emplace_back(prefix + names[k], own_copy(s.tensors[k], s.tensors[k].device()));
   }
@@ -237,26 +374,44 @@ StateDict Optimizer::state_dict() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const StateDict& dict) {
-  const std::vector<std::string> names = state_names();
-  std::string expected_names = "step";
-  for (const std::string& n : names)
-    expected_names += ", " + n;
-  const Device device = params_[0].device();
+namespace {
 
+// The index after `prefix` in `key` up to `end` (npos: the key's end), or nullopt.
+std::optional<size_t> index_in(std::string_view key, size_t begin, size_t end) {
+  if (end == std::string_view::npos) end = key.size();
+  if (end <= begin) return std::nullopt;
+  size_t i = 0;
+  const auto r = std::from_chars(key.data() + begin, key.data() + end, i);
+  if (r.ec != std::errc() || r.ptr != key.data() + end) return std::nullopt;
+  return i;
+}
+
+}  // namespace
+
+void Optimizer::load_state_dict(const NamedTensors& dict) {
+  const Device device = params_[0].device();
   std::set<std::string> seen;
   bool have_step = false, have_lr = false;
   int64_t step = 0;
-  double lr = 0;
+  double lr0 = 0;
+  std::vector<std::optional<double>> group_lr(groups_.size());
   std::vector<ParamState> fresh(params_.size());
+  std::vector<int64_t> counts(params_.size() + 1, 0);
   std::vector<Tensor> masters(params_.size());
-  std::vector<std::vector<bool>> found(params_.size(), std::vector<bool>(names.size() + 1, false));
+  // found[i][0]: the step; found[i][1 + k]: state tensor k of the parameter's group.
+  std::vector<std::vector<bool>> found(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i)
+    found[i].assign(state_names(group_of_[i]).size() + 1, false);
 
   auto one_element = [](const std::string& key, const Tensor& t, bool integer) {
     MT_CHECK(t.numel() == 1 && (integer ? t.dtype() == DType::I64 : t.is_floating_point()),
              "optimizer state '", key, "' must be one ", integer ? "i64" : "floating",
              " element, got a ", t.describe());
     return t.item();
+  };
+  auto check_lr_value = [](const std::string& key, double v) {
+    MT_CHECK(std::isfinite(v) && v >= 0, "optimizer state '", key, "' is ", v,
+             "; a learning rate is finite and >= 0");
   };
 
   for (const auto& [key, t] : dict) {
@@ -270,60 +425,61 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       continue;
     }
     if (key == "lr") {
-      lr = one_element(key, t, false);
-      MT_CHECK(std::isfinite(lr) && lr >= 0, "optimizer state 'lr' is ", lr,
-               "; a learning rate is finite and >= 0");
+      lr0 = one_element(key, t, false);
+      check_lr_value(key, lr0);
       have_lr = true;
       continue;
     }
     const std::string_view k(key);
+    if (k.starts_with("group.") && k.ends_with(".lr")) {
+      const std::optional<size_t> g = index_in(k, 6, k.size() - 3);
+      MT_CHECK(g && *g < groups_.size(), "optimizer state '", key, "' names no group of the ",
+               groups_.size(), " this optimizer has");
+      group_lr[*g] = one_element(key, t, false);
+      check_lr_value(key, *group_lr[*g]);
+      continue;
+    }
     if (k.starts_with("master.")) {
-      size_t i = 0;
-      const auto r = std::from_chars(k.data() + 7, k.data() + k.size(), i);
-      MT_CHECK(r.ec == std::errc() && r.ptr == k.data() + k.size() && k.size() > 7,
-               "unexpected optimizer state '", key, "'; a master weight is 'master.<index>'");
-      MT_CHECK(i < params_.size(), "optimizer state '", key, "' is for parameter ", i,
+      const std::optional<size_t> i = index_in(k, 7, std::string_view::npos);
+      MT_CHECK(i.has_value(), "unexpected optimizer state '", key,
+               "'; a master weight is 'master.<index>'");
+      MT_CHECK(*i < params_.size(), "optimizer state '", key, "' is for parameter ", *i,
                " but this optimizer has ", params_.size(), " parameters");
       MT_CHECK(master_weights_, "optimizer state '", key,
                "' is an fp32 master weight but this optimizer keeps none; turn master weights "
                "on first (set_master_weights(true), or amp::initialize with O2)");
-      MT_CHECK(t.dtype() == DType::F32 && t.shape() == params_[i].shape(), "optimizer state '", key,
-               "' is a ", t.describe(), " but the master of parameter ", i, " is f32 of shape ",
-               params_[i].shape().str());
-      masters[i] = own_copy(t, device);
+      MT_CHECK(t.dtype() == DType::F32 && t.shape() == params_[*i].shape(), "optimizer state '",
+               key, "' is a ", t.describe(), " but the master of parameter ", *i,
+               " is f32 of shape ", params_[*i].shape().str());
+      masters[*i] = own_copy(t, device);
       continue;
     }
     // state.<i>.<name>
     const size_t dot = k.find('.', 6);
-    size_t i = 0;
-    bool ok = k.starts_with("state.") && dot != std::string_view::npos && dot > 6;
-    if (ok) {
-      const auto r = std::from_chars(k.data() + 6, k.data() + dot, i);
-      ok = r.ec == std::errc() && r.ptr == k.data() + dot;
-    }
-    MT_CHECK(
-        ok, "unexpected optimizer state '", key,
-        "'; expected 'step', 'lr' or 'state.<index>.<name>' with a name among: ", expected_names);
+    const std::optional<size_t> parsed = k.starts_with("state.") && dot != std::string_view::npos
+                                             ? index_in(k, 6, dot)
+                                             : std::nullopt;
+    MT_CHECK(parsed.has_value(), "unexpected optimizer state '", key,
+             "'; expected 'step', 'lr', 'group.<g>.lr', 'master.<i>' or 'state.<i>.<name>'");
+    const size_t i = *parsed;
     MT_CHECK(i < params_.size(), "optimizer state '", key, "' is for parameter ", i,
              " but this optimizer has ", params_.size(), " parameters");
+    const std::vector<std::string> names = state_names(group_of_[i]);
     const std::string_view name = k.substr(dot + 1);
     const Tensor& p = params_[i];
     if (name == "step") {
       const double v = one_element(key, t, true);
       MT_CHECK(v >= 1, "optimizer state '", key, "' is ", v, "; a parameter with state has >= 1");
-      fresh[i].steps = int64_t(v);
+      counts[i] = int64_t(v);
       found[i][0] = true;
       continue;
     }
-    size_t slot = names.size();
-    for (size_t n = 0; n < names.size(); ++n) {
-      if (names[n] == name) slot = n;
-    }
-    MT_CHECK(slot < names.size(), "unexpected optimizer state '", key, "': this optimizer keeps ",
-             expected_names, " per parameter");
+    const auto slot = size_t(std::find(names.begin(), names.end(), name) - names.begin());
+    MT_CHECK(slot < names.size(), "unexpected optimizer state '", key, "': parameter ", i,
+             " keeps step", names.empty() ? "" : ", ", join(names));
     MT_CHECK(t.shape() == p.shape(), "optimizer state '", key, "' has shape ", t.shape().str(),
              " but parameter ", i, " has shape ", p.shape().str());
-    const DType sd = state_dtype(p.dtype());
+    const DType sd = backend::optimizer_state_dtype(p.dtype());
     MT_CHECK(t.dtype() == sd, "optimizer state '", key, "' is ", dtype_name(t.dtype()),
              " but the state of a ", dtype_name(p.dtype()), " parameter is ", dtype_name(sd));
     if (fresh[i].tensors.empty()) fresh[i].tensors.resize(names.size());
@@ -333,18 +489,19 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   MT_CHECK(have_step, "optimizer state 'step' is missing");
   MT_CHECK(have_lr, "optimizer state 'lr' is missing");
   for (size_t i = 0; i < params_.size(); ++i) {
-    bool any = false;
-    for (bool f : found[i])
-      any = any || f;
+    const bool any = std::find(found[i].begin(), found[i].end(), true) != found[i].end();
     if (!any) continue;
-    for (size_t n = 0; n <= names.size(); ++n) {
+    const std::vector<std::string> names = state_names(group_of_[i]);
+    for (size_t n = 0; n < found[i].size(); ++n) {
       MT_CHECK(found[i][n], "optimizer state 'state.", i, ".", n == 0 ? "step" : names[n - 1],
                "' is missing (the other state of parameter ", i, " is there)");
     }
   }
   state_ = std::move(fresh);
-  step_count_ = step;
-  lr_ = lr;
+  counts.back() = step;
+  step_counts_ = Tensor::from_vector(counts, Shape{int64_t(counts.size())}).to(device);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    groups_[g].lr = group_lr[g].value_or(lr0);
   for (size_t i = 0; i < masters.size(); ++i) {
     if (!masters[i].defined()) continue;
     masters_[i] = Master{masters[i], params_[i].data_ptr(), params_[i].version()};
@@ -353,86 +510,120 @@ void Optimizer::load_state_dict(const StateDict& dict) {
 
 // ---- SGD ---------------------------------------------------------------------------------------
 
-SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
-    : Optimizer(std::move(params), options.lr), options_(options) {
-  MT_CHECK(std::isfinite(options.momentum) && options.momentum >= 0,
-           "SGD momentum must be finite and >= 0, got ", options.momentum);
-  MT_CHECK(std::isfinite(options.dampening), "SGD dampening must be finite, got ",
-           options.dampening);
-  MT_CHECK(std::isfinite(options.weight_decay) && options.weight_decay >= 0,
-           "SGD weight_decay must be finite and >= 0, got ", options.weight_decay);
-  MT_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
-           "SGD with nesterov needs momentum > 0 and dampening == 0 (got momentum ",
-           options.momentum, ", dampening ", options.dampening, ")");
+namespace {
+
+std::vector<ParamGroup> one_group(std::vector<Tensor> params) {
+  MT_CHECK(!params.empty(), "an optimizer got an empty parameter list");
+  return {ParamGroup{.params = std::move(params), .options = {}, .name = ""}};
 }
 
-std::vector<std::string> SGD::state_names() const {
-  if (options_.momentum == 0) return {};
+void check_sgd(const SGDOptions& o, const std::string& where) {
+  MT_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, "SGD momentum", where,
+           " must be finite and >= 0, got ", o.momentum);
+  MT_CHECK(std::isfinite(o.dampening), "SGD dampening", where, " must be finite, got ",
+           o.dampening);
+  MT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "SGD weight_decay", where,
+           " must be finite and >= 0, got ", o.weight_decay);
+  MT_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD with nesterov", where,
+           " needs momentum > 0 and dampening == 0 (got momentum ", o.momentum, ", dampening ",
+           o.dampening, ")");
+}
+
+void check_adamw(const AdamWOptions& o, const std::string& where) {
+  MT_CHECK(o.beta1 >= 0 && o.beta1 < 1, "AdamW beta1", where, " must be in [0, 1), got ", o.beta1);
+  MT_CHECK(o.beta2 >= 0 && o.beta2 < 1, "AdamW beta2", where, " must be in [0, 1), got ", o.beta2);
+  MT_CHECK(std::isfinite(o.eps) && o.eps >= 0, "AdamW eps", where, " must be finite and >= 0, got ",
+           o.eps);
+  MT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "AdamW weight_decay", where,
+           " must be finite and >= 0, got ", o.weight_decay);
+}
+
+std::string in_group(size_t g, size_t groups) {
+  return groups > 1 ? " (parameter group " + std::to_string(g) + ")" : "";
+}
+
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
+    : SGD(one_group(std::move(params)), options) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults)
+    : Optimizer(std::move(groups), defaults.lr, "SGD",
+                {"lr", "weight_decay", "momentum", "dampening", "nesterov"}),
+      defaults_(defaults) {
+  for (size_t g = 0; g < num_groups(); ++g)
+    check_sgd(options(g), in_group(g, num_groups()));
+}
+
+std::vector<std::string> SGD::state_names(size_t group) const {
+  if (options(group).momentum == 0) return {};
   return {"momentum_buffer"};
 }
 
-SGDOptions SGD::options() const {
-  SGDOptions o = options_;
-  o.lr = lr_;
+SGDOptions SGD::options(size_t group) const {
+  const GroupOptions& g = group_options(group);
+  SGDOptions o = defaults_;
+  o.lr = lr(group);
+  o.weight_decay = g.weight_decay.value_or(o.weight_decay);
+  o.momentum = g.momentum.value_or(o.momentum);
+  o.dampening = g.dampening.value_or(o.dampening);
+  o.nesterov = g.nesterov.value_or(o.nesterov);
   return o;
 }
 
-void SGD::step() {
-  const bool momentum = options_.momentum != 0;
-  StepBatch b = begin_step(momentum ? 1 : 0);
-  if (!b.params.empty()) {
-    backend::SgdStep h;
-    h.lr = lr_;
-    h.momentum = options_.momentum;
-    h.dampening = options_.dampening;
-    h.weight_decay = options_.weight_decay;
-    h.nesterov = options_.nesterov;
-    fill_options(b, h.options);
-    std::span<Tensor> bufs;
-    if (momentum) bufs = b.states[0];
-    backend::backend_for(params_[0].device()).sgd_step(b.params, b.grads, bufs, b.steps, h);
-  }
-  end_step(b);
+void SGD::run_group(size_t group, GroupStep& b) {
+  const SGDOptions o = options(group);
+  backend::SgdStep h;
+  h.lr = o.lr;
+  h.momentum = o.momentum;
+  h.dampening = o.dampening;
+  h.weight_decay = o.weight_decay;
+  h.nesterov = o.nesterov;
+  h.options = b.options;
+  std::span<Tensor> bufs;
+  if (o.momentum != 0) bufs = b.states[0];
+  backend::backend_for(b.params[0].device()).sgd_step(b.params, b.grads, bufs, h);
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
-    : Optimizer(std::move(params), options.lr), options_(options) {
-  MT_CHECK(options.beta1 >= 0 && options.beta1 < 1, "AdamW beta1 must be in [0, 1), got ",
-           options.beta1);
-  MT_CHECK(options.beta2 >= 0 && options.beta2 < 1, "AdamW beta2 must be in [0, 1), got ",
-           options.beta2);
-  MT_CHECK(std::isfinite(options.eps) && options.eps >= 0,
-           "AdamW eps must be finite and >= 0, got ", options.eps);
-  MT_CHECK(std::isfinite(options.weight_decay) && options.weight_decay >= 0,
-           "AdamW weight_decay must be finite and >= 0, got ", options.weight_decay);
+    : AdamW(one_group(std::move(params)), options) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults)
+    : Optimizer(std::move(groups), defaults.lr, "AdamW",
+                {"lr", "weight_decay", "beta1", "beta2", "eps"}),
+      defaults_(defaults) {
+  for (size_t g = 0; g < num_groups(); ++g)
+    check_adamw(options(g), in_group(g, num_groups()));
 }
 
-std::vector<std::string> AdamW::state_names() const {
+std::vector<std::string> AdamW::state_names(size_t) const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-AdamWOptions AdamW::options() const {
-  AdamWOptions o = options_;
-  o.lr = lr_;
+AdamWOptions AdamW::options(size_t group) const {
+  const GroupOptions& g = group_options(group);
+  AdamWOptions o = defaults_;
+  o.lr = lr(group);
+  o.weight_decay = g.weight_decay.value_or(o.weight_decay);
+  o.beta1 = g.beta1.value_or(o.beta1);
+  o.beta2 = g.beta2.value_or(o.beta2);
+  o.eps = g.eps.value_or(o.eps);
   return o;
 }
 
-void AdamW::step() {
-  StepBatch b = begin_step(2);
-  if (!b.params.empty()) {
-    backend::AdamWStep h;
-    h.lr = lr_;
-    h.beta1 = options_.beta1;
-    h.beta2 = options_.beta2;
-    h.eps = options_.eps;
-    h.weight_decay = options_.weight_decay;
-    fill_options(b, h.options);
-    backend::backend_for(params_[0].device())
-        .adamw_step(b.params, b.grads, b.states[0], b.states[1], b.steps, h);
-  }
-  end_step(b);
+void AdamW::run_group(size_t group, GroupStep& b) {
+  const AdamWOptions o = options(group);
+  backend::AdamWStep h;
+  h.lr = o.lr;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.weight_decay = o.weight_decay;
+  h.options = b.options;
+  backend::backend_for(b.params[0].device())
+      .adamw_step(b.params, b.grads, b.states[0], b.states[1], h);
 }
 
 }  // namespace mantissa::optim

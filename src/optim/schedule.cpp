@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "mantissa/core/error.h"
+#include "mantissa/optim/optimizer.h"
 
 namespace mantissa::optim {
 
@@ -76,22 +77,33 @@ std::string_view LRSchedule::name() const {
 }
 
 double LRSchedule::lr_at(int64_t step) const {
+  return lr_at(step, options_.lr);
+}
+
+double LRSchedule::lr_at(int64_t step, double base_lr) const {
   MT_CHECK(step >= 0, "a learning-rate schedule's step must be >= 0, got ", step);
+  MT_CHECK(std::isfinite(base_lr) && base_lr >= 0,
+           "a learning-rate schedule's base learning rate must be finite and >= 0, got ", base_lr);
   const ScheduleOptions& o = options_;
   switch (kind_) {
     case ScheduleKind::Constant:
-      return o.lr;
+      return base_lr;
     case ScheduleKind::Step:
-      return o.lr * std::pow(o.gamma, double(step / o.step_size));
+      return base_lr * std::pow(o.gamma, double(step / o.step_size));
     case ScheduleKind::Cosine: {
-      if (step < o.warmup_steps) return o.lr * double(step + 1) / double(o.warmup_steps);
+      if (step < o.warmup_steps) return base_lr * double(step + 1) / double(o.warmup_steps);
       if (step >= o.total_steps) return o.min_lr;
       const double progress =
           double(step - o.warmup_steps) / double(o.total_steps - o.warmup_steps);
-      return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+      return o.min_lr + (base_lr - o.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
     }
   }
-  return o.lr;
+  return base_lr;
+}
+
+void LRSchedule::apply(Optimizer& opt, int64_t step) const {
+  for (size_t g = 0; g < opt.num_groups(); ++g)
+    opt.set_lr(g, lr_at(step, opt.base_lr(g)));
 }
 
 }  // namespace mantissa::optim

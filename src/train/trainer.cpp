@@ -208,7 +208,7 @@ void Trainer::save(const std::string& path) const {
 }
 
 Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skipped) {
-  optimizer_->set_lr(schedule_->lr_at(state_.step));
+  schedule_->apply(*optimizer_, state_.step);
   optimizer_->zero_grad(true);
   amp::GradScaler& sc = scaler();
   const bool measure = config_.underflow_every > 0 && state_.step % config_.underflow_every == 0;
@@ -235,7 +235,9 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
     sc.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
     optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm);
   }
-  *skipped = sc.step(*optimizer_);
+  const amp::StepResult stepped = sc.step(*optimizer_);
+  // On a GPU the answer is read back with the losses (read_back), not here: no wait per step.
+  *skipped = !sc.on_device() && stepped.skipped();
   sc.update();
   ++state_.step;
   count_correct(logits, batch.y, correct);
@@ -365,8 +367,8 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       correct += read_count(pending_correct);
       pending_correct = Tensor();
       if (scaler().on_device()) {
-        // A GPU scaler decides the skip on the device (step() returns false): its counters are
-        // read back here, with the losses.
+        // A GPU scaler decides the skip on the device: its counters are read back here, with
+        // the losses.
         result.skipped_steps = scaler().skipped_steps() - skipped_before;
         last_skipped = scaler().found_inf();
       }

@@ -218,7 +218,7 @@ TEST(AmpGradients, Fp16GradientsAreUnscaledIntoFp32) {
   for (const auto& [name, p] : model->named_parameters())
     EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
   EXPECT_EQ(w.grad().flatten().narrow(0, 0, 1).item(), 0x1p-30);
-  EXPECT_FALSE(amp.scaler().step(*opt));
+  EXPECT_FALSE(amp.scaler().step(*opt).skipped());
   amp.scaler().update();
 }
 
@@ -238,7 +238,7 @@ TEST(AmpGradients, OverflowAtO2SkipsTheStepBitIdentically) {
       model->parameters()[2].grad().flatten().narrow(0, 3, 1).fill_(
           std::numeric_limits<double>::infinity());
     }
-    const bool skipped = amp.scaler().step(*opt);
+    const bool skipped = amp.scaler().step(*opt).skipped();
     amp.scaler().update();
     return skipped;
   };
@@ -249,7 +249,7 @@ TEST(AmpGradients, OverflowAtO2SkipsTheStepBitIdentically) {
       out.emplace_back(n, t.clone());
     return out;
   }();
-  const optim::StateDict opt_before = opt->state_dict();
+  const NamedTensors opt_before = opt->state_dict();
   const double scale = amp.scaler().get_scale();
   EXPECT_TRUE(step(true));
   // (Batch norm's running statistics do move: the forward pass ran, as in PyTorch.)
@@ -258,7 +258,7 @@ TEST(AmpGradients, OverflowAtO2SkipsTheStepBitIdentically) {
     EXPECT_TRUE(same_bits(params_before[i].second, params_after[i].second))
         << params_before[i].first;
   }
-  const optim::StateDict opt_after = opt->state_dict();
+  const NamedTensors opt_after = opt->state_dict();
   ASSERT_EQ(opt_before.size(), opt_after.size());
   for (size_t i = 0; i < opt_before.size(); ++i)
     EXPECT_TRUE(same_bits(opt_before[i].second, opt_after[i].second)) << opt_before[i].first;

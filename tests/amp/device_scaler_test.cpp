@@ -1,5 +1,5 @@
 // The pieces of the loss scaler's device path that run on the CPU too: the shared update rule
-// (amp::detail::next_scale_state) against an independent transcription of GradScaler's rule and
+// (amp::backend::next_scale_state) against an independent transcription of GradScaler's rule and
 // against GradScaler itself over long random overflow patterns, Backend::update_scale on a state
 // tensor, and the optimizer kernels' found_inf skip (a set flag leaves parameters, masters and
 // moments bit-identical; a clear one is a normal step).
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "amp/scale_update.h"
 #include "backend/backend.h"
+#include "backend/step_math.h"
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/core/error.h"
 #include "mantissa/optim/optimizer.h"
@@ -25,7 +25,7 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The dynamic rule written out on its own, as GradScaler::update() had it before the rule moved
-// into scale_update.h (std::max/min, std::isfinite): what next_scale_state must reproduce.
+// into step_math.h (std::max/min, std::isfinite): what next_scale_state must reproduce.
 struct Reference {
   double scale;
   int64_t growth = 0, hysteresis = 0, overflows = 0;
@@ -100,12 +100,12 @@ TEST(ScaleUpdateRule, MatchesTheHostRuleOverLongRandomPatterns) {
   for (const GradScalerOptions& o : option_sets()) {
     const std::vector<bool> found = pattern(17u + uint32_t(checked), 3000);
     Reference ref{double(float(o.init_scale))};
-    detail::ScaleState s{double(float(o.init_scale)), 0, 0, 0};
+    backend::ScaleState s{double(float(o.init_scale)), 0, 0, 0};
     bool grew = false, backed_off = false;
     for (size_t i = 0; i < found.size(); ++i) {
       const double before = s.scale;
       ref.update(found[i], o);
-      s = detail::next_scale_state(s, found[i], rule_of(o));
+      s = backend::next_scale_state(s, found[i], rule_of(o));
       ASSERT_EQ(s.scale, ref.scale) << "option set " << checked << ", update " << i;
       ASSERT_EQ(s.growth_tracker, ref.growth) << "update " << i;
       ASSERT_EQ(s.hysteresis_tracker, ref.hysteresis) << "update " << i;
@@ -124,23 +124,23 @@ TEST(ScaleUpdateRule, MatchesTheHostRuleOverLongRandomPatterns) {
 TEST(ScaleUpdateRule, ClampsAndFp32EdgeCases) {
   const backend::ScaleUpdate r{.growth_interval = 1, .min_scale = 3.0, .max_scale = 12.0};
   // Backoff below min_scale lands on it; an overflow there is counted, the scale stays.
-  detail::ScaleState s = detail::next_scale_state({4.0, 0, 0, 0}, true, r);
+  backend::ScaleState s = backend::next_scale_state({4.0, 0, 0, 0}, true, r);
   EXPECT_EQ(s.scale, 3.0);
   EXPECT_EQ(s.min_scale_overflows, 0);
-  s = detail::next_scale_state(s, true, r);
+  s = backend::next_scale_state(s, true, r);
   EXPECT_EQ(s.scale, 3.0);
   EXPECT_EQ(s.min_scale_overflows, 1);
   // Growth clamps at max_scale.
-  s = detail::next_scale_state({8.0, 0, 0, 0}, false, r);
+  s = backend::next_scale_state({8.0, 0, 0, 0}, false, r);
   EXPECT_EQ(s.scale, 12.0);
   // Growth that overflows fp32 is refused, and the tracker still resets.
   const backend::ScaleUpdate huge{.growth_interval = 1, .max_scale = 1e300};
-  s = detail::next_scale_state({double(float(2e38)), 0, 0, 0}, false, huge);
+  s = backend::next_scale_state({double(float(2e38)), 0, 0, 0}, false, huge);
   EXPECT_EQ(s.scale, double(float(2e38)));
   EXPECT_EQ(s.growth_tracker, 0);
   // The scale stays an fp32 value.
   const backend::ScaleUpdate odd{.backoff_factor = 0.1, .min_scale = 1e-30};
-  s = detail::next_scale_state({1.0, 0, 0, 0}, true, odd);
+  s = backend::next_scale_state({1.0, 0, 0, 0}, true, odd);
   EXPECT_EQ(s.scale, double(float(0.1)));
 }
 
@@ -217,10 +217,11 @@ Tensor copy_of(const Tensor& t) {
 }
 
 // Parameters of several dtypes (bf16 and f16 with fp32 masters), gradients, and state that is
-// already initialized (steps 2): every buffer a step could write.
+// already initialized (one update done, so this one is the second): every buffer a step could
+// write, the step counts included.
 struct StepRig {
   std::vector<Tensor> params, grads, masters, s0, s1;
-  std::vector<int64_t> steps;
+  Tensor counts = Tensor::from_vector(std::vector<int64_t>{1, 1, 1, 1}, Shape{4});
   std::vector<uint64_t> ids;
 
   StepRig() {
@@ -238,7 +239,6 @@ struct StepRig {
           Tensor::uniform(Shape{sizes[i]}, -0.1, 0.1, 300 + uint64_t(i)).to(sd).contiguous());
       s1.push_back(
           Tensor::uniform(Shape{sizes[i]}, 0.0, 0.1, 400 + uint64_t(i)).to(sd).contiguous());
-      steps.push_back(2);
       ids.push_back(uint64_t(i));
     }
   }
@@ -249,6 +249,7 @@ struct StepRig {
       for (Tensor& t : *v)
         if (t.defined()) t = copy_of(t);
     }
+    r.counts = copy_of(counts);
     return r;
   }
 
@@ -257,8 +258,8 @@ struct StepRig {
     o.masters = masters;
     o.store_rounding = RoundingMode::Stochastic;
     o.seed = 7;
-    o.offset = 3;
-    o.tensor_ids = ids;
+    o.ids = ids;
+    o.step_counts = &counts;
     o.found_inf = flag;
     return o;
   }
@@ -270,7 +271,7 @@ struct StepRig {
     h.dampening = 0.1;
     h.weight_decay = 0.01;
     h.options = options(flag);
-    backend::cpu_backend().sgd_step(params, grads, s0, steps, h);
+    backend::cpu_backend().sgd_step(params, grads, s0, h);
   }
 
   void adamw(const Tensor* flag) {
@@ -278,7 +279,7 @@ struct StepRig {
     h.lr = 0.01;
     h.weight_decay = 0.1;
     h.options = options(flag);
-    backend::cpu_backend().adamw_step(params, grads, s0, s1, steps, h);
+    backend::cpu_backend().adamw_step(params, grads, s0, s1, h);
   }
 
   std::vector<std::vector<unsigned char>> snapshot() const {
@@ -287,6 +288,7 @@ struct StepRig {
       for (const Tensor& t : *v)
         if (t.defined()) out.push_back(bytes_of(t));
     }
+    out.push_back(bytes_of(counts));
     return out;
   }
 };
@@ -311,6 +313,7 @@ TEST(FoundInfSkip, CpuStepsWithTheFlagClearAreNormalSteps) {
     adamw ? plain.adamw(nullptr) : plain.sgd(nullptr);
     EXPECT_NE(with_flag.snapshot(), before) << (adamw ? "adamw" : "sgd") << " did not step";
     EXPECT_EQ(with_flag.snapshot(), plain.snapshot()) << (adamw ? "adamw" : "sgd");
+    EXPECT_EQ(with_flag.counts.to_vector<int64_t>(), std::vector<int64_t>(4, 2));
   }
 }
 
@@ -319,11 +322,12 @@ TEST(FoundInfSkip, OptimizerSkipsOneStepAndKeepsValidState) {
   optim::AdamW opt({p}, {.lr = 0.1});
   p.set_grad(Tensor::from_vector(std::vector<double>{1.0, 2.0, -3.0}, Shape{3}));
   const std::vector<float> before = p.to_vector<float>();
-  // A skipped first update: nothing moves, the step still counts, the state is zeros.
+  // A skipped first update: nothing moves, nothing counts, the state is zeros.
   opt.skip_next_step_if(Tensor::scalar(1.0, DType::F32));
   opt.step();
   EXPECT_EQ(p.to_vector<float>(), before);
-  EXPECT_EQ(opt.step_count(), 1);
+  EXPECT_EQ(opt.step_count(), 0);
+  EXPECT_EQ(opt.updates(0), 0);
   for (const auto& [name, t] : opt.state_dict()) {
     if (name == "state.0.exp_avg" || name == "state.0.exp_avg_sq") {
       EXPECT_EQ(t.to_vector<float>(), std::vector<float>(3, 0.0f)) << name;
@@ -335,9 +339,63 @@ TEST(FoundInfSkip, OptimizerSkipsOneStepAndKeepsValidState) {
   EXPECT_NE(after, before);
   for (float v : after)
     EXPECT_TRUE(std::isfinite(v));
+  EXPECT_EQ(opt.updates(0), 1);
   // A flag must be one f32 element on the parameters' device.
   EXPECT_THROW(opt.skip_next_step_if(Tensor::zeros(Shape{2}, DType::F32)), Error);
   EXPECT_THROW(opt.skip_next_step_if(Tensor::scalar(0.0, DType::F64)), Error);
+}
+
+// The trap: AdamW counted a skipped step in its bias correction (1 - beta^t), so a run with an
+// overflow drifted from PyTorch, whose fused Adam does not advance its step counts on found_inf.
+// A skipped step followed by a real one must equal the real one alone, bit for bit, through the
+// optimizer and through GradScaler; and the scaler's answer comes back as a StepResult.
+TEST(FoundInfSkip, ASkippedStepIsNotCountedInAdamWsBiasCorrection) {
+  auto make = [] {
+    return Tensor::from_vector(std::vector<double>{0.5, -1.0, 2.0, 0.25}, Shape{4})
+        .set_requires_grad();
+  };
+  const Tensor g = Tensor::from_vector(std::vector<double>{1.0, 2.0, -3.0, 0.5}, Shape{4});
+  Tensor fresh = make(), skipped = make();
+  optim::AdamW a({fresh}, {.lr = 0.1, .weight_decay = 0.05});
+  optim::AdamW b({skipped}, {.lr = 0.1, .weight_decay = 0.05});
+  fresh.set_grad(g.clone());
+  a.step();
+  skipped.set_grad(g.clone());
+  b.skip_next_step_if(Tensor::scalar(1.0, DType::F32));
+  b.step();
+  b.step();
+  EXPECT_EQ(skipped.to_vector<float>(), fresh.to_vector<float>());
+  EXPECT_EQ(b.updates(0), a.updates(0));
+
+  // Through the scaler: an overflowing iteration, then a clean one; against a clean one alone
+  // at the backed-off scale.
+  Tensor p = make(), q = make();
+  optim::AdamW opt_p({p}, {.lr = 0.1}), opt_q({q}, {.lr = 0.1});
+  GradScaler sp({.init_scale = 8.0}), sq({.init_scale = 4.0});
+  p.set_grad(Tensor::from_vector(std::vector<double>{kInf, 0, 0, 0}, Shape{4}));
+  const StepResult first = sp.step(opt_p);
+  sp.update();
+  EXPECT_TRUE(first.skipped());
+  ASSERT_TRUE(first.found_inf().defined());
+  EXPECT_EQ(first.found_inf().device(), Device::cpu());
+  EXPECT_EQ(sp.get_scale(), 4.0);
+  p.set_grad(mul(g, 4.0));
+  q.set_grad(mul(g, 4.0));
+  const StepResult second = sp.step(opt_p);
+  sp.update();
+  EXPECT_FALSE(second.skipped());
+  EXPECT_TRUE(first.skipped()) << "an earlier result keeps its own answer";
+  EXPECT_FALSE(sq.step(opt_q).skipped());
+  sq.update();
+  EXPECT_EQ(p.to_vector<float>(), q.to_vector<float>());
+  EXPECT_EQ(opt_p.updates(0), 1);
+  EXPECT_EQ(opt_p.step_count(), 1) << "the skipped step is not counted";
+  EXPECT_EQ(sp.skipped_steps(), 1);
+  // A disabled scaler never skips and has no flag.
+  GradScaler off({.mode = ScaleMode::Disabled});
+  const StepResult r = off.step(opt_q);
+  EXPECT_FALSE(r.skipped());
+  EXPECT_FALSE(r.found_inf().defined());
 }
 
 }  // namespace

@@ -134,7 +134,7 @@ struct Rig {
   bool iterate(GradScaler& s, bool overflow) {
     const double S = s.get_scale();
     p.set_grad(Tensor::from_vector(std::vector<double>{0.5 * S, overflow ? kInf : -S}, Shape{2}));
-    const bool skipped = s.step(opt);
+    const bool skipped = s.step(opt).skipped();
     s.update();
     return skipped;
   }
@@ -279,7 +279,7 @@ TEST(GradScaler, DisabledModeIsPlainTraining) {
   const int64_t calls = backend::cpu::unscale_calls();
   s.unscale_(r.opt);
   s.unscale_(r.opt);  // no-op, no error
-  EXPECT_FALSE(s.step(r.opt));
+  EXPECT_FALSE(s.step(r.opt).skipped());
   s.update();
   EXPECT_EQ(backend::cpu::unscale_calls(), calls);
   EXPECT_EQ(r.p.to_vector<float>(), (std::vector<float>{0.875f, -2.25f}));
@@ -320,19 +320,19 @@ TEST(GradScaler, UnscaleThenClipActsOnTrueGradients) {
   r.p.set_grad(Tensor::from_vector(std::vector<double>{3.0 * 4096, 4.0 * 4096}, Shape{2}));
   s.unscale_(r.opt);
   EXPECT_EQ(r.p.grad().to_vector<float>(), (std::vector<float>{3.0f, 4.0f}));
-  EXPECT_NEAR(optim::clip_grad_norm({r.p}, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(optim::clip_grad_norm({r.p}, 1.0).item(), 5.0, 1e-6);
   const std::vector<float> g = r.p.grad().to_vector<float>();
   EXPECT_NEAR(g[0], 0.6, 1e-6);
   EXPECT_NEAR(g[1], 0.8, 1e-6);
   const int64_t calls = backend::cpu::unscale_calls();
-  EXPECT_FALSE(s.step(r.opt));  // no second unscale
+  EXPECT_FALSE(s.step(r.opt).skipped());  // no second unscale
   EXPECT_EQ(backend::cpu::unscale_calls(), calls);
   s.update();
   // Clipping an overflowing gradient cannot hide it: unscale_ recorded it.
   r.p.set_grad(Tensor::from_vector(std::vector<double>{kInf, 1.0}, Shape{2}));
   s.unscale_(r.opt);
   optim::clip_grad_norm({r.p}, 1.0);
-  EXPECT_TRUE(s.step(r.opt));
+  EXPECT_TRUE(s.step(r.opt).skipped());
 }
 
 TEST(GradScaler, SeveralOptimizersKeepTheirOwnFlagsCombinedAtUpdate) {
@@ -341,8 +341,8 @@ TEST(GradScaler, SeveralOptimizersKeepTheirOwnFlagsCombinedAtUpdate) {
   a.p.set_grad(Tensor::from_vector(std::vector<double>{kNaN, 1.0}, Shape{2}));
   b.p.set_grad(Tensor::from_vector(std::vector<double>{256.0, 512.0}, Shape{2}));
   const std::vector<float> a_before = a.p.to_vector<float>();
-  EXPECT_TRUE(s.step(a.opt));
-  EXPECT_FALSE(s.step(b.opt));  // b's own gradients are finite: it steps (PyTorch)
+  EXPECT_TRUE(s.step(a.opt).skipped());
+  EXPECT_FALSE(s.step(b.opt).skipped());  // b's own gradients are finite: it steps (PyTorch)
   EXPECT_EQ(a.p.to_vector<float>(), a_before);
   EXPECT_EQ(b.p.to_vector<float>(), (std::vector<float>{0.875f, -2.25f}));
   EXPECT_TRUE(s.found_inf());
@@ -352,8 +352,8 @@ TEST(GradScaler, SeveralOptimizersKeepTheirOwnFlagsCombinedAtUpdate) {
   for (int i = 0; i < 2; ++i) {
     a.p.set_grad(Tensor::ones(Shape{2}));
     b.p.set_grad(Tensor::ones(Shape{2}));
-    EXPECT_FALSE(s.step(a.opt));
-    EXPECT_FALSE(s.step(b.opt));
+    EXPECT_FALSE(s.step(a.opt).skipped());
+    EXPECT_FALSE(s.step(b.opt).skipped());
     s.update();
   }
   EXPECT_EQ(s.get_scale(), 256.0);
@@ -370,7 +370,7 @@ TEST(GradScaler, SeveralLossesAndAccumulationShareOneScale) {
     s.scale(sum(w)).backward();          // grad 1
   }
   EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{10.0f * 1024, -2.0f * 1024}));
-  EXPECT_FALSE(s.step(opt));
+  EXPECT_FALSE(s.step(opt).skipped());
   EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{10.0f, -2.0f}));
   EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{-3.0f, 0.0f}));
   s.update();
@@ -388,7 +388,7 @@ TEST(GradScaler, OneFusedUnscalePerOptimizerWhateverItsParameters) {
   c.set_grad(Tensor::full(Shape{40000}, 64.0, DType::F16));
   GradScaler s({.init_scale = 64.0});
   const int64_t calls = backend::cpu::unscale_calls();
-  EXPECT_FALSE(s.step(opt));
+  EXPECT_FALSE(s.step(opt).skipped());
   EXPECT_EQ(backend::cpu::unscale_calls(), calls + 1);
   EXPECT_EQ(b.grad().to_vector<float>()[5], 1.0f);
   EXPECT_EQ(c.grad().to_vector<float>()[39999], 1.0f);
@@ -406,14 +406,14 @@ TEST(GradScaler, StateDictRoundTripsThroughACheckpoint) {
     r.iterate(s, overflow);
   const auto path = std::filesystem::temp_directory_path() /
                     ("mantissa_scaler_" + std::to_string(getpid()) + ".safetensors");
-  optim::StateDict dict = s.state_dict();
+  NamedTensors dict = s.state_dict();
   std::vector<std::pair<std::string, Tensor>> named;
   for (const auto& [k, t] : dict)
     named.emplace_back("scaler." + k, t);
   save_safetensors(path.string(), named);
   SafetensorsFile file = load_safetensors(path.string());
   std::filesystem::remove(path);
-  optim::StateDict back;
+  NamedTensors back;
   for (const auto& [k, t] : file.tensors)
     back.emplace_back(k.substr(7), t);
 
@@ -439,18 +439,18 @@ TEST(GradScaler, StateDictRoundTripsThroughACheckpoint) {
 
 TEST(GradScaler, LoadStateDictIsStrictAndAtomic) {
   GradScaler s({.init_scale = 512.0});
-  const optim::StateDict good = s.state_dict();
+  const NamedTensors good = s.state_dict();
   GradScaler t({.init_scale = 8.0});
   EXPECT_THROW(t.load_state_dict({}), Error);
-  optim::StateDict missing(good.begin() + 1, good.end());
+  NamedTensors missing(good.begin() + 1, good.end());
   EXPECT_THROW(t.load_state_dict(missing), Error);
-  optim::StateDict extra = good;
+  NamedTensors extra = good;
   extra.emplace_back("bogus", Tensor::scalar(1.0, DType::F64));
   EXPECT_THROW(t.load_state_dict(extra), Error);
-  optim::StateDict wrong_dtype = good;
+  NamedTensors wrong_dtype = good;
   wrong_dtype[0].second = Tensor::scalar(512.0, DType::F32);
   EXPECT_THROW(t.load_state_dict(wrong_dtype), Error);
-  optim::StateDict bad_scale = good;
+  NamedTensors bad_scale = good;
   bad_scale[0].second = Tensor::scalar(-1.0, DType::F64);
   EXPECT_THROW(t.load_state_dict(bad_scale), Error);
   EXPECT_EQ(t.get_scale(), 8.0);  // nothing changed
@@ -479,15 +479,15 @@ void train_with_fault(optim::Optimizer& opt, Regression& m, double poison, int s
     s.scale(mean(square(sub(matmul(m.x, m.w), m.y)))).backward();
     if (i == k) static_cast<float*>(m.w.grad().data_ptr())[2] = float(poison);
     const std::vector<unsigned char> w_before = bytes_of(m.w);
-    const optim::StateDict state_before = opt.state_dict();
+    const NamedTensors state_before = opt.state_dict();
     const double scale_before = s.get_scale();
-    const bool was_skipped = s.step(opt);
+    const bool was_skipped = s.step(opt).skipped();
     s.update();
     EXPECT_EQ(was_skipped, i == k) << "step " << i;
     if (was_skipped) {
       ++skipped;
       EXPECT_EQ(bytes_of(m.w), w_before);
-      const optim::StateDict state_after = opt.state_dict();
+      const NamedTensors state_after = opt.state_dict();
       ASSERT_EQ(state_after.size(), state_before.size());
       for (size_t j = 0; j < state_after.size(); ++j) {
         EXPECT_EQ(state_after[j].first, state_before[j].first);
@@ -560,8 +560,8 @@ TEST(GoldenTrajectory, MatchesTorchAmpGradScaler) {
     a.set_grad(Tensor::from_vector(ga, Shape{5}));
     b.set_grad(Tensor::from_vector(gb, Shape{3}));
     if (st["unscale_first"].get<bool>()) s.unscale_(opt_a);
-    EXPECT_EQ(s.step(opt_a), st["skipped_a"].get<bool>());
-    EXPECT_EQ(s.step(opt_b), st["skipped_b"].get<bool>());
+    EXPECT_EQ(s.step(opt_a).skipped(), st["skipped_a"].get<bool>());
+    EXPECT_EQ(s.step(opt_b).skipped(), st["skipped_b"].get<bool>());
     EXPECT_EQ(s.found_inf(), st["found_inf"].get<bool>());
     if (st["new_scale"].is_null()) {
       s.update();

@@ -44,7 +44,7 @@ Tensor copy_to(const Tensor& t, Device device) {
 struct StepRig {
   Device device;
   std::vector<Tensor> params, grads, masters, s0, s1;
-  std::vector<int64_t> steps;
+  Tensor counts;  // I64 on the device: every id's row (ids skip rows on purpose)
   std::vector<uint64_t> ids;
 
   explicit StepRig(Device d) : device(d) {
@@ -60,9 +60,9 @@ struct StepRig {
       const DType sd = dt == DType::F64 ? DType::F64 : DType::F32;
       s0.push_back(Tensor::empty(Shape{sizes[i]}, sd, d));  // written by the first step
       s1.push_back(Tensor::empty(Shape{sizes[i]}, sd, d));
-      steps.push_back(0);
       ids.push_back(uint64_t(3 * i + 1));
     }
+    counts = Tensor::zeros(Shape{18}, DType::I64, d);
   }
 
   // Fresh gradients for step k (the same on every device), in mixed dtypes.
@@ -73,8 +73,6 @@ struct StepRig {
       const Tensor g = Tensor::uniform(params[i].shape(), -0.5, 0.5, 1000 * uint64_t(k) + i).to(gd);
       grads.push_back(copy_to(g, device));
     }
-    for (int64_t& s : steps)
-      ++s;
   }
 
   backend::MultiTensorOptions options(const Tensor* flag, uint64_t offset) {
@@ -82,8 +80,9 @@ struct StepRig {
     o.masters = masters;
     o.store_rounding = RoundingMode::Stochastic;
     o.seed = 42;
-    o.offset = offset;
-    o.tensor_ids = ids;
+    (void)offset;  // the stochastic bits follow each tensor's step count now
+    o.ids = ids;
+    o.step_counts = &counts;
     o.found_inf = flag;
     return o;
   }
@@ -95,7 +94,7 @@ struct StepRig {
     h.dampening = 0.1;
     h.weight_decay = 0.01;
     h.options = options(flag, offset);
-    backend::backend_for(device).sgd_step(params, grads, s0, steps, h);
+    backend::backend_for(device).sgd_step(params, grads, s0, h);
   }
   void nesterov(const Tensor* flag, uint64_t offset) {
     backend::SgdStep h;
@@ -104,7 +103,7 @@ struct StepRig {
     h.weight_decay = 0.1;
     h.nesterov = true;
     h.options = options(flag, offset);
-    backend::backend_for(device).sgd_step(params, grads, s0, steps, h);
+    backend::backend_for(device).sgd_step(params, grads, s0, h);
   }
   void adamw(const Tensor* flag, uint64_t offset) {
     backend::AdamWStep h;
@@ -112,7 +111,7 @@ struct StepRig {
     h.beta1 = 0.8;
     h.weight_decay = 0.1;
     h.options = options(flag, offset);
-    backend::backend_for(device).adamw_step(params, grads, s0, s1, steps, h);
+    backend::backend_for(device).adamw_step(params, grads, s0, s1, h);
   }
   // beta1 = 0.3: torch.lerp's other formula (weight >= 0.5).
   void adamw_high_weight(const Tensor* flag, uint64_t offset) {
@@ -122,7 +121,7 @@ struct StepRig {
     h.beta2 = 0.99;
     h.eps = 1e-6;
     h.options = options(flag, offset);
-    backend::backend_for(device).adamw_step(params, grads, s0, s1, steps, h);
+    backend::backend_for(device).adamw_step(params, grads, s0, s1, h);
   }
 
   void run(int which, const Tensor* flag, uint64_t offset) {
@@ -149,6 +148,7 @@ struct StepRig {
       for (const Tensor& t : s1)
         out.push_back(bytes_of(t));
     }
+    out.push_back(bytes_of(counts));
     return out;
   }
 };
@@ -298,14 +298,16 @@ TEST(CudaMultiTensor, ScaleMatchesTheCpuBitForBit) {
   MT_REQUIRE_CUDA();
   std::vector<Tensor> c = scaled_grads(4, 5.0, 0, Device::cpu());
   std::vector<Tensor> g = scaled_grads(4, 5.0, 0, Device::cuda());
-  backend::cpu_backend().multi_tensor_scale(c, 0.3);
-  backend::backend_for(Device::cuda()).multi_tensor_scale(g, 0.3);
+  backend::cpu_backend().multi_tensor_scale(c, Tensor::scalar(0.3, DType::F64));
+  backend::backend_for(Device::cuda())
+      .multi_tensor_scale(g, Tensor::scalar(0.3, DType::F64, Device::cuda()));
   for (size_t i = 0; i < c.size(); ++i)
     EXPECT_EQ(bytes_of(g[i]), bytes_of(c[i])) << "tensor " << i;
 }
 
-// GradScaler with its state on the GPU follows the CPU scaler: the same scales, trackers and
-// skipped steps, and (SGD without momentum: no step-count dependence) the same weights.
+// GradScaler with its state on the GPU follows the CPU scaler: the same scales, trackers,
+// skipped steps, step results and weights; with AdamW too (whose bias correction reads the
+// device's step counts, which a skipped step leaves alone).
 TEST(CudaMultiTensor, GradScalerOnTheGpuFollowsTheCpuScaler) {
   MT_REQUIRE_CUDA();
   const amp::GradScalerOptions o{.init_scale = 1024.0, .growth_interval = 2, .hysteresis = 2};
@@ -315,6 +317,9 @@ TEST(CudaMultiTensor, GradScalerOnTheGpuFollowsTheCpuScaler) {
   optim::SGD oc({pc}, {.lr = 0.1}), og({pg}, {.lr = 0.1});
   oc.set_master_weights(true);
   og.set_master_weights(true);
+  Tensor qc = Tensor::uniform(Shape{300}, -1.0, 1.0, 19).set_requires_grad();
+  Tensor qg = copy_to(qc.detach(), Device::cuda()).set_requires_grad();
+  optim::AdamW ac({qc}, {.lr = 0.01}), ag({qg}, {.lr = 0.01});
   std::mt19937 rng(11);
   int skipped = 0;
   for (int k = 0; k < 60; ++k) {
@@ -332,10 +337,16 @@ TEST(CudaMultiTensor, GradScalerOnTheGpuFollowsTheCpuScaler) {
     const Tensor grad = Tensor::from_vector(g, Shape{300}, DType::BF16);
     pc.set_grad(copy_to(grad, Device::cpu()));
     pg.set_grad(copy_to(grad, Device::cuda()));
-    EXPECT_EQ(sc.step(oc), bad);
-    sg.step(og);  // decided on the device: false, whatever happened
+    qc.set_grad(copy_to(grad.to(DType::F32), Device::cpu()));
+    qg.set_grad(copy_to(grad.to(DType::F32), Device::cuda()));
+    EXPECT_EQ(sc.step(oc).skipped(), bad);
+    const amp::StepResult rg = sg.step(og);  // decided on the device, read when asked
+    EXPECT_EQ(sc.step(ac).skipped(), bad);
+    sg.step(ag);
     sc.update();
     sg.update();
+    EXPECT_EQ(rg.found_inf().device(), Device::cuda());
+    EXPECT_EQ(rg.skipped(), bad);
     EXPECT_TRUE(sg.on_device());
     EXPECT_EQ(sg.found_inf(), bad);
     ASSERT_EQ(sg.get_scale(), sc.get_scale());
@@ -343,11 +354,14 @@ TEST(CudaMultiTensor, GradScalerOnTheGpuFollowsTheCpuScaler) {
     EXPECT_EQ(sg.hysteresis_tracker(), sc.hysteresis_tracker());
     EXPECT_EQ(bytes_of(pg), bytes_of(pc));
     EXPECT_EQ(bytes_of(og.master(0)), bytes_of(oc.master(0)));
+    EXPECT_EQ(bytes_of(qg), bytes_of(qc));
+    EXPECT_EQ(ag.updates(0), ac.updates(0));
   }
-  EXPECT_EQ(sg.skipped_steps(), skipped);
-  EXPECT_EQ(sc.skipped_steps(), skipped);
+  EXPECT_EQ(ag.updates(0), 60 - skipped);
+  EXPECT_EQ(sg.skipped_steps(), 2 * skipped);
+  EXPECT_EQ(sc.skipped_steps(), 2 * skipped);
   // The state dict reads the device state back.
-  const optim::StateDict a = sc.state_dict(), b = sg.state_dict();
+  const NamedTensors a = sc.state_dict(), b = sg.state_dict();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_EQ(b[i].second.item(), a[i].second.item()) << a[i].first;

@@ -256,7 +256,7 @@ TEST(MasterStateDict, MastersAreSavedAndResumeBitIdentically) {
       resumed->step();
     }
   }
-  const StateDict saved = resumed->state_dict();
+  const NamedTensors saved = resumed->state_dict();
   bool has_master = false;
   for (const auto& [key, t] : saved) {
     if (key == "master.0") {

@@ -15,6 +15,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "harness/op_harness.h"
+#include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/error.h"
 #include "mantissa/io/safetensors.h"
@@ -332,7 +333,7 @@ TEST(HalfParams, SubUlpUpdatesRoundAwayButTheFp32StateKeepsThem) {
   }
   for (double x : p.to_vector<double>())
     EXPECT_EQ(x, 1.0);
-  const StateDict sd = opt.state_dict();
+  const NamedTensors sd = opt.state_dict();
   EXPECT_EQ(sd[3].first, "state.0.momentum_buffer");
   EXPECT_EQ(sd[3].second.dtype(), DType::F32);
   EXPECT_FLOAT_EQ(float(sd[3].second.to_vector<double>()[0]), 1.875f);  // 1 + .5 + .25 + .125
@@ -456,9 +457,9 @@ TEST(Threads, ResultsDoNotDependOnTheThreadCount) {
     for (int k = 0; k < 3; ++k) {
       set_grads(s, ps, k, 3.0);
       set_grads(s, qs, k, 3.0);
-      norms.push_back(clip_grad_norm(ps, 100.0));
-      norms.push_back(grad_norm(qs, INFINITY));
-      norms.push_back(grad_norm(qs, 1.0));
+      norms.push_back(clip_grad_norm(ps, 100.0).item());
+      norms.push_back(grad_norm(qs, INFINITY).item());
+      norms.push_back(grad_norm(qs, 1.0).item());
       adamw.step();
       sgd.step();
     }
@@ -548,7 +549,7 @@ void expect_resume_bit_identical(const Case& s, const Options& options) {
        ("mantissa_optim_" + std::to_string(::getpid()) + "_" +
         ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".safetensors"))
           .string();
-  StateDict sd = b.state_dict();
+  NamedTensors sd = b.state_dict();
   for (size_t i = 0; i < first.size(); ++i)
     sd.emplace_back("param." + std::to_string(i), first[i]);
   save_safetensors(path, sd);
@@ -556,7 +557,7 @@ void expect_resume_bit_identical(const Case& s, const Options& options) {
   std::filesystem::remove(path);
 
   std::vector<Tensor> resumed;
-  StateDict opt_state;
+  NamedTensors opt_state;
   for (const auto& [key, t] : file.tensors) {
     if (key.starts_with("param.")) {
       resumed.push_back(t.clone().set_requires_grad());
@@ -574,7 +575,7 @@ void expect_resume_bit_identical(const Case& s, const Options& options) {
   }
   EXPECT_EQ(c.step_count(), 6);
   EXPECT_TRUE(bytes_of(resumed) == bytes_of(straight));
-  const StateDict sa = a.state_dict(), sc = c.state_dict();
+  const NamedTensors sa = a.state_dict(), sc = c.state_dict();
   ASSERT_EQ(sa.size(), sc.size());
   for (size_t i = 0; i < sa.size(); ++i) {
     EXPECT_EQ(sa[i].first, sc[i].first);
@@ -586,23 +587,23 @@ const Case kResume{{{8, 6}, {6}, {20}, {3}},
                    {DType::F32, DType::F32, DType::BF16, DType::F64},
                    /*skip_some=*/true};
 
-TEST(StateDict, AdamWResumesBitIdentically) {
+TEST(NamedTensors, AdamWResumesBitIdentically) {
   expect_resume_bit_identical<AdamW>(kResume, AdamWOptions{.lr = 0.01});
 }
 
-TEST(StateDict, SGDResumesBitIdentically) {
+TEST(NamedTensors, SGDResumesBitIdentically) {
   expect_resume_bit_identical<SGD>(kResume,
                                    SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
 }
 
-TEST(StateDict, NamesAndContents) {
+TEST(NamedTensors, NamesAndContents) {
   std::vector<Tensor> ps = make_params(kF32);
   AdamW opt(ps, {.lr = 0.01});
   set_grads(kF32, ps, 0);
   ps[2].set_grad(Tensor());
   opt.step();
   opt.set_lr(0.004);
-  StateDict sd = opt.state_dict();
+  NamedTensors sd = opt.state_dict();
   std::vector<std::string> names;
   for (const auto& [key, t] : sd)
     names.push_back(key);
@@ -641,14 +642,14 @@ std::string error_of(F f) {
   return "";
 }
 
-TEST(StateDict, LoadIsStrictAndNamesTheKey) {
+TEST(NamedTensors, LoadIsStrictAndNamesTheKey) {
   std::vector<Tensor> ps = make_params(kF32);
   AdamW opt(ps, {.lr = 0.01});
   set_grads(kF32, ps, 0);
   opt.step();
-  const StateDict good = opt.state_dict();
+  const NamedTensors good = opt.state_dict();
   auto with = [&](const std::string& key, const Tensor& t) {
-    StateDict d = good;
+    NamedTensors d = good;
     for (auto& [k, v] : d) {
       if (k == key) {
         v = t;
@@ -659,13 +660,13 @@ TEST(StateDict, LoadIsStrictAndNamesTheKey) {
     return d;
   };
   auto without = [&](const std::string& key) {
-    StateDict d;
+    NamedTensors d;
     for (const auto& kv : good) {
       if (kv.first != key) d.push_back(kv);
     }
     return d;
   };
-  auto fails_naming = [&](const StateDict& d, const std::string& needle) {
+  auto fails_naming = [&](const NamedTensors& d, const std::string& needle) {
     AdamW fresh(make_params(kF32), {});
     const std::string msg = error_of([&] { fresh.load_state_dict(d); });
     EXPECT_NE(msg.find(needle), std::string::npos) << "message: '" << msg << "'";
@@ -682,7 +683,7 @@ TEST(StateDict, LoadIsStrictAndNamesTheKey) {
   fails_naming(without("step"), "'step'");
   fails_naming(without("lr"), "'lr'");
   fails_naming(without("state.1.exp_avg_sq"), "'state.1.exp_avg_sq'");
-  StateDict twice = good;
+  NamedTensors twice = good;
   twice.push_back(good[3]);
   fails_naming(twice, "'state.0.exp_avg'");
 
@@ -699,25 +700,25 @@ TEST(Clip, NormValuesAndScaling) {
   a.set_grad(Tensor::from_vector(std::vector<double>{3, -4}, {2}));
   b.set_grad(Tensor::from_vector(std::vector<double>{12}, {1}, DType::F64));
   const std::vector<Tensor> ps = {a, b, c};  // c has no gradient
-  EXPECT_DOUBLE_EQ(grad_norm(ps), 13.0);
-  EXPECT_DOUBLE_EQ(grad_norm(ps, 1.0), 19.0);
-  EXPECT_DOUBLE_EQ(grad_norm(ps, INFINITY), 12.0);
-  EXPECT_NEAR(grad_norm(ps, 3.0), std::cbrt(27.0 + 64.0 + 1728.0), 1e-5);
+  EXPECT_DOUBLE_EQ(grad_norm(ps).item(), 13.0);
+  EXPECT_DOUBLE_EQ(grad_norm(ps, 1.0).item(), 19.0);
+  EXPECT_DOUBLE_EQ(grad_norm(ps, INFINITY).item(), 12.0);
+  EXPECT_NEAR(grad_norm(ps, 3.0).item(), std::cbrt(27.0 + 64.0 + 1728.0), 1e-5);
   // Below the threshold: untouched, bit for bit.
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 20.0), 13.0);
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 20.0).item(), 13.0);
   EXPECT_EQ(a.grad().to_vector<double>(), (Vec{3, -4}));
   // Above: scaled by max_norm / (norm + 1e-6), each gradient rounded once into its dtype.
   const uint32_t version = a.grad().version();
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 6.5), 13.0);
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 6.5).item(), 13.0);
   const double coef = 6.5 / (13.0 + 1e-6);
   EXPECT_EQ(a.grad().to_vector<double>(),
             (Vec{double(3.0f * float(coef)), double(-4.0f * float(coef))}));
   EXPECT_EQ(b.grad().to_vector<double>()[0], 12.0 * coef);
   EXPECT_GT(a.grad().version(), version);
-  EXPECT_NEAR(grad_norm(ps), 6.5, 1e-5);
+  EXPECT_NEAR(grad_norm(ps).item(), 6.5, 1e-5);
   // The inf norm clips too.
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 1.0, INFINITY), 12.0 * coef);
-  EXPECT_NEAR(grad_norm(ps, INFINITY), 1.0, 1e-6);
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 1.0, INFINITY).item(), 12.0 * coef);
+  EXPECT_NEAR(grad_norm(ps, INFINITY).item(), 1.0, 1e-6);
 }
 
 TEST(Clip, LargeMixedDtypeGradientsAgainstFloat64) {
@@ -732,28 +733,28 @@ TEST(Clip, LargeMixedDtypeGradientsAgainstFloat64) {
       mx = std::max(mx, std::abs(x));
     }
   }
-  EXPECT_NEAR(grad_norm(ps), std::sqrt(sq), 1e-6 * std::sqrt(sq));
-  EXPECT_NEAR(grad_norm(ps, 1.0), l1, 1e-6 * l1);
-  EXPECT_EQ(grad_norm(ps, INFINITY), mx);
+  EXPECT_NEAR(grad_norm(ps).item(), std::sqrt(sq), 1e-6 * std::sqrt(sq));
+  EXPECT_NEAR(grad_norm(ps, 1.0).item(), l1, 1e-6 * l1);
+  EXPECT_EQ(grad_norm(ps, INFINITY).item(), mx);
   const int64_t calls = backend::cpu::multi_tensor_calls();
-  const double total = clip_grad_norm(ps, 1.0);
+  const double total = clip_grad_norm(ps, 1.0).item();
   EXPECT_EQ(backend::cpu::multi_tensor_calls() - calls, 2);  // one norm pass, one scale pass
   EXPECT_NEAR(total, std::sqrt(sq), 1e-6 * std::sqrt(sq));
-  EXPECT_NEAR(grad_norm(ps), 1.0, 4e-3);  // half gradients round after scaling
+  EXPECT_NEAR(grad_norm(ps).item(), 1.0, 4e-3);  // half gradients round after scaling
 }
 
 TEST(Clip, EdgeCases) {
   Tensor a = Tensor::zeros({3});
-  EXPECT_EQ(grad_norm({a}), 0.0);  // no gradients
-  EXPECT_EQ(clip_grad_norm({a}, 1.0), 0.0);
+  EXPECT_EQ(grad_norm({a}).item(), 0.0);  // no gradients
+  EXPECT_EQ(clip_grad_norm({a}, 1.0).item(), 0.0);
   a.set_grad(Tensor::from_vector(std::vector<double>{1, NAN, 2}, {3}));
-  EXPECT_TRUE(std::isnan(grad_norm({a})));
-  EXPECT_TRUE(std::isnan(grad_norm({a}, INFINITY)));
-  EXPECT_THROW(grad_norm({a}, 0.0), Error);
-  EXPECT_THROW(grad_norm({a}, -2.0), Error);
-  EXPECT_THROW(clip_grad_norm({a}, -1.0), Error);
+  EXPECT_TRUE(std::isnan(grad_norm({a}).item()));
+  EXPECT_TRUE(std::isnan(grad_norm({a}, INFINITY).item()));
+  EXPECT_THROW(grad_norm({a}, 0.0).item(), Error);
+  EXPECT_THROW(grad_norm({a}, -2.0).item(), Error);
+  EXPECT_THROW(clip_grad_norm({a}, -1.0).item(), Error);
   // A non-finite norm scales as PyTorch does (NaN here): the loss scaler must catch it first.
-  clip_grad_norm({a}, 1.0);
+  clip_grad_norm({a}, 1.0).item();
   EXPECT_TRUE(std::isnan(a.grad().to_vector<double>()[0]));
 }
 
@@ -827,6 +828,187 @@ TEST(Schedule, DrivesAnOptimizer) {
     opt.step();
   }
   EXPECT_EQ(seen, (std::vector<double>{0.1, 0.1, 0.05, 0.05, 0.025}));
+}
+
+// ---- parameter groups
+// ----------------------------------------------------------------------------
+
+// Two groups with their own lr, weight decay and betas are exactly two optimizers, one per group,
+// in one call per group; the state dict numbers the parameters across the groups.
+TEST(ParamGroups, EachGroupStepsWithItsOwnHyperparameters) {
+  const Case s{{{20, 10}, {10}, {5, 3}, {7}}, {DType::F32, DType::F32, DType::BF16, DType::F32}};
+  std::vector<Tensor> grouped = make_params(s), alone = make_params(s);
+  AdamW opt(
+      {ParamGroup{
+           .params = {grouped[0], grouped[2]}, .options = {.weight_decay = 0.1}, .name = "decay"},
+       ParamGroup{.params = {grouped[1], grouped[3]},
+                  .options = {.lr = 0.003, .weight_decay = 0.0, .beta2 = 0.95},
+                  .name = "no_decay"}},
+      {.lr = 0.01, .weight_decay = 0.5});
+  AdamW a({alone[0], alone[2]}, {.lr = 0.01, .weight_decay = 0.1});
+  AdamW b({alone[1], alone[3]}, {.lr = 0.003, .beta2 = 0.95, .weight_decay = 0.0});
+  ASSERT_EQ(opt.num_groups(), 2u);
+  EXPECT_EQ(opt.group_name(1), "no_decay");
+  EXPECT_EQ(opt.lr(1), 0.003);
+  EXPECT_EQ(opt.options(0).weight_decay, 0.1);
+  EXPECT_EQ(opt.options(1).beta2, 0.95);
+  EXPECT_EQ(opt.options(1).beta1, 0.9) << "unset: the optimizer's";
+  for (int k = 0; k < 4; ++k) {
+    set_grads(s, grouped, k);
+    set_grads(s, alone, k);
+    const int64_t calls = backend::cpu::multi_tensor_calls();
+    opt.step();
+    EXPECT_EQ(backend::cpu::multi_tensor_calls() - calls, 2) << "one fused call per group";
+    a.step();
+    b.step();
+  }
+  for (size_t i = 0; i < grouped.size(); ++i)
+    EXPECT_EQ(bytes_of({grouped[i]}), bytes_of({alone[i]})) << "parameter " << i;
+  // Parameters are numbered as given: group 0's, then group 1's.
+  EXPECT_EQ(opt.params()[1].data_ptr(), grouped[2].data_ptr());
+  const NamedTensors sd = opt.state_dict();
+  auto find = [&](const std::string& key) {
+    for (const auto& [k, t] : sd)
+      if (k == key) return t;
+    return Tensor();
+  };
+  EXPECT_EQ(find("group.1.lr").item(), 0.003);
+  EXPECT_EQ(find("state.3.exp_avg").shape(), grouped[3].shape());
+  // And it resumes: a fresh grouped optimizer loaded from the dict continues identically.
+  std::vector<Tensor> again = make_params(s);
+  {
+    NoGrad ng;
+    for (size_t i = 0; i < again.size(); ++i)
+      again[i].copy_(grouped[i]);
+  }
+  AdamW resumed({ParamGroup{.params = {again[0], again[2]}, .options = {.weight_decay = 0.1}},
+                 ParamGroup{.params = {again[1], again[3]},
+                            .options = {.lr = 0.003, .weight_decay = 0.0, .beta2 = 0.95}}},
+                {.lr = 0.01});
+  resumed.load_state_dict(sd);
+  set_grads(s, grouped, 9);
+  set_grads(s, again, 9);
+  opt.step();
+  resumed.step();
+  for (size_t i = 0; i < grouped.size(); ++i)
+    EXPECT_EQ(bytes_of({grouped[i]}), bytes_of({again[i]})) << "parameter " << i;
+}
+
+TEST(ParamGroups, SgdGroupsWithAndWithoutMomentum) {
+  const Case s{{{8, 4}, {4}}, {DType::F32, DType::F32}};
+  std::vector<Tensor> ps = make_params(s), qs = make_params(s);
+  SGD opt({ParamGroup{.params = {ps[0]}, .options = {.momentum = 0.9, .nesterov = true}},
+           ParamGroup{.params = {ps[1]}, .options = {.lr = 0.5}}},
+          {.lr = 0.1});
+  SGD a({qs[0]}, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  SGD b({qs[1]}, {.lr = 0.5});
+  EXPECT_EQ(opt.state_names(0), std::vector<std::string>{"momentum_buffer"});
+  EXPECT_TRUE(opt.state_names(1).empty());
+  for (int k = 0; k < 3; ++k) {
+    set_grads(s, ps, k);
+    set_grads(s, qs, k);
+    opt.step();
+    a.step();
+    b.step();
+  }
+  EXPECT_EQ(bytes_of(ps), bytes_of(qs));
+  for (const auto& [key, t] : opt.state_dict())
+    EXPECT_EQ(key.find("state.1.momentum"), std::string::npos) << "group 1 keeps no momentum";
+}
+
+TEST(ParamGroups, WeightDecayGroupsSkipBiasesAndNorms) {
+  const Tensor w = Tensor::zeros({4, 3}).set_requires_grad(), b = Tensor::zeros({4});
+  const Tensor ln = Tensor::ones({3}), conv = Tensor::zeros({2, 1, 3, 3});
+  const std::vector<ParamGroup> g = weight_decay_groups(
+      {{"fc.weight", w}, {"fc.bias", b}, {"ln.weight", ln}, {"conv", conv}}, 0.1);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0].name, "decay");
+  ASSERT_EQ(g[0].params.size(), 2u);
+  EXPECT_TRUE(g[0].params[0].is_same(w));
+  EXPECT_TRUE(g[0].params[1].is_same(conv));
+  EXPECT_EQ(*g[0].options.weight_decay, 0.1);
+  EXPECT_EQ(g[1].name, "no_decay");
+  EXPECT_EQ(g[1].params.size(), 2u);
+  EXPECT_EQ(*g[1].options.weight_decay, 0.0);
+  // All decayed: one group.
+  EXPECT_EQ(weight_decay_groups({{"w", w}}, 0.1).size(), 1u);
+}
+
+TEST(ParamGroups, MistakesAreNamed) {
+  std::vector<Tensor> ps = make_params(kF32);
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] {
+              SGD({ParamGroup{.params = {ps[0]}, .options = {.beta1 = 0.9}, .name = "x"}}, {});
+            }).find("parameter group 0 ('x') sets 'beta1', which SGD does not have"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              AdamW({ParamGroup{.params = {ps[0]}, .options = {.momentum = 0.9}}}, {});
+            }).find("sets 'momentum', which AdamW does not have"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              AdamW({ParamGroup{.params = {ps[0]}}, ParamGroup{.params = {ps[0]}}}, {});
+            }).find("the same tensor"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              AdamW({ParamGroup{.params = {ps[0]}}, ParamGroup{}}, {});
+            }).find("parameter group 1 has no parameters"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              AdamW({ParamGroup{.params = {ps[0]}},
+                     ParamGroup{.params = {ps[1]}, .options = {.beta2 = 1.5}}},
+                    {});
+            }).find("beta2 (parameter group 1) must be in [0, 1)"),
+            std::string::npos);
+  SGD opt({ParamGroup{.params = {ps[0]}}}, {});
+  EXPECT_THROW(opt.lr(1), Error);
+  EXPECT_THROW(opt.set_lr(3, 0.1), Error);
+}
+
+TEST(Schedule, ActsOnEveryGroupFromItsBaseRate) {
+  std::vector<Tensor> ps = make_params(kF32);
+  SGD opt({ParamGroup{.params = {ps[0]}}, ParamGroup{.params = {ps[1]}, .options = {.lr = 0.02}}},
+          {.lr = 0.1});
+  EXPECT_EQ(opt.base_lr(0), 0.1);
+  EXPECT_EQ(opt.base_lr(1), 0.02);
+  const LRSchedule step = LRSchedule::step(0.1, 2, 0.5);
+  step.apply(opt, 3);
+  EXPECT_DOUBLE_EQ(opt.lr(0), 0.05);
+  EXPECT_DOUBLE_EQ(opt.lr(1), 0.01);
+  // Cosine with warmup: the same shape from each base, down to the (absolute) min_lr.
+  const LRSchedule cos = LRSchedule::cosine(0.1, 2, 10, 0.001);
+  cos.apply(opt, 0);
+  EXPECT_DOUBLE_EQ(opt.lr(0), 0.05);
+  EXPECT_DOUBLE_EQ(opt.lr(1), 0.01);
+  cos.apply(opt, 6);
+  EXPECT_DOUBLE_EQ(opt.lr(0), cos.lr_at(6));
+  EXPECT_DOUBLE_EQ(opt.lr(1),
+                   0.001 + (0.02 - 0.001) * 0.5 * (1 + std::cos(std::numbers::pi * 0.5)));
+  cos.apply(opt, 10);
+  EXPECT_EQ(opt.lr(1), 0.001);
+  EXPECT_EQ(opt.base_lr(1), 0.02) << "the base stays";
+}
+
+// The trap: clip_grad_norm returned a host double, a wait per step on a GPU. It returns the norm
+// as a tensor where the gradients are, as PyTorch's, and clips without reading it.
+TEST(Clip, ReturnsTheNormAsATensorOnTheGradientsDevice) {
+  Tensor a = Tensor::zeros({2});
+  a.set_grad(Tensor::from_vector(std::vector<double>{3, -4}, {2}));
+  const Tensor n = clip_grad_norm({a}, 1.0);
+  EXPECT_EQ(n.dtype(), DType::F64);
+  EXPECT_EQ(n.numel(), 1);
+  EXPECT_EQ(n.device(), a.device());
+  EXPECT_EQ(n.item(), 5.0);
+  const Tensor g = grad_norm({a});
+  EXPECT_EQ(g.device(), a.device());
+  EXPECT_NEAR(g.item(), 1.0, 1e-6);
+  EXPECT_EQ(grad_norm({Tensor::zeros({2})}).item(), 0.0) << "no gradients: 0";
 }
 
 }  // namespace

@@ -6,13 +6,13 @@
 //   scaler.scale(loss).backward();       // gradients are S * dL/dw
 //   scaler.unscale_(opt);                // optional: only to touch the true gradients, e.g.
 //   optim::clip_grad_norm(params, 1.0);  //   clipping (DESIGN.md §4.5) between unscale_ and step
-//   bool skipped = scaler.step(opt);     // unscales if not done yet; skips on inf/NaN
+//   amp::StepResult r = scaler.step(opt);  // unscales if not done yet; skips on inf/NaN
 //   scaler.update();                     // adjusts S from this iteration's overflows
+//   ... r.skipped() ...                  // when the host needs to know (a wait on a GPU)
 //
 // The unscale and the inf/NaN check are one fused pass over all gradients of the optimizer
-// (Backend::unscale_and_check). A skipped step calls nothing on the optimizer: its weights,
-// moments and step counts stay bit-identical. Clipping after unscale_ is safe even with inf/NaN
-// gradients (it may turn them into NaN): the overflow was recorded by unscale_, so step() skips.
+// (Backend::unscale_and_check). Clipping after unscale_ is safe even with inf/NaN gradients (it
+// may turn them into NaN): the overflow was recorded by unscale_, so step() skips.
 //
 // Several losses: call scale(loss_i).backward() for each, then step every optimizer once and
 // update() once. Several optimizers: each has its own unscale/step stage and overflow flag;
@@ -23,19 +23,20 @@
 // The scale is kept as an fp32 value, as PyTorch's (a double rounded to float after every
 // change), and 1 / S is rounded to fp32 before the unscale, as PyTorch's inv_scale.
 //
-// On a GPU (the first optimizer unscaled or stepped has its parameters on CUDA) the scaler keeps
-// its state on that device, as PyTorch's does, so that an iteration never waits for the GPU:
-// scale(loss) multiplies by the device scale, unscale_/step leave the overflow flag on the
-// device and hand it to the optimizer, whose fused kernel then skips itself (no host decision),
-// and update() runs the same update rule in a one-thread kernel (Backend::update_scale). What
-// the host asks for is read back when asked: get_scale(), found_inf(), the trackers, the
-// counters and state_dict() wait for the GPU; so does update() with error_at_min_scale, and
-// update(new_scale). Two differences from the host path follow from not deciding on the host:
-// step() returns false (skipped_steps() and found_inf() tell, later), and the optimizer still
-// counts a skipped step in its step counts (AdamW's bias correction then sees one more step;
-// its weights, moments and masters are left bit-identical all the same).
+// One implementation on every device, as PyTorch's: the state (the scale, the trackers, the
+// overflow flags, the skipped-step count) lives in tensors on the device of the first tensor
+// the scaler meets (the loss in scale(), or the parameters in unscale_/step), so that an
+// iteration never waits for a GPU. unscale_ leaves each optimizer's overflow flag on the device;
+// step() hands it to the optimizer, whose fused kernel skips itself when it is set (weights,
+// moments, masters and the parameters' update counts stay bit-identical: AdamW's bias
+// correction does not count a skipped step, as PyTorch's fused Adam); update() runs the update
+// rule where the state lives (Backend::update_scale). What the host asks for is read back when
+// asked: get_scale(), found_inf(), the trackers, the counters, StepResult::skipped() and
+// state_dict() wait for a GPU; so does update() with error_at_min_scale. On the CPU these reads
+// cost nothing.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <unordered_map>
 
@@ -43,6 +44,23 @@
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa::amp {
+
+// What GradScaler::step() did, asked when the host needs to know. The answer lives with the
+// parameters: skipped() reads it (on a GPU it waits for the step's kernels), so a training loop
+// on a GPU asks once per log interval, not every step. A disabled scaler never skips.
+class StepResult {
+ public:
+  StepResult() = default;
+  explicit StepResult(Tensor found_inf) : found_inf_(std::move(found_inf)) {}
+  // Whether the step was skipped because a gradient was inf or NaN.
+  bool skipped() const;
+  // The overflow flag itself: a one-element F32 tensor on the parameters' device (non-zero:
+  // skipped), or undefined when nothing could be skipped (a disabled scaler).
+  const Tensor& found_inf() const { return found_inf_; }
+
+ private:
+  Tensor found_inf_;
+};
 
 enum class ScaleMode {
   Dynamic,   // grow / back off (PyTorch's GradScaler)
@@ -79,10 +97,10 @@ class GradScaler {
   // The first use of GradScaler::step(opt) includes this: once per optimizer per iteration.
   void unscale_(optim::Optimizer& opt);
 
-  // Unscales if unscale_(opt) was not called, then calls opt.step() unless a gradient of `opt`
-  // was inf/NaN. Returns true when the step was skipped (on a GPU: always false, the skip being
-  // decided on the device; see above). Once per optimizer between update()s.
-  bool step(optim::Optimizer& opt);
+  // Unscales if unscale_(opt) was not called, then steps `opt` with its overflow flag, so that
+  // the step does nothing if a gradient of `opt` was inf/NaN (decided where the flag lives, no
+  // host wait). Once per optimizer between update()s.
+  StepResult step(optim::Optimizer& opt);
 
   // Ends the iteration: combines the overflow flags of all optimizers stepped or unscaled since
   // the last update() and adjusts the scale (Dynamic): an overflow backs off (after `hysteresis`
@@ -111,8 +129,9 @@ class GradScaler {
   // Skipped steps so far (every optimizer counted), for logs.
   int64_t skipped_steps() const;
   const GradScalerOptions& options() const { return options_; }
-  // Whether the state lives on a GPU (see above).
-  bool on_device() const { return device_state_.defined(); }
+  // Where the state lives (see above), and whether that is a GPU.
+  Device device() const { return state_.device(); }
+  bool on_device() const { return state_.device().is_cuda(); }
 
   // The state as named tensors, as optim::Optimizer's (they go into the same safetensors
   // checkpoint, e.g. prefixed "scaler."):
@@ -120,40 +139,36 @@ class GradScaler {
   //   "growth_tracker" I64, "hysteresis_tracker" I64, "min_scale_overflows" I64,
   //   "skipped_steps" I64 (scalars). Empty when disabled (as PyTorch's).
   // The per-iteration stages are not saved: save after update().
-  optim::StateDict state_dict() const;
+  NamedTensors state_dict() const;
   // Strict: exactly those keys, with those dtypes; nothing changes unless the whole dict is
   // accepted. Growth/backoff factors and interval are taken from the dict, as PyTorch does. An
   // empty dict is refused (it comes from a disabled scaler); ignored when this one is disabled.
-  void load_state_dict(const optim::StateDict& dict);
+  void load_state_dict(const NamedTensors& dict);
 
  private:
   enum class Stage { Ready, Unscaled, Stepped };
   struct PerOptimizer {
     Stage stage = Stage::Ready;
-    bool found_inf = false;
-    Tensor flag;  // on a GPU: the one-element F32 overflow flag, left there
+    Tensor flag;  // the one-element F32 overflow flag of this iteration, on the state's device
   };
   bool enabled() const { return options_.mode != ScaleMode::Disabled; }
-  // Moves the state onto `device` the first time a CUDA optimizer comes by.
-  void adopt_device(Device device);
-  // The host copy of the state, read back from the device when it lives there.
-  void pull() const;
-  void push();
+  // Moves the state onto `device` the first time the scaler meets a tensor; afterwards every
+  // tensor must be there.
+  void adopt_device(Device device, const char* what) const;
+  // The flags of every optimizer since the last update() added up (non-zero: an overflow), and
+  // the iteration's stages cleared.
+  Tensor take_flags();
+  // The host copy of state_ {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}.
+  std::array<double, 4> read_state() const;
 
   GradScalerOptions options_;
-  // The host state; on a GPU, a copy refreshed by pull() (hence mutable).
-  mutable double scale_;
-  mutable int64_t growth_tracker_ = 0;
-  mutable int64_t hysteresis_tracker_ = 0;
-  mutable int64_t min_scale_overflows_ = 0;
-  int64_t skipped_steps_ = 0;  // on a GPU: those counted before (state dicts); see below
-  bool last_found_inf_ = false;
-  // On a GPU: F64 {scale, growth_tracker, hysteresis_tracker, min_scale_overflows} (the layout
-  // of Backend::update_scale), the skipped steps counted there since (F32), and the last
-  // update()'s combined flag. Undefined on the host path.
-  Tensor device_state_;
-  Tensor device_skipped_;
-  Tensor device_last_found_inf_;
+  // Mutable: the state moves to its device at the first tensor met, also in scale() const.
+  mutable bool adopted_ = false;
+  // F64 {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}: the layout of
+  // Backend::update_scale.
+  mutable Tensor state_;
+  mutable Tensor skipped_;         // F64 scalar: steps skipped so far (every optimizer counted)
+  mutable Tensor last_found_inf_;  // F32 scalar: the last update()'s combined flag
   // Keyed by address: an optimizer must stay alive between its unscale_/step and update().
   std::unordered_map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
 };

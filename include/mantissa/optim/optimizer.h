@@ -1,23 +1,39 @@
-// Optimizers: SGD and AdamW with PyTorch's exact update rules, each step ONE fused pass over all
-// parameters (a single multi-tensor backend call, DESIGN.md §5), whatever their number and dtype.
+// Optimizers: SGD and AdamW with PyTorch's exact update rules, each step ONE fused pass over the
+// parameters of each parameter group (a single multi-tensor backend call per group, DESIGN.md
+// §5), whatever their number and dtype.
 //
 // Parameters are loaded in their storage dtype (f32, bf16, f16, f64), updated in fp32 (f64 for
 // f64) and rounded once on store (round to nearest even). The state (momentum, exp_avg,
 // exp_avg_sq) is fp32 for f32 and half parameters, f64 for f64 ones. Parameters whose gradient is
-// undefined are skipped and their state is left alone, as in PyTorch; each parameter counts its
-// own updates (AdamW's bias corrections use that count).
+// undefined are skipped and their state is left alone, as in PyTorch.
+//
+// Parameter groups, as PyTorch's param_groups: each group has its own parameters and may set its
+// own learning rate, weight decay and the optimizer's other hyper-parameters; what a group does
+// not set comes from the optimizer's options. The common case, no weight decay on biases and
+// norm weights:
+//
+//   optim::AdamW opt(optim::weight_decay_groups(model->named_parameters(), 0.1), {.lr = 3e-4});
+//
+// Parameters are numbered across the groups in order (parameter i of state_dict() is params()[i]).
+// LR schedules act on every group (LRSchedule::apply): each group follows the schedule from its
+// own base learning rate.
+//
+// Step counts live where the parameters do, as PyTorch's fused optimizers keep theirs: each
+// parameter counts its own updates on the device (AdamW's bias corrections use that count), and a
+// step the loss scaler skips on the device (skip_next_step_if) does not count, without the host
+// waiting to find out.
 //
 // Mixed precision (DESIGN.md §4), inside the same fused kernels: with set_master_weights(true)
 // the optimizer keeps an fp32 master copy of every parameter stored narrower than f32 (f16, bf16,
 // fp8); the update reads and writes the master in fp32 and the parameter receives the result
 // rounded once. set_store_rounding() picks how updated values are rounded into narrow
 // parameters, with or without masters: to nearest even, or stochastically (unbiased: small
-// updates survive in expectation, which is what bf16 parameters without a master need). Steps
-// with inf/NaN gradients are skipped by amp::GradScaler: on the CPU before step() is called, on
-// a GPU by the step's kernel itself (skip_next_step_if).
+// updates survive in expectation, which is what bf16 parameters without a master need).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,55 +41,88 @@
 #include "mantissa/numerics/format.h"
 #include "mantissa/tensor/tensor.h"
 
-namespace mantissa::backend {
-struct MultiTensorOptions;
-}
-
 namespace mantissa::optim {
 
-// Named tensors, as written to a safetensors checkpoint.
-using StateDict = std::vector<std::pair<std::string, Tensor>>;
+// The hyper-parameters a parameter group may set for itself; unset fields take the optimizer's
+// options. Each optimizer accepts the fields it has (SGD: lr, weight_decay, momentum, dampening,
+// nesterov; AdamW: lr, weight_decay, beta1, beta2, eps) and refuses a group that sets another.
+struct GroupOptions {
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+  std::optional<double> momentum;
+  std::optional<double> dampening;
+  std::optional<bool> nesterov;
+  std::optional<double> beta1;
+  std::optional<double> beta2;
+  std::optional<double> eps;
+};
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  GroupOptions options;
+  std::string name;  // for messages and logs, e.g. "decay", "no_decay"
+};
+
+// nanoGPT's and Hugging Face Trainer's split: parameters of two or more dims (weights of linear
+// layers, convolutions, embeddings) decay with `weight_decay`, the others (biases, norm weights
+// and biases) do not. Two groups, "decay" and "no_decay", in the order of `named_params`; an
+// empty one is left out.
+std::vector<ParamGroup> weight_decay_groups(const NamedTensors& named_params, double weight_decay);
 
 class Optimizer {
  public:
-  // All parameters on one device, each at most once.
-  Optimizer(std::vector<Tensor> params, double lr);
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient, in one fused pass. Counts a step even
-  // when no parameter has a gradient.
-  virtual void step() = 0;
+  // One update of every parameter that has a gradient: one fused pass per group. Counts a step
+  // (step_count()) even when no parameter has a gradient, but not when the loss scaler skips it.
+  void step();
 
   // set_to_none drops the gradient tensors (free, and the next backward allocates fresh ones);
   // otherwise they are zeroed in place.
   void zero_grad(bool set_to_none = true);
 
-  double lr() const { return lr_; }
-  void set_lr(double lr);  // >= 0 and finite; what LR schedules call before each step
-  // Completed step() calls.
-  int64_t step_count() const { return step_count_; }
+  // ---- groups and learning rates -------------------------------------------------------------
+  size_t num_groups() const { return groups_.size(); }
+  const std::string& group_name(size_t group) const;
+  // The parameters of a group, and all of them in order (the numbering of state_dict()).
+  const std::vector<Tensor>& group_params(size_t group) const;
   const std::vector<Tensor>& params() const { return params_; }
+  // The learning rate the next step uses: of group 0, or of the given group.
+  double lr() const { return lr(0); }
+  double lr(size_t group) const;
+  // The group's learning rate as it was made (its own, or the optimizer's): what schedules
+  // scale (PyTorch's initial_lr).
+  double base_lr(size_t group) const;
+  // Sets the learning rate of every group (>= 0 and finite); with one group, what a schedule
+  // does. set_lr(group, lr) sets one.
+  void set_lr(double lr);
+  void set_lr(size_t group, double lr);
+  // Completed step() calls, skipped ones not counted, and the updates parameter i has received
+  // (its AdamW t). Both are counted on the parameters' device: reading one waits for a GPU.
+  int64_t step_count() const;
+  int64_t updates(size_t i) const;
 
   // All state as tensors with stable names (copies, safe to keep or write out):
   //   "step"               I64 scalar: step_count()
-  //   "lr"                 F64 scalar: lr()
-  //   "state.<i>.step"     I64 scalar: updates of parameter i so far
+  //   "lr"                 F64 scalar: lr() (group 0)
+  //   "group.<g>.lr"       F64 scalar: lr(g), for every group when there are several
+  //   "state.<i>.step"     I64 scalar: updates(i)
   //   "state.<i>.<name>"   state tensor `name` of parameter i (state_names()), its shape
   //   "master.<i>"         F32: the fp32 master of parameter i (with master weights on)
   // Parameters never updated have no "state.<i>.*" entries.
-  virtual StateDict state_dict() const;
+  virtual NamedTensors state_dict() const;
   // Strict: every key must be one state_dict() could write for these parameters, "step" and
   // "lr" must be there, a parameter's entries must be complete, and dtypes and shapes must
   // match; an error names the offending key. Nothing changes unless the whole dict is accepted.
   // The tensors are copied. Masters are accepted only with master weights on; a parameter whose
   // master is not in the dict keeps its current one.
-  virtual void load_state_dict(const StateDict& dict);
+  virtual void load_state_dict(const NamedTensors& dict);
 
-  // The per-parameter state tensors, in state_dict order ("momentum_buffer"; "exp_avg",
-  // "exp_avg_sq").
-  virtual std::vector<std::string> state_names() const = 0;
+  // The state tensors each parameter of `group` keeps, in state_dict order ("momentum_buffer"
+  // for SGD with momentum; "exp_avg", "exp_avg_sq").
+  virtual std::vector<std::string> state_names(size_t group = 0) const = 0;
 
   // ---- mixed precision -----------------------------------------------------------------------
   // On: copies every parameter not stored in f64 into an fp32 master now (call it while the
@@ -90,62 +139,72 @@ class Optimizer {
   // The master of parameter i; undefined when it has none.
   const Tensor& master(size_t i) const;
   // How a step rounds updated values into parameters stored narrower than the compute type:
-  // NearestEven (the default) or Stochastic, where element j of parameter i at step s (1-based)
-  // draws random_bits(seed, s, (i << 40) + j): reproducible, and fresh bits every step.
+  // NearestEven (the default) or Stochastic, where element j of parameter i at its t-th update
+  // (1-based, updates(i) after it) draws random_bits(seed, t, (i << 40) + j): reproducible, and
+  // fresh bits at every update.
   void set_store_rounding(RoundingMode mode, uint64_t seed = 0);
   RoundingMode store_rounding() const { return store_rounding_; }
 
-  // The loss scaler's device-side skip (amp::GradScaler on a GPU), for the next step() only:
-  // `found_inf` is a one-element F32 tensor on the parameters' device, and the step's kernel
-  // changes nothing (parameters, masters, state) when it holds a non-zero value, without the
-  // host reading it. The step still counts (step_count() and each parameter's update count are
-  // host state); state made by that step starts at zero, so a skipped first update leaves
-  // valid state behind.
+  // The loss scaler's device-side skip (amp::GradScaler), for the next step() only: `found_inf`
+  // is a one-element F32 tensor on the parameters' device, and the step's kernels change nothing
+  // (parameters, masters, state, the parameters' update counts) when it holds a non-zero value,
+  // without the host reading it; step_count() does not count it either.
   void skip_next_step_if(Tensor found_inf);
 
  protected:
-  struct ParamState {
-    int64_t steps = 0;            // updates of this parameter so far; 0: no state yet
-    std::vector<Tensor> tensors;  // one per state_names(), once steps > 0
-  };
+  // All parameters on one device, each at most once over all groups; `defaults` fills what a
+  // group leaves unset (its lr is the optimizer's default lr). `accepted` lists the
+  // GroupOptions fields this optimizer has ("lr", "weight_decay", ...): a group setting another
+  // is refused.
+  Optimizer(std::vector<ParamGroup> groups, double default_lr, const char* kind,
+            std::vector<std::string> accepted);
 
-  // The parameters with a gradient this step, with their gradients, state and step numbers
-  // (already incremented: 1 on a first update). State is allocated (uninitialized: the kernels
-  // write it on a first update) and converted if the parameter's dtype changed (set_data).
-  struct StepBatch {
-    std::vector<size_t> index;
-    std::vector<Tensor> params;
-    std::vector<Tensor> grads;
-    std::vector<std::vector<Tensor>> states;  // [state name][k]
-    std::vector<int64_t> steps;
-    std::vector<Tensor> masters;  // [k]: empty without master weights; undefined: none
-    std::vector<uint64_t> ids;    // [k]: the parameter's index (stochastic rounding's stream)
-  };
-  StepBatch begin_step(size_t num_states);
-  // Counts the step and bumps the versions of what the kernel wrote.
-  void end_step(const StepBatch& batch);
-  // Tells the kernel about this batch's masters and the store rounding.
-  void fill_options(StepBatch& batch, backend::MultiTensorOptions& options) const;
-
-  std::vector<Tensor> params_;
-  std::vector<ParamState> state_;
-  double lr_;
-  int64_t step_count_ = 0;
+  // What a subclass's fused pass gets for one group: the group's parameters that have a
+  // gradient this step, their gradients and state, and the kernel options (defined in
+  // optimizer.cpp, with the backend's types).
+  struct GroupStep;
+  // Runs the fused update of one group (called by step() for each group with a gradient).
+  virtual void run_group(size_t group, GroupStep& batch) = 0;
+  // The group's options as the caller set them.
+  const GroupOptions& group_options(size_t group) const { return groups_[group].options; }
 
  private:
-  // The master of parameter i for this step (made, kept, dropped or restarted as documented).
-  Tensor& prepare_master(size_t i);
-
-  bool master_weights_ = false;
+  struct Group {
+    std::string name;
+    GroupOptions options;
+    std::vector<size_t> members;  // indices into params_
+    double base_lr = 0;
+    double lr = 0;
+  };
+  struct ParamState {
+    std::vector<Tensor> tensors;  // one per state_names(group), once the parameter had a step
+  };
   struct Master {
     Tensor value;                // F32; undefined: none
     const void* data = nullptr;  // the parameter's storage and version when it was last
     uint32_t version = 0;        //   known to be the master's rounding
   };
+
+  std::unique_ptr<GroupStep> begin_group(size_t group);
+  // The step counts on the parameters' device (they follow the parameters there).
+  Tensor& step_counts();
+  // The master of parameter i for this step (made, kept, dropped or restarted as documented).
+  Tensor& prepare_master(size_t i);
+
+  std::vector<Tensor> params_;
+  std::vector<size_t> group_of_;  // the group of each parameter
+  std::vector<Group> groups_;
+  std::vector<std::vector<Tensor>> group_params_;
+  std::vector<ParamState> state_;
+  // I64 (params + 1), on the parameters' device: the updates of each parameter so far, then
+  // the optimizer's completed steps.
+  Tensor step_counts_;
+  bool master_weights_ = false;
   std::vector<Master> masters_;
   RoundingMode store_rounding_ = RoundingMode::NearestEven;
   uint64_t rounding_seed_ = 0;
   Tensor found_inf_;  // skip_next_step_if's flag; undefined: none
+  Tensor one_;        // I64 1 on the parameters' device: what a step adds to the step count
 };
 
 struct SGDOptions {
@@ -158,17 +217,19 @@ struct SGDOptions {
 
 // torch.optim.SGD: g += wd * p; with momentum, buf = momentum * buf + (1 - dampening) * g
 // (buf = g on a parameter's first update) and g = nesterov ? g + momentum * buf : buf;
-// p -= lr * g. State: "momentum_buffer" (only with momentum).
+// p -= lr * g. State: "momentum_buffer" (for the parameters of groups with momentum).
 class SGD final : public Optimizer {
  public:
   explicit SGD(std::vector<Tensor> params, const SGDOptions& options = {});
-  void step() override;
-  std::vector<std::string> state_names() const override;
-  // The options, with lr as set_lr() last left it.
-  SGDOptions options() const;
+  SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults);
+  std::vector<std::string> state_names(size_t group = 0) const override;
+  // The options of a group (its own settings over the defaults), with lr as set_lr() last left
+  // it.
+  SGDOptions options(size_t group = 0) const;
 
  private:
-  SGDOptions options_;
+  void run_group(size_t group, GroupStep& batch) override;
+  SGDOptions defaults_;
 };
 
 struct AdamWOptions {
@@ -185,12 +246,13 @@ struct AdamWOptions {
 class AdamW final : public Optimizer {
  public:
   explicit AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
-  void step() override;
-  std::vector<std::string> state_names() const override;
-  AdamWOptions options() const;
+  AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults);
+  std::vector<std::string> state_names(size_t group = 0) const override;
+  AdamWOptions options(size_t group = 0) const;
 
  private:
-  AdamWOptions options_;
+  void run_group(size_t group, GroupStep& batch) override;
+  AdamWOptions defaults_;
 };
 
 }  // namespace mantissa::optim

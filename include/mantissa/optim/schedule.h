@@ -1,7 +1,8 @@
 // Learning-rate schedules: pure functions of the step, so a resumed run gets the same rates
 // without any schedule state in its checkpoint. `step` is the number of optimizer steps already
-// taken (0 before the first), i.e. call opt.set_lr(schedule.lr_at(opt.step_count())) before
-// each opt.step().
+// taken (0 before the first), i.e. call schedule.apply(opt, step) before each opt.step(): every
+// parameter group follows the schedule from its own base learning rate (PyTorch's schedulers
+// scale each group's initial_lr the same way; a cosine's min_lr is absolute, as its eta_min).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include <string_view>
 
 namespace mantissa::optim {
+
+class Optimizer;
 
 enum class ScheduleKind { Constant, Step, Cosine };
 
@@ -35,8 +38,12 @@ class LRSchedule {
   // parameter is refused with a mantissa::Error saying what is expected.
   static LRSchedule from_name(std::string_view name, const ScheduleOptions& options);
 
-  // The learning rate for the optimizer step that follows `step` completed ones (step >= 0).
+  // The learning rate for the optimizer step that follows `step` completed ones (step >= 0),
+  // from the schedule's own base rate (options().lr) or from `base_lr`.
   double lr_at(int64_t step) const;
+  double lr_at(int64_t step, double base_lr) const;
+  // Sets every group's learning rate to lr_at(step, opt.base_lr(group)).
+  void apply(Optimizer& opt, int64_t step) const;
 
   ScheduleKind kind() const { return kind_; }
   std::string_view name() const;

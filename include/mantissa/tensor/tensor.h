@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mantissa/core/allocator.h"
@@ -206,6 +207,10 @@ struct TensorImpl {
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// Ordered (name, tensor) pairs: a model's state_dict, an optimizer's or a scaler's state, the
+// tensors of a safetensors file. The one spelling of a named tensor list.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 template <typename T>
 T* Tensor::data() const {

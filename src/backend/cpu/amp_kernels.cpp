@@ -11,10 +11,11 @@
 #include <limits>
 #include <vector>
 
-#include "amp/scale_update.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/multi_tensor.h"
+#include "backend/multi_tensor_check.h"
+#include "backend/step_math.h"
 
 namespace mantissa::backend::cpu {
 namespace {
@@ -46,16 +47,8 @@ int64_t unscale_calls() {
 
 bool CpuBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) {
   g_unscale_calls.fetch_add(1, std::memory_order_relaxed);
-  if (found_inf != nullptr) {
-    MT_ASSERT(found_inf->dtype() == DType::F32 && found_inf->numel() == 1 &&
-                  found_inf->device().is_cpu() && found_inf->is_contiguous(),
-              "unscale_and_check: the found-inf flag is one f32 element, got ",
-              found_inf->describe());
-  }
-  for (const Tensor& g : grads) {
-    MT_ASSERT(g.is_floating_point() && g.is_contiguous() && g.device().is_cpu(),
-              "unscale_and_check of ", g.describe());
-  }
+  if (found_inf != nullptr) check_found_inf("unscale_and_check", Device::cpu(), *found_inf);
+  check_plain_tensors("unscale_and_check", Device::cpu(), grads);
   const ChunkPlan plan(grads);
   std::vector<unsigned char> bad(size_t(plan.chunks()), 0);
   for_each_item(plan, [&](int64_t c, size_t t, int64_t start, int64_t n) {
@@ -79,17 +72,20 @@ bool CpuBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Te
   return found;
 }
 
+void CpuBackend::unscale_and_check(std::span<Tensor> grads, const Tensor& scale_state,
+                                   Tensor& found_inf) {
+  check_scale_state("unscale_and_check", Device::cpu(), scale_state);
+  const double scale = *static_cast<const double*>(scale_state.data_ptr());
+  unscale_and_check(grads, round_to_f32(1.0 / scale), &found_inf);
+}
+
 void CpuBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) {
-  MT_ASSERT(state.dtype() == DType::F64 && state.numel() == 4 && state.is_contiguous() &&
-                state.device().is_cpu(),
-            "update_scale: the scaler state is 4 f64 elements, got ", state.describe());
-  MT_ASSERT(
-      found_inf.dtype() == DType::F32 && found_inf.numel() == 1 && found_inf.device().is_cpu(),
-      "update_scale: the found-inf flag is one f32 element, got ", found_inf.describe());
+  check_scale_state("update_scale", Device::cpu(), state);
+  check_found_inf("update_scale", Device::cpu(), found_inf);
   double* s = static_cast<double*>(state.data_ptr());
   const bool found = *static_cast<const float*>(found_inf.data_ptr()) != 0.0f;
-  const amp::detail::ScaleState next = amp::detail::next_scale_state(
-      {s[0], int64_t(s[1]), int64_t(s[2]), int64_t(s[3])}, found, rule);
+  const ScaleState next =
+      next_scale_state({s[0], int64_t(s[1]), int64_t(s[2]), int64_t(s[3])}, found, rule);
   s[0] = next.scale;
   s[1] = double(next.growth_tracker);
   s[2] = double(next.hysteresis_tracker);

@@ -68,16 +68,17 @@ class CpuBackend final : public Backend {
 
   // optim_kernels.cpp
   void sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
-                std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
-                const SgdStep& hyper) override;
+                std::span<Tensor> momentum_bufs, const SgdStep& hyper) override;
   void adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
                   std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
-                  std::span<const int64_t> steps, const AdamWStep& hyper) override;
+                  const AdamWStep& hyper) override;
   void multi_tensor_norm(std::span<const Tensor> tensors, double norm_type, Tensor& out) override;
-  void multi_tensor_scale(std::span<Tensor> tensors, double factor) override;
+  void multi_tensor_scale(std::span<Tensor> tensors, const Tensor& factor) override;
 
   // amp_kernels.cpp
   bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) override;
+  void unscale_and_check(std::span<Tensor> grads, const Tensor& scale_state,
+                         Tensor& found_inf) override;
   void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) override;
 
   // attention.cpp

@@ -22,6 +22,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/multi_tensor.h"
+#include "backend/multi_tensor_check.h"
+#include "backend/step_math.h"
 
 namespace mantissa::backend::cpu {
 namespace {
@@ -40,28 +42,6 @@ void load_any(const void* base, DType dtype, int64_t start, int64_t n, C* dst) {
   dispatch_float(dtype, "an optimizer step", [&]<typename G>() {
     load_contiguous<G, C>(static_cast<const G*>(base) + start, dst, n);
   });
-}
-
-DType state_dtype(DType param) {
-  return param == DType::F64 ? DType::F64 : DType::F32;
-}
-
-void check_options(const MultiTensorOptions& o, std::span<Tensor> params, const char* kernel) {
-  MT_CHECK(
-      o.store_rounding == RoundingMode::NearestEven || o.store_rounding == RoundingMode::Stochastic,
-      kernel, ": rounding mode ", rounding_name(o.store_rounding),
-      " on store is not supported; use round-to-nearest-even or stochastic rounding");
-  MT_ASSERT(o.masters.empty() || o.masters.size() == params.size(), kernel,
-            ": one master entry per parameter");
-  MT_ASSERT(o.store_rounding != RoundingMode::Stochastic || o.tensor_ids.size() == params.size(),
-            kernel, ": stochastic rounding needs one tensor id per parameter");
-  for (size_t i = 0; i < o.masters.size(); ++i) {
-    const Tensor& m = o.masters[i];
-    if (!m.defined()) continue;
-    MT_ASSERT(m.dtype() == DType::F32 && m.is_contiguous() && m.shape() == params[i].shape() &&
-                  m.device().is_cpu() && params[i].dtype() != DType::F64,
-              kernel, ": master ", m.describe(), " of parameter ", params[i].describe());
-  }
 }
 
 // The values one chunk of a parameter's update reads and writes: the fp32 master (the parameter
@@ -87,15 +67,16 @@ class ParamChunk {
   }
   C* data() { return data_; }
 
-  // Writes the updated values into the parameter (rounded as `o` says; tensor `t` of the call).
-  void store(const MultiTensorOptions& o, size_t t) {
+  // Writes the updated values into the parameter (rounded as `o` says; tensor `t` of the call,
+  // at its update number `step`).
+  void store(const MultiTensorOptions& o, size_t t, int64_t step) {
     if constexpr (!std::is_same_v<T, C>) {
       if (o.store_rounding == RoundingMode::Stochastic) {
         RoundingOptions r;
         r.mode = RoundingMode::Stochastic;
         r.seed = o.seed;
-        r.offset = o.offset;
-        r.index = (o.tensor_ids[t] << 40) + uint64_t(start_);
+        r.offset = uint64_t(step);
+        r.index = (o.ids[t] << 40) + uint64_t(start_);
         convert(data_, store_, size_t(n_), r);
       } else {
         store_contiguous<C, T>(data_, store_, n_);
@@ -103,6 +84,7 @@ class ParamChunk {
     } else {
       (void)o;
       (void)t;
+      (void)step;
     }
   }
 
@@ -113,38 +95,19 @@ class ParamChunk {
   alignas(64) C buf_[std::is_same_v<T, C> ? 1 : kChunk];
 };
 
-// The invariants the optim layer guarantees for every tensor i of a step.
-void check_step_tensors(const char* kernel, std::span<Tensor> params, std::span<const Tensor> grads,
-                        std::span<const int64_t> steps,
-                        std::initializer_list<std::span<Tensor>> states) {
-  MT_ASSERT(grads.size() == params.size() && steps.size() == params.size(), kernel,
-            ": one gradient and one step per parameter");
-  for (const auto& s : states)
-    MT_ASSERT(s.size() == params.size(), kernel, ": one state tensor per parameter");
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& p = params[i];
-    const Tensor& g = grads[i];
-    MT_ASSERT(p.is_floating_point() && p.is_contiguous() && p.device().is_cpu(), kernel,
-              ": parameter ", i, " is ", p.describe());
-    MT_ASSERT(
-        g.is_floating_point() && g.is_contiguous() && g.shape() == p.shape() && g.device().is_cpu(),
-        kernel, ": gradient ", i, " is ", g.describe(), " for a parameter ", p.describe());
-    MT_ASSERT(steps[i] >= 1, kernel, ": step ", steps[i], " of tensor ", i);
-    for (const auto& s : states) {
-      const Tensor& b = s[i];
-      MT_ASSERT(b.dtype() == state_dtype(p.dtype()) && b.is_contiguous() && b.shape() == p.shape(),
-                kernel, ": state ", b.describe(), " of parameter ", p.describe());
-    }
-  }
+// Whether the loss scaler's flag says to skip this call (read on the host: it is CPU memory).
+bool skipped(const MultiTensorOptions& o) {
+  return o.found_inf != nullptr && *static_cast<const float*>(o.found_inf->data_ptr()) != 0.0f;
 }
 
-// Whether the loss scaler's flag says to skip this call (read on the host: it is CPU memory).
-bool skip_for_found_inf(const MultiTensorOptions& o, const char* kernel) {
-  if (o.found_inf == nullptr) return false;
-  const Tensor& f = *o.found_inf;
-  MT_ASSERT(f.dtype() == DType::F32 && f.numel() == 1 && f.device().is_cpu(), kernel,
-            ": the found-inf flag is one f32 element, got ", f.describe());
-  return *static_cast<const float*>(f.data_ptr()) != 0.0f;
+// Advances the step count of every tensor of the call by one and returns the new counts: each
+// tensor's t for this update (1 on its first).
+std::vector<int64_t> advance_steps(const MultiTensorOptions& o) {
+  int64_t* counts = static_cast<int64_t*>(o.step_counts->data_ptr());
+  std::vector<int64_t> t(o.ids.size());
+  for (size_t i = 0; i < t.size(); ++i)
+    t[i] = ++counts[o.ids[i]];
+  return t;
 }
 
 const Tensor* master_of(const MultiTensorOptions& o, size_t t) {
@@ -155,7 +118,8 @@ const Tensor* master_of(const MultiTensorOptions& o, size_t t) {
 
 template <typename T>
 void sgd_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
-               const Tensor* buf_t, bool first, int64_t start, int64_t n, const SgdStep& h) {
+               const Tensor* buf_t, int64_t step, int64_t start, int64_t n, const SgdStep& h) {
+  const bool first = step == 1;
   using C = compute_t<T>;
   ParamChunk<T> chunk(param, master, start, n);
   C* p = chunk.data();
@@ -186,15 +150,10 @@ void sgd_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor
   }
   for (int64_t i = 0; i < n; ++i)
     p[i] = p[i] - lr * d[i];
-  chunk.store(h.options, t);
+  chunk.store(h.options, t, step);
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
-
-struct AdamWTensorConsts {
-  double step_size;  // lr / (1 - beta1^t)
-  double bc2_sqrt;   // sqrt(1 - beta2^t)
-};
 
 // x = sqrt(x). Vector instructions where the compiler cannot use them itself: std::sqrt may set
 // errno, which keeps the loops around it scalar. IEEE sqrt is correctly rounded either way.
@@ -232,8 +191,9 @@ void adamw_moments(C* m, C* v, const C* g, C* v_out, int64_t n, C w, C b2, C omb
 
 template <typename T>
 void adamw_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
-                 const Tensor& exp_avg, const Tensor& exp_avg_sq, bool first,
-                 const AdamWTensorConsts& k, int64_t start, int64_t n, const AdamWStep& h) {
+                 const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t step,
+                 const AdamWBiasCorrection& k, int64_t start, int64_t n, const AdamWStep& h) {
+  const bool first = step == 1;
   using C = compute_t<T>;
   ParamChunk<T> chunk(param, master, start, n);
   C* p = chunk.data();
@@ -261,7 +221,7 @@ void adamw_chunk(size_t t, const Tensor& param, const Tensor* master, const Tens
   sqrt_inplace(denom, n);
   for (int64_t i = 0; i < n; ++i)
     p[i] = p[i] * decay + neg_step * m[i] / (denom[i] / bc2_sqrt + eps);
-  chunk.store(h.options, t);
+  chunk.store(h.options, t, step);
 }
 
 // ---- norm and scale ----------------------------------------------------------------------------
@@ -313,47 +273,46 @@ int64_t multi_tensor_calls() {
 }
 
 void CpuBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
-                          std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
-                          const SgdStep& hyper) {
+                          std::span<Tensor> momentum_bufs, const SgdStep& hyper) {
   g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
-  check_options(hyper.options, params, "sgd_step");
   const bool with_momentum = hyper.momentum != 0;
+  MT_ASSERT(with_momentum || momentum_bufs.empty(), "sgd_step: momentum buffers without momentum");
   if (with_momentum) {
-    check_step_tensors("sgd_step", params, grads, steps, {momentum_bufs});
+    check_step_call("sgd_step", Device::cpu(), params, grads, {momentum_bufs}, hyper.options);
   } else {
-    MT_ASSERT(momentum_bufs.empty(), "sgd_step: momentum buffers without momentum");
-    check_step_tensors("sgd_step", params, grads, steps, {});
+    check_step_call("sgd_step", Device::cpu(), params, grads, {}, hyper.options);
   }
-  if (skip_for_found_inf(hyper.options, "sgd_step")) return;
+  if (skipped(hyper.options)) return;
+  const std::vector<int64_t> steps = advance_steps(hyper.options);
   const ChunkPlan plan(params);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
     const Tensor* buf = with_momentum ? &momentum_bufs[t] : nullptr;
     const Tensor* master = master_of(hyper.options, t);
     dispatch_param(params[t].dtype(), [&]<typename T>() {
-      sgd_chunk<T>(t, params[t], master, grads[t], buf, steps[t] == 1, start, n, hyper);
+      sgd_chunk<T>(t, params[t], master, grads[t], buf, steps[t], start, n, hyper);
     });
   });
 }
 
 void CpuBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
                             std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
-                            std::span<const int64_t> steps, const AdamWStep& hyper) {
+                            const AdamWStep& hyper) {
   g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
-  check_options(hyper.options, params, "adamw_step");
-  check_step_tensors("adamw_step", params, grads, steps, {exp_avgs, exp_avg_sqs});
-  if (skip_for_found_inf(hyper.options, "adamw_step")) return;
+  check_step_call("adamw_step", Device::cpu(), params, grads, {exp_avgs, exp_avg_sqs},
+                  hyper.options);
+  if (skipped(hyper.options)) return;
+  const std::vector<int64_t> steps = advance_steps(hyper.options);
   // The bias corrections in double, per tensor (a tensor's step count is its own, as PyTorch).
-  std::vector<AdamWTensorConsts> consts(params.size());
+  std::vector<AdamWBiasCorrection> consts(params.size());
   for (size_t t = 0; t < params.size(); ++t) {
-    const double s = double(steps[t]);
-    consts[t].step_size = hyper.lr / (1.0 - std::pow(hyper.beta1, s));
-    consts[t].bc2_sqrt = std::sqrt(1.0 - std::pow(hyper.beta2, s));
+    consts[t] = adamw_bias_correction(hyper.lr, hyper.beta1, hyper.beta2, steps[t],
+                                      [](double x) { return std::sqrt(x); });
   }
   const ChunkPlan plan(params);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
     const Tensor* master = master_of(hyper.options, t);
     dispatch_param(params[t].dtype(), [&]<typename T>() {
-      adamw_chunk<T>(t, params[t], master, grads[t], exp_avgs[t], exp_avg_sqs[t], steps[t] == 1,
+      adamw_chunk<T>(t, params[t], master, grads[t], exp_avgs[t], exp_avg_sqs[t], steps[t],
                      consts[t], start, n, hyper);
     });
   });
@@ -364,10 +323,7 @@ void CpuBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm_
   MT_ASSERT(out.dtype() == DType::F64 && out.numel() == 1 && out.device().is_cpu(),
             "multi_tensor_norm writes one f64 element, got ", out.describe());
   MT_CHECK(norm_type > 0, "a gradient norm needs norm_type > 0 (or inf), got ", norm_type);
-  for (const Tensor& t : tensors) {
-    MT_ASSERT(t.is_floating_point() && t.is_contiguous() && t.device().is_cpu(),
-              "multi_tensor_norm of ", t.describe());
-  }
+  check_plain_tensors("multi_tensor_norm", Device::cpu(), tensors);
   const NormKind kind = std::isinf(norm_type) ? NormKind::Inf
                         : norm_type == 2      ? NormKind::Two
                         : norm_type == 1      ? NormKind::One
@@ -408,12 +364,13 @@ void CpuBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm_
   *static_cast<double*>(out.data_ptr()) = total;
 }
 
-void CpuBackend::multi_tensor_scale(std::span<Tensor> tensors, double factor) {
+void CpuBackend::multi_tensor_scale(std::span<Tensor> tensors, const Tensor& factor_t) {
   g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
-  for (const Tensor& t : tensors) {
-    MT_ASSERT(t.is_floating_point() && t.is_contiguous() && t.device().is_cpu(),
-              "multi_tensor_scale of ", t.describe());
-  }
+  check_plain_tensors("multi_tensor_scale", Device::cpu(), tensors);
+  MT_ASSERT(factor_t.dtype() == DType::F64 && factor_t.numel() == 1 && factor_t.device().is_cpu(),
+            "multi_tensor_scale: the factor is one f64 element, got ", factor_t.describe());
+  const double factor = *static_cast<const double*>(factor_t.data_ptr());
+  if (factor == 1.0) return;  // x * 1 == x for every x: nothing to write
   const ChunkPlan plan(tensors);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
     const Tensor& x = tensors[t];

@@ -16,8 +16,10 @@
 //
 // Host reads: unscale_and_check returns its result through the host only when no found_inf
 // tensor is given (it then waits for the kernel). With found_inf given, the flag is the answer
-// and stays on the device: the call returns false without waiting (GradScaler reads the flag
-// when it must decide on the host; on a GPU it hands it to the optimizer kernels instead).
+// and stays on the device: the call returns false without waiting (GradScaler hands it to the
+// optimizer kernels). The optimizer steps read and advance the step counts on the device, in a
+// small kernel launched before each batch's update (so that no block of the update reads a count
+// another block is writing).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,10 +28,10 @@
 #include <initializer_list>
 #include <limits>
 
-#include "amp/scale_update.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
-#include "backend/cuda/multi_tensor.h"
+#include "backend/multi_tensor_check.h"
+#include "backend/step_math.h"
 
 namespace mantissa::backend::cuda {
 namespace {
@@ -47,13 +49,12 @@ struct TensorArg {
   void* state0 = nullptr;  // momentum buffer / exp_avg (compute type)
   void* state1 = nullptr;  // exp_avg_sq
   float* master = nullptr;
+  int64_t* step_count = nullptr;  // the tensor's row of the step counts (optimizer steps)
   int64_t numel = 0;
-  uint64_t id = 0;       // stochastic rounding's stream id
-  double step_size = 0;  // AdamW: lr / (1 - beta1^t)
-  double bc2_sqrt = 0;   // AdamW: sqrt(1 - beta2^t)
+  uint64_t id = 0;  // the parameter's index: stochastic rounding's stream id
   DType dtype = DType::F32;
   DType grad_dtype = DType::F32;
-  bool first = false;  // the tensor's first update: state written, not read
+  bool advance = false;  // this batch holds the tensor's first chunk: it advances the count
 };
 
 struct Batch {
@@ -61,6 +62,7 @@ struct Batch {
   int32_t block_chunk[kMaxBlocks];   // chunk of its tensor
   uint8_t block_tensor[kMaxBlocks];  // index into tensors
   int64_t first_block = 0;           // the call-wide number of block 0 (norm partials)
+  int32_t num_tensors = 0;
 };
 static_assert(kMaxTensors <= 256, "block_tensor is a byte");
 // Kernel parameters beyond 4 KB need CUDA 12.1 (this build's toolkit is newer); 32764 at most.
@@ -79,7 +81,11 @@ void for_each_batch(size_t count, Numel numel, MakeArg make_arg, Launch launch) 
     if (n == 0) continue;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     for (int64_t c = 0; c < chunks; ++c) {
-      if (c == 0 || nb == 0) b.tensors[nt++] = make_arg(i);  // the tensor enters this batch
+      if (c == 0 || nb == 0) {  // the tensor enters this batch
+        b.tensors[nt] = make_arg(i);
+        b.tensors[nt].advance = c == 0;
+        b.num_tensors = ++nt;
+      }
       b.block_tensor[nb] = uint8_t(nt - 1);
       b.block_chunk[nb] = int32_t(c);
       ++nb;
@@ -89,6 +95,7 @@ void for_each_batch(size_t count, Numel numel, MakeArg make_arg, Launch launch) 
         launched += nb;
         nb = 0;
         nt = 0;
+        b.num_tensors = 0;
         b.first_block = launched;
       }
     }
@@ -168,20 +175,19 @@ __device__ __forceinline__ Format narrow_format(DType dtype) {
 struct StoreRounding {
   bool stochastic = false;
   uint64_t seed = 0;
-  uint64_t offset = 0;
 };
 
-// Element j of the parameter of `a` after its update to v: the master (when there is one)
-// keeps v, the parameter receives v rounded as `r` says (exact for f32/f64 parameters).
+// Element j of the parameter of `a` after its update number `step` to v: the master (when there
+// is one) keeps v, the parameter receives v rounded as `r` says (exact for f32/f64 parameters).
 template <typename C>
 __device__ __forceinline__ void store_param(const TensorArg& a, int64_t j, C v,
-                                            const StoreRounding& r) {
+                                            const StoreRounding& r, int64_t step) {
   if (a.master != nullptr) a.master[j] = float(v);
   if (a.dtype == DType::F32 || a.dtype == DType::F64 || !r.stochastic) {
     store_c<C>(a.data, a.dtype, j, v);
     return;
   }
-  const uint32_t rnd = random_bits(r.seed, r.offset, (a.id << 40) + uint64_t(j));
+  const uint32_t rnd = random_bits(r.seed, uint64_t(step), (a.id << 40) + uint64_t(j));
   const uint32_t bits =
       encode(narrow_format(a.dtype), float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
   if (a.dtype == DType::F16 || a.dtype == DType::BF16) {
@@ -217,6 +223,22 @@ __device__ __forceinline__ bool skipped(const float* found_inf) {
   return found_inf != nullptr && *found_inf != 0.0f;
 }
 
+// Advances the step count of every tensor whose first chunk is in the batch, unless skipped.
+__global__ void advance_steps_kernel(Batch batch, const float* found_inf) {
+  const int i = int(threadIdx.x);
+  if (i >= batch.num_tensors || skipped(found_inf)) return;
+  const TensorArg& a = batch.tensors[i];
+  if (a.advance) ++*a.step_count;
+}
+
+// An optimizer step's launch: the counts first, then the update, on one stream.
+template <typename Op>
+void launch_step_batch(const Batch& b, int blocks, const Op& op, cudaStream_t stream) {
+  advance_steps_kernel<<<1, kMaxTensors, 0, stream>>>(b, op.found_inf);
+  MT_CUDA_CHECK_LAUNCH();
+  launch_batch(b, blocks, op, stream);
+}
+
 // ---- SGD ---------------------------------------------------------------------------------------
 struct SgdOp {
   double lr, momentum, dampening, weight_decay;
@@ -229,6 +251,8 @@ struct SgdOp {
     const C lr_c = C(lr), wd = C(weight_decay), mom = C(momentum);
     const C keep = C(1.0 - dampening);
     C* buf = static_cast<C*>(a.state0);
+    const int64_t t = *a.step_count;
+    const bool first = t == 1;  // PyTorch: buf = clone(grad) on the first update
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       const int64_t j = start + k;
       C p = load_param<C>(a, j);
@@ -237,8 +261,8 @@ struct SgdOp {
       C d = g;
       if (momentum != 0) {
         C b;
-        if (a.first) {
-          b = g;  // PyTorch: buf = clone(grad), no dampening on the first step
+        if (first) {
+          b = g;  // no dampening on the first step
         } else {
           b = add_rn(mul_rn(buf[j], mom), mul_rn(keep, g));
         }
@@ -246,7 +270,7 @@ struct SgdOp {
         d = nesterov ? add_rn(g, mul_rn(mom, b)) : b;
       }
       p = sub_rn(p, mul_rn(lr_c, d));
-      store_param<C>(a, j, p, rounding);
+      store_param<C>(a, j, p, rounding, t);
     }
   }
 
@@ -274,7 +298,12 @@ struct AdamWOp {
     const C w = C(1.0 - beta1);  // lerp weight
     const C one_minus_w = C(1) - w;
     const C b2 = C(beta2), omb2 = C(1.0 - beta2), eps_c = C(eps);
-    const C neg_step = C(-a.step_size), bc2_sqrt = C(a.bc2_sqrt);
+    // The bias corrections in double from the device's step count (step_math.h, as the CPU).
+    const int64_t t = *a.step_count;
+    const bool first = t == 1;
+    const AdamWBiasCorrection bc =
+        adamw_bias_correction(lr, beta1, beta2, t, [](double x) { return __dsqrt_rn(x); });
+    const C neg_step = C(-bc.step_size), bc2_sqrt = C(bc.bc2_sqrt);
     const bool lerp_low = w < C(0.5);  // torch.lerp's choice of formula
     C* m = static_cast<C*>(a.state0);
     C* v = static_cast<C*>(a.state1);
@@ -282,8 +311,8 @@ struct AdamWOp {
       const int64_t j = start + k;
       const C g = load_c<C>(a.grad, a.grad_dtype, j);
       // The state starts at zero (PyTorch's zeros_like): on a first update it was never written.
-      const C mo = a.first ? C(0) : m[j];
-      const C vo = a.first ? C(0) : v[j];
+      const C mo = first ? C(0) : m[j];
+      const C vo = first ? C(0) : v[j];
       const C mn = lerp_low ? add_rn(mo, mul_rn(w, sub_rn(g, mo)))
                             : sub_rn(g, mul_rn(sub_rn(g, mo), one_minus_w));
       const C vn = add_rn(mul_rn(vo, b2), mul_rn(mul_rn(omb2, g), g));
@@ -292,7 +321,7 @@ struct AdamWOp {
       const C denom = add_rn(div_rn(sqrt_rn(vn), bc2_sqrt), eps_c);
       C p = load_param<C>(a, j);
       p = add_rn(mul_rn(p, decay), div_rn(mul_rn(neg_step, mn), denom));
-      store_param<C>(a, j, p, rounding);
+      store_param<C>(a, j, p, rounding, t);
     }
   }
 
@@ -379,11 +408,12 @@ __global__ void norm_combine_kernel(const double* partials, int64_t count, NormK
 }
 
 struct ScaleOp {
-  double factor;
+  const double* factor;  // on the device (clipping's coefficient)
 
   template <typename C>
   __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
-    const C f = C(factor);
+    if (*factor == 1.0) return;  // x * 1 == x for every x: nothing to write
+    const C f = C(*factor);
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       const int64_t j = start + k;
       store_c<C>(a.data, a.dtype, j, mul_rn(load_c<C>(a.data, a.dtype, j), f));
@@ -409,7 +439,7 @@ struct UnscaleOp {
 
   template <typename C>
   __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
-    const double inv = state != nullptr ? amp::detail::round_to_f32(1.0 / state[0]) : inv_scale;
+    const double inv = state != nullptr ? round_to_f32(1.0 / state[0]) : inv_scale;
     const C f = C(inv);
     constexpr C kMax = std::numeric_limits<C>::max();
     bool bad = false;
@@ -434,101 +464,34 @@ struct UnscaleOp {
 };
 
 __global__ void update_scale_kernel(double* state, const float* found_inf, ScaleUpdate rule) {
-  const amp::detail::ScaleState next = amp::detail::next_scale_state(
-      {state[0], int64_t(state[1]), int64_t(state[2]), int64_t(state[3])}, *found_inf != 0.0f,
-      rule);
+  const ScaleState next =
+      next_scale_state({state[0], int64_t(state[1]), int64_t(state[2]), int64_t(state[3])},
+                       *found_inf != 0.0f, rule);
   state[0] = next.scale;
   state[1] = double(next.growth_tracker);
   state[2] = double(next.hysteresis_tracker);
   state[3] = double(next.min_scale_overflows);
 }
 
-// ---- host checks -------------------------------------------------------------------------------
-DType state_dtype(DType param) {
-  return param == DType::F64 ? DType::F64 : DType::F32;
-}
-
-bool on_device(const Tensor& t, int device) {
-  return t.device().is_cuda() && t.device().index == device;
-}
-
-void check_flag(const Tensor& f, int device, const char* kernel) {
-  MT_ASSERT(f.dtype() == DType::F32 && f.numel() == 1 && f.is_contiguous() && on_device(f, device),
-            kernel, ": the found-inf flag is one f32 element on cuda:", device, ", got ",
-            f.describe());
-}
-
-void check_plain(std::span<const Tensor> tensors, int device, const char* kernel) {
-  for (const Tensor& t : tensors) {
-    MT_ASSERT(t.is_floating_point() && t.is_contiguous() && on_device(t, device), kernel, " of ",
-              t.describe(), " on cuda:", device);
-  }
-}
-
-void check_options(const MultiTensorOptions& o, std::span<Tensor> params, int device,
-                   const char* kernel) {
-  MT_CHECK(
-      o.store_rounding == RoundingMode::NearestEven || o.store_rounding == RoundingMode::Stochastic,
-      kernel, ": rounding mode ", rounding_name(o.store_rounding),
-      " on store is not supported; use round-to-nearest-even or stochastic rounding");
-  MT_ASSERT(o.masters.empty() || o.masters.size() == params.size(), kernel,
-            ": one master entry per parameter");
-  MT_ASSERT(o.store_rounding != RoundingMode::Stochastic || o.tensor_ids.size() == params.size(),
-            kernel, ": stochastic rounding needs one tensor id per parameter");
-  for (size_t i = 0; i < o.masters.size(); ++i) {
-    const Tensor& m = o.masters[i];
-    if (!m.defined()) continue;
-    MT_ASSERT(m.dtype() == DType::F32 && m.is_contiguous() && m.shape() == params[i].shape() &&
-                  on_device(m, device) && params[i].dtype() != DType::F32 &&
-                  params[i].dtype() != DType::F64,
-              kernel, ": master ", m.describe(), " of parameter ", params[i].describe());
-  }
-  if (o.found_inf != nullptr) check_flag(*o.found_inf, device, kernel);
-}
-
-void check_step_tensors(const char* kernel, int device, std::span<Tensor> params,
-                        std::span<const Tensor> grads, std::span<const int64_t> steps,
-                        std::initializer_list<std::span<Tensor>> states) {
-  MT_ASSERT(grads.size() == params.size() && steps.size() == params.size(), kernel,
-            ": one gradient and one step per parameter");
-  for (const auto& s : states)
-    MT_ASSERT(s.size() == params.size(), kernel, ": one state tensor per parameter");
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& p = params[i];
-    const Tensor& g = grads[i];
-    MT_ASSERT(p.is_floating_point() && p.is_contiguous() && on_device(p, device), kernel,
-              ": parameter ", i, " is ", p.describe());
-    MT_ASSERT(g.is_floating_point() && g.is_contiguous() && g.shape() == p.shape() &&
-                  on_device(g, device),
-              kernel, ": gradient ", i, " is ", g.describe(), " for a parameter ", p.describe());
-    MT_ASSERT(steps[i] >= 1, kernel, ": step ", steps[i], " of tensor ", i);
-    for (const auto& s : states) {
-      const Tensor& b = s[i];
-      MT_ASSERT(b.dtype() == state_dtype(p.dtype()) && b.is_contiguous() &&
-                    b.shape() == p.shape() && on_device(b, device),
-                kernel, ": state ", b.describe(), " of parameter ", p.describe());
-    }
-  }
-}
-
+// ---- host side ---------------------------------------------------------------------------------
 StoreRounding rounding_of(const MultiTensorOptions& o) {
-  return {o.store_rounding == RoundingMode::Stochastic, o.seed, o.offset};
+  return {o.store_rounding == RoundingMode::Stochastic, o.seed};
 }
 
 // The parts of tensor i's launch entry that both optimizer steps share.
 TensorArg step_arg(std::span<Tensor> params, std::span<const Tensor> grads,
-                   std::span<const int64_t> steps, const MultiTensorOptions& o, size_t i) {
+                   const MultiTensorOptions& o, size_t i) {
   TensorArg a;
   a.data = params[i].data_ptr();
   a.grad = grads[i].data_ptr();
   a.numel = params[i].numel();
   a.dtype = params[i].dtype();
   a.grad_dtype = grads[i].dtype();
-  a.first = steps[i] == 1;
+  a.id = o.ids[i];
+  a.step_count = static_cast<int64_t*>(o.step_counts->data_ptr()) + o.ids[i];
   if (i < o.masters.size() && o.masters[i].defined()) {
     a.master = static_cast<float*>(o.masters[i].data_ptr());
   }
-  if (o.store_rounding == RoundingMode::Stochastic) a.id = o.tensor_ids[i];
   return a;
 }
 
@@ -555,17 +518,15 @@ void launch_unscale(std::span<Tensor> grads, double inv_scale, const double* sta
 }  // namespace
 
 void CudaBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
-                           std::span<Tensor> momentum_bufs, std::span<const int64_t> steps,
-                           const SgdStep& hyper) {
+                           std::span<Tensor> momentum_bufs, const SgdStep& hyper) {
   DeviceGuard guard(device_);
   const MultiTensorOptions& o = hyper.options;
-  check_options(o, params, device_, "sgd_step");
   const bool with_momentum = hyper.momentum != 0;
+  MT_ASSERT(with_momentum || momentum_bufs.empty(), "sgd_step: momentum buffers without momentum");
   if (with_momentum) {
-    check_step_tensors("sgd_step", device_, params, grads, steps, {momentum_bufs});
+    check_step_call("sgd_step", Device::cuda(device_), params, grads, {momentum_bufs}, o);
   } else {
-    MT_ASSERT(momentum_bufs.empty(), "sgd_step: momentum buffers without momentum");
-    check_step_tensors("sgd_step", device_, params, grads, steps, {});
+    check_step_call("sgd_step", Device::cuda(device_), params, grads, {}, o);
   }
   const SgdOp op{hyper.lr,       hyper.momentum, hyper.dampening, hyper.weight_decay,
                  hyper.nesterov, rounding_of(o), flag_ptr(o)};
@@ -573,45 +534,42 @@ void CudaBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> gra
   for_each_batch(
       params.size(), [&](size_t i) { return params[i].numel(); },
       [&](size_t i) {
-        TensorArg a = step_arg(params, grads, steps, o, i);
+        TensorArg a = step_arg(params, grads, o, i);
         if (with_momentum) a.state0 = momentum_bufs[i].data_ptr();
         return a;
       },
-      [&](const Batch& b, int blocks) { launch_batch(b, blocks, op, stream); });
+      [&](const Batch& b, int blocks) { launch_step_batch(b, blocks, op, stream); });
+  o.step_counts->bump_version();
 }
 
 void CudaBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
                              std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
-                             std::span<const int64_t> steps, const AdamWStep& hyper) {
+                             const AdamWStep& hyper) {
   DeviceGuard guard(device_);
   const MultiTensorOptions& o = hyper.options;
-  check_options(o, params, device_, "adamw_step");
-  check_step_tensors("adamw_step", device_, params, grads, steps, {exp_avgs, exp_avg_sqs});
+  check_step_call("adamw_step", Device::cuda(device_), params, grads, {exp_avgs, exp_avg_sqs}, o);
   const AdamWOp op{hyper.lr,           hyper.beta1,    hyper.beta2, hyper.eps,
                    hyper.weight_decay, rounding_of(o), flag_ptr(o)};
   const cudaStream_t stream = stream_for(device_);
   for_each_batch(
       params.size(), [&](size_t i) { return params[i].numel(); },
       [&](size_t i) {
-        TensorArg a = step_arg(params, grads, steps, o, i);
+        TensorArg a = step_arg(params, grads, o, i);
         a.state0 = exp_avgs[i].data_ptr();
         a.state1 = exp_avg_sqs[i].data_ptr();
-        // The bias corrections in double on the host, per tensor, as the CPU.
-        const double s = double(steps[i]);
-        a.step_size = hyper.lr / (1.0 - std::pow(hyper.beta1, s));
-        a.bc2_sqrt = std::sqrt(1.0 - std::pow(hyper.beta2, s));
         return a;
       },
-      [&](const Batch& b, int blocks) { launch_batch(b, blocks, op, stream); });
+      [&](const Batch& b, int blocks) { launch_step_batch(b, blocks, op, stream); });
+  o.step_counts->bump_version();
 }
 
 void CudaBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm_type,
                                     Tensor& out) {
   DeviceGuard guard(device_);
-  MT_ASSERT(out.dtype() == DType::F64 && out.numel() == 1 && on_device(out, device_),
+  MT_ASSERT(out.dtype() == DType::F64 && out.numel() == 1 && out.device() == Device::cuda(device_),
             "multi_tensor_norm writes one f64 element on cuda:", device_, ", got ", out.describe());
   MT_CHECK(norm_type > 0, "a gradient norm needs norm_type > 0 (or inf), got ", norm_type);
-  check_plain(tensors, device_, "multi_tensor_norm");
+  check_plain_tensors("multi_tensor_norm", Device::cuda(device_), tensors);
   const NormKind kind = std::isinf(norm_type) ? NormKind::Inf
                         : norm_type == 2      ? NormKind::Two
                         : norm_type == 1      ? NormKind::One
@@ -637,10 +595,14 @@ void CudaBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm
   MT_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::multi_tensor_scale(std::span<Tensor> tensors, double factor) {
+void CudaBackend::multi_tensor_scale(std::span<Tensor> tensors, const Tensor& factor) {
   DeviceGuard guard(device_);
-  check_plain(tensors, device_, "multi_tensor_scale");
-  const ScaleOp op{factor};
+  check_plain_tensors("multi_tensor_scale", Device::cuda(device_), tensors);
+  MT_ASSERT(factor.dtype() == DType::F64 && factor.numel() == 1 &&
+                factor.device() == Device::cuda(device_),
+            "multi_tensor_scale: the factor is one f64 element on cuda:", device_, ", got ",
+            factor.describe());
+  const ScaleOp op{static_cast<const double*>(factor.data_ptr())};
   const cudaStream_t stream = stream_for(device_);
   for_each_batch(
       tensors.size(), [&](size_t i) { return tensors[i].numel(); },
@@ -656,11 +618,11 @@ void CudaBackend::multi_tensor_scale(std::span<Tensor> tensors, double factor) {
 
 bool CudaBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) {
   DeviceGuard guard(device_);
-  check_plain(grads, device_, "unscale_and_check");
+  check_plain_tensors("unscale_and_check", Device::cuda(device_), grads);
   const cudaStream_t stream = stream_for(device_);
   if (found_inf != nullptr) {
     // The flag is the answer and stays on the device (see the top of this file): no wait.
-    check_flag(*found_inf, device_, "unscale_and_check");
+    check_found_inf("unscale_and_check", Device::cuda(device_), *found_inf);
     launch_unscale(grads, inv_scale, nullptr, static_cast<float*>(found_inf->data_ptr()), stream);
     return false;
   }
@@ -677,11 +639,8 @@ bool CudaBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, T
 
 void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) {
   DeviceGuard guard(device_);
-  MT_ASSERT(state.dtype() == DType::F64 && state.numel() == 4 && state.is_contiguous() &&
-                on_device(state, device_),
-            "update_scale: the scaler state is 4 f64 elements on cuda:", device_, ", got ",
-            state.describe());
-  check_flag(found_inf, device_, "update_scale");
+  check_scale_state("update_scale", Device::cuda(device_), state);
+  check_found_inf("update_scale", Device::cuda(device_), found_inf);
   update_scale_kernel<<<1, 1, 0, stream_for(device_)>>>(
       static_cast<double*>(state.data_ptr()), static_cast<const float*>(found_inf.data_ptr()),
       rule);
@@ -689,17 +648,14 @@ void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const Sca
   state.bump_version();
 }
 
-void unscale_and_check_by_state(std::span<Tensor> grads, const Tensor& state, Tensor& found_inf) {
-  MT_ASSERT(state.device().is_cuda() && state.dtype() == DType::F64 && state.numel() == 4 &&
-                state.is_contiguous(),
-            "unscale_and_check_by_state: the scaler state is 4 f64 elements on a GPU, got ",
-            state.describe());
-  const int device = state.device().index;
-  DeviceGuard guard(device);
-  check_plain(grads, device, "unscale_and_check");
-  check_flag(found_inf, device, "unscale_and_check");
-  launch_unscale(grads, 1.0, static_cast<const double*>(state.data_ptr()),
-                 static_cast<float*>(found_inf.data_ptr()), stream_for(device));
+void CudaBackend::unscale_and_check(std::span<Tensor> grads, const Tensor& scale_state,
+                                    Tensor& found_inf) {
+  DeviceGuard guard(device_);
+  check_scale_state("unscale_and_check", Device::cuda(device_), scale_state);
+  check_plain_tensors("unscale_and_check", Device::cuda(device_), grads);
+  check_found_inf("unscale_and_check", Device::cuda(device_), found_inf);
+  launch_unscale(grads, 1.0, static_cast<const double*>(scale_state.data_ptr()),
+                 static_cast<float*>(found_inf.data_ptr()), stream_for(device_));
 }
 
 }  // namespace mantissa::backend::cuda

@@ -1,7 +1,9 @@
-// Internal: the dynamic loss scale's update rule, the one definition shared by the host
-// GradScaler (src/amp/grad_scaler.cpp) and the backends' update_scale (the CUDA one runs it in a
-// one-thread kernel), so that a scale kept on the device follows the host trajectory exactly.
-// A pure function of plain values: no library calls, so nvcc compiles it for the device too.
+// Internal: the arithmetic of the mixed-precision recipe that every backend's multi-tensor
+// kernels share, host and device: the dynamic loss scale's update rule (Backend::update_scale;
+// the CUDA backend runs it in a one-thread kernel) and AdamW's bias corrections from a step count
+// (the step counts live on the parameters' device). One definition, so the CPU and the GPU
+// follow the same trajectory bit for bit. Pure functions of plain values, no library calls: nvcc
+// compiles them for the device too.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +16,7 @@
 #define MT_HOST_DEVICE
 #endif
 
-namespace mantissa::amp::detail {
+namespace mantissa::backend {
 
 struct ScaleState {
   double scale = 1.0;  // an fp32 value, as PyTorch's
@@ -39,7 +41,7 @@ MT_HOST_DEVICE constexpr bool is_finite_value(double x) {
 // hysteresis count and, after growth_interval of them, grows the scale (never above max_scale,
 // not at all when the grown value overflows fp32).
 MT_HOST_DEVICE constexpr ScaleState next_scale_state(ScaleState s, bool found_inf,
-                                                     const backend::ScaleUpdate& rule) {
+                                                     const ScaleUpdate& rule) {
   if (found_inf) {
     const bool at_min = s.scale <= rule.min_scale;
     s.growth_tracker = 0;
@@ -66,4 +68,30 @@ MT_HOST_DEVICE constexpr ScaleState next_scale_state(ScaleState s, bool found_in
   return s;
 }
 
-}  // namespace mantissa::amp::detail
+// base^n for n >= 0 by binary exponentiation: only IEEE double multiplications, so the host and
+// the device compute the very same value (a library pow may differ in the last bit between them).
+MT_HOST_DEVICE constexpr double pow_int(double base, int64_t n) {
+  double result = 1.0, b = base;
+  while (n > 0) {
+    if (n & 1) result *= b;
+    b *= b;
+    n >>= 1;
+  }
+  return result;
+}
+
+// AdamW's per-tensor constants at its t-th update (t >= 1): step_size = lr / (1 - beta1^t) and
+// bc2_sqrt = sqrt(1 - beta2^t). IEEE division and square root are correctly rounded on both
+// sides; `sqrt` is passed in because <cmath>'s is not a device function.
+struct AdamWBiasCorrection {
+  double step_size;
+  double bc2_sqrt;
+};
+template <typename Sqrt>
+MT_HOST_DEVICE constexpr AdamWBiasCorrection adamw_bias_correction(double lr, double beta1,
+                                                                   double beta2, int64_t t,
+                                                                   Sqrt sqrt) {
+  return {lr / (1.0 - pow_int(beta1, t)), sqrt(1.0 - pow_int(beta2, t))};
+}
+
+}  // namespace mantissa::backend

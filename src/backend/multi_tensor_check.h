@@ -1,0 +1,32 @@
+// Internal: the one validation of the multi-tensor calls' arguments (backend.h), shared by every
+// backend so that they accept and refuse the same calls. The optim and amp layers guarantee
+// these invariants; a failure is a Mantissa bug (MT_ASSERT), except a store rounding mode the
+// kernels do not offer, which a user can ask for (MT_CHECK).
+#pragma once
+
+#include <initializer_list>
+#include <span>
+
+#include "backend/backend.h"
+
+namespace mantissa::backend {
+
+// Tensors a plain multi-tensor pass takes (norm, scale, unscale): floating, contiguous, on
+// `device`.
+void check_plain_tensors(const char* kernel, Device device, std::span<const Tensor> tensors);
+
+// A one-element F32 found-inf flag, contiguous, on `device`.
+void check_found_inf(const char* kernel, Device device, const Tensor& flag);
+
+// The loss scaler's state: 4 F64 elements, contiguous, on `device` (Backend::update_scale).
+void check_scale_state(const char* kernel, Device device, const Tensor& state);
+
+// An optimizer step: one gradient, one id and one tensor of each state per parameter; state
+// dtypes as optimizer_state_dtype; masters (F32, the parameter's shape) only for parameters
+// stored narrower than f32; the step counts an I64 vector on `device` with a row for every id;
+// the flag as check_found_inf.
+void check_step_call(const char* kernel, Device device, std::span<const Tensor> params,
+                     std::span<const Tensor> grads, std::initializer_list<std::span<Tensor>> states,
+                     const MultiTensorOptions& options);
+
+}  // namespace mantissa::backend
