@@ -75,8 +75,9 @@ std::vector<Tensor> allocate_batch(const std::vector<FieldSpec>& fields) {
   std::vector<size_t> at(fields.size());
   size_t bytes = 0;
   for (size_t f = 0; f < fields.size(); ++f) {
-    MT_CHECK(fields[f].shape.numel() >= 0, "allocate_batch: field ", f, " has shape ",
-             fields[f].shape.str());
+    for (const int64_t d : fields[f].shape)
+      MT_CHECK(d >= 0, "allocate_batch: field ", f, " has a negative dimension in its shape ",
+               fields[f].shape.str());
     bytes = (bytes + kAllocAlignment - 1) / kAllocAlignment * kAllocAlignment;
     at[f] = bytes;
     bytes += size_t(fields[f].shape.numel()) * dtype_size(fields[f].dtype);
