@@ -1,42 +1,30 @@
-// DevicePrefetcher: the loader's next batch copied and normalized on a side stream while the
-// model trains on the current one; handed to the consumer's stream with an event.
+// DevicePrefetcher: the loader's next batch copied (and finished: the dataset's DeviceSplit) on a
+// side stream while the model trains on the current one; handed to the consumer's stream with an
+// event.
 #include <algorithm>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <utility>
 
-#include "data/rebase.h"
+#include "data/batch_block.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/loader.h"
-#include "mantissa/tensor/ops.h"
 
 namespace mantissa::data {
 namespace {
 
-LoaderOptions options_for(LoaderOptions o, Device device) {
-  if (!device.is_cuda()) return o;
+void check_device(Device device) {
+  if (!device.is_cuda()) return;
   MT_CHECK(cuda::is_available(), "no CUDA device: ", cuda_info().status, "; run with --device cpu");
   MT_CHECK(device.index >= 0 && device.index < cuda::device_count(), device.str(),
            " does not exist: this machine has ", cuda::device_count(),
            " CUDA device(s); use cuda:0 .. cuda:", cuda::device_count() - 1);
-  o.pin_memory = true;
-  // A transform expects normalized batches (LoaderOptions::transform): those cross as they are.
-  if (!o.transform) o.normalize = false;
-  return o;
-}
-
-// One past the last byte of t's view in its storage.
-size_t end_byte(const Tensor& t) {
-  int64_t last = t.offset();
-  if (t.numel() > 0) {
-    for (int d = 0; d < t.dim(); ++d)
-      last += (t.size(d) - 1) * t.stride(d);
-    ++last;
-  }
-  return size_t(last) * t.element_size();
 }
 
 // Queues host -> device copies of a (pinned) batch on the current stream, without waiting.
@@ -44,26 +32,31 @@ Batch copy_to(const Batch& host, Device device) {
   Batch out;
   out.index = host.index;
   out.epoch = host.epoch;
-  const std::shared_ptr<Storage>& block = host.x.storage();
-  if (block == host.y.storage()) {
-    // The loader's one block (x, then y): one transfer, views rebuilt over the device copy.
-    const size_t span = std::max(end_byte(host.x), end_byte(host.y));
-    auto impl = std::make_shared<TensorImpl>();
-    impl->storage = block;
-    impl->shape = {int64_t(span)};
-    impl->strides = {1};
-    impl->dtype = DType::U8;
-    const Tensor bytes = Tensor(std::move(impl)).to(device, /*non_blocking=*/true);
-    out.x = rebase(host.x, bytes.storage());
-    out.y = rebase(host.y, bytes.storage());
+  out.names = host.names;
+  if (const std::shared_ptr<Storage> block = own_block(host.fields)) {
+    // The loader's one block: one transfer, views rebuilt over the device copy.
+    size_t span = 0;
+    for (const Tensor& f : host.fields)
+      span = std::max(span, end_byte(f));
+    const Tensor bytes =
+        tensor_on(block, {int64_t(span)}, 0, DType::U8).to(device, /*non_blocking=*/true);
+    for (const Tensor& f : host.fields)
+      out.fields.push_back(rebase(f, bytes.storage()));
   } else {
-    out.x = host.x.to(device, /*non_blocking=*/true);
-    out.y = host.y.to(device, /*non_blocking=*/true);
+    for (const Tensor& f : host.fields)
+      out.fields.push_back(f.to(device, /*non_blocking=*/true));
   }
   return out;
 }
 
 }  // namespace
+
+// What the loader loads on the host, with which options, and what is left to the device.
+struct DevicePrefetcher::Plan {
+  std::shared_ptr<const Dataset> dataset;
+  LoaderOptions options;
+  std::function<void(Batch&)> finish;  // null: batches cross finished
+};
 
 struct DevicePrefetcher::Cuda {
   struct InFlight {
@@ -73,7 +66,7 @@ struct DevicePrefetcher::Cuda {
   };
 
   cuda::Stream side;
-  Tensor table;  // the loader's pixel table on the device; undefined: batches cross normalized
+  std::function<void(Batch&)> finish;  // the dataset's device half (DeviceSplit); null: none
   std::optional<InFlight> ahead;
   std::exception_ptr error;   // making or copying the next batch failed: next() rethrows it
   bool ahead_is_end = false;  // the loader's epoch ended after the last batch handed out
@@ -88,14 +81,38 @@ struct DevicePrefetcher::Cuda {
   void retire(InFlight& f) { copying.emplace_back(std::move(f.ready), std::move(f.host)); }
 };
 
-DevicePrefetcher::DevicePrefetcher(ImageDataset dataset, LoaderOptions options, Device device)
-    : loader_(std::move(dataset), options_for(options, device)), device_(device) {
+DevicePrefetcher::Plan DevicePrefetcher::make_plan(std::shared_ptr<const Dataset> dataset,
+                                                   LoaderOptions options, Device device) {
+  MT_CHECK(dataset != nullptr, "DevicePrefetcher: needs a dataset (got a null pointer)");
+  Plan p;
+  if (device.is_cuda()) {
+    check_device(device);
+    options.pin_memory = true;
+    // A collate or transform expects the dataset's own samples and batches: those cross as made.
+    if (!options.collate && !options.transform) {
+      if (std::optional<DeviceSplit> split = dataset->split_for_device(device)) {
+        MT_ASSERT(split->host != nullptr && split->finish,
+                  "a DeviceSplit needs both a host dataset and a finish step");
+        dataset = std::move(split->host);
+        p.finish = std::move(split->finish);
+      }
+    }
+  }
+  p.dataset = std::move(dataset);
+  p.options = std::move(options);
+  return p;
+}
+
+DevicePrefetcher::DevicePrefetcher(std::shared_ptr<const Dataset> dataset, LoaderOptions options,
+                                   Device device)
+    : DevicePrefetcher(make_plan(std::move(dataset), std::move(options), device), device) {}
+
+DevicePrefetcher::DevicePrefetcher(Plan p, Device device)
+    : loader_(std::move(p.dataset), std::move(p.options)), device_(device) {
   if (!device_.is_cuda()) return;
   cuda_ = std::make_unique<Cuda>();
   cuda_->side = cuda::Stream::create(device_.index);
-  if (options.normalize && !loader_.options().normalize) {
-    cuda_->table = loader_.pixel_table().to(device_);
-  }
+  cuda_->finish = std::move(p.finish);
 }
 
 DevicePrefetcher::~DevicePrefetcher() {
@@ -151,11 +168,7 @@ void DevicePrefetcher::fetch_ahead() {
     NoGrad ng;
     cuda::StreamGuard on_side(c.side);
     Batch batch = copy_to(*host, device_);
-    if (c.table.defined()) {
-      // x = table[pixel]: the loader's own lookup, so the values are the CPU path's bit for bit.
-      const Tensor pixels = batch.x.contiguous().reshape({batch.x.numel()}).to(DType::I64);
-      batch.x = index_select(c.table, 0, pixels).view(batch.x.shape());
-    }
+    if (c.finish) c.finish(batch);
     cuda::Event ready;
     ready.record(c.side);
     c.ahead = Cuda::InFlight{std::move(batch), std::move(*host), std::move(ready)};
@@ -184,8 +197,8 @@ std::optional<Batch> DevicePrefetcher::next() {
   // that this stream uses the batch, so its memory outlives the work queued on it.
   const cuda::Stream current = cuda::current_stream(device_.index);
   f.ready.wait(current);
-  cuda::record_stream(f.batch.x, current);
-  cuda::record_stream(f.batch.y, current);
+  for (const Tensor& t : f.batch.fields)
+    cuda::record_stream(t, current);
   c.retire(f);
   fetch_ahead();
   return std::move(f.batch);

@@ -15,7 +15,7 @@
 
 #include "data/file_io.h"
 #include "mantissa/core/error.h"
-#include "mantissa/data/dataset.h"
+#include "mantissa/data/images.h"
 
 namespace mantissa::data {
 namespace {
@@ -195,20 +195,18 @@ ImageDataset load_mnist_format(const std::string& images_path, const std::string
   MT_CHECK(lab.dims[0] == n, "image and label counts differ: '", images_path, "' holds ", n,
            " images but '", labels_path, "' holds ", lab.dims[0], " labels");
 
-  ImageDataset ds;
-  ds.num_classes = num_classes;
-  ds.name = std::move(name);
-  ds.images = Tensor::empty({n, 1, img.dims[1], img.dims[2]}, DType::U8);
-  ds.images.copy_from_host(img.data.data(), img.data.size());
-  ds.labels = Tensor::empty({n}, DType::I64);
-  int64_t* labels = ds.labels.data<int64_t>();
+  Tensor images = Tensor::empty({n, 1, img.dims[1], img.dims[2]}, DType::U8);
+  images.copy_from_host(img.data.data(), img.data.size());
+  Tensor labels = Tensor::empty({n}, DType::I64);
+  int64_t* l = labels.data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = lab.data[size_t(i)];
+    // Checked here too, to name the file (ImageDataset's own check cannot).
     MT_CHECK(v < num_classes, "'", labels_path, "': label ", i, " is ", v, ", out of range for ",
              num_classes, " classes");
-    labels[i] = v;
+    l[i] = v;
   }
-  return ds;
+  return ImageDataset(std::move(images), std::move(labels), num_classes, std::move(name));
 }
 
 ImageDataset load_fashion_mnist(const std::string& dir, bool train) {

@@ -3,149 +3,100 @@
 // j - prefetch, so the queue is bounded and the consumer takes batches strictly in index order.
 #include "mantissa/data/loader.h"
 
-#include "data/rebase.h"
-
 #include <algorithm>
-#include <cmath>
 #include <condition_variable>
-#include <cstring>
 #include <exception>
 #include <mutex>
-#include <numeric>
+#include <span>
+#include <string>
 #include <thread>
 
+#include "data/batch_block.h"
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
-#include "mantissa/numerics/philox.h"
 
 namespace mantissa::data {
 namespace {
 
-uint64_t draw64(uint64_t seed, uint64_t stream, uint64_t i) {
-  return uint64_t(random_bits(seed, stream, 2 * i)) << 32 | random_bits(seed, stream, 2 * i + 1);
-}
-
-uint64_t below(uint64_t bits, uint64_t n) {
-  return uint64_t((unsigned __int128)bits * n >> 64);
-}
-
-// Every batch's bytes come from here: one block holding x, then y at a 64-byte boundary, so that
-// pinning a batch (for asynchronous device copies) is one copy and moving it to a device is one
-// transfer.
-std::shared_ptr<Storage> allocate_batch_storage(size_t bytes) {
-  return std::make_shared<Storage>(bytes, Device::cpu());
-}
-
-// A contiguous tensor over part of a storage (offset in elements of dtype).
-Tensor tensor_on(std::shared_ptr<Storage> storage, const Shape& shape, int64_t offset,
-                 DType dtype) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::move(storage);
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->offset = offset;
-  impl->dtype = dtype;
-  return Tensor(std::move(impl));
-}
-
-// out[i] = table[in[i]] for elements of one size: normalization is a 256-entry lookup, which
-// also makes every output dtype (rounded once, RNE, when the table is built) equally cheap.
-template <typename T>
-void gather_pixels(const uint8_t* in, int64_t n, const uint8_t* table_bytes, uint8_t* out_bytes) {
-  T table[256];
-  std::memcpy(table, table_bytes, sizeof(table));
-  T* out = reinterpret_cast<T*>(out_bytes);
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = table[in[i]];
+std::string describe(const FieldNames& names) {
+  std::string s;
+  for (const std::string& n : names)
+    s += (s.empty() ? "" : ", ") + n;
+  return s;
 }
 
 }  // namespace
 
 struct DataLoader::Source {
-  ImageDataset dataset;
+  std::shared_ptr<const Dataset> dataset;
   LoaderOptions options;
+  std::shared_ptr<const Sampler> sampler;
+  std::shared_ptr<const FieldNames> names;
+  int64_t size = 0;  // the dataset's
   int64_t num_batches = 0;
   int64_t num_samples = 0;
-  std::vector<uint8_t> table;  // 256 normalized values in options.dtype
 
   std::vector<int64_t> order(int64_t epoch) const {
-    const int64_t n = dataset.size();
-    std::vector<int64_t> o(size_t(n), 0);
-    std::iota(o.begin(), o.end(), int64_t(0));
-    if (!options.shuffle) return o;
-    for (int64_t i = n - 1; i > 0; --i) {
-      const auto j =
-          int64_t(below(draw64(options.seed, uint64_t(epoch), uint64_t(i)), uint64_t(i + 1)));
-      std::swap(o[size_t(i)], o[size_t(j)]);
-    }
+    MT_CHECK(epoch >= 0, "DataLoader: epochs count from 0, not ", epoch);
+    std::vector<int64_t> o = sampler->order(epoch);
+    MT_CHECK(int64_t(o.size()) == sampler->size(), "DataLoader: the sampler's order(", epoch,
+             ") has ", o.size(), " indices but its size() says ", sampler->size(),
+             "; a Sampler must return size() indices for every epoch");
     return o;
   }
 
   Batch make(const std::vector<int64_t>& order, int64_t epoch, int64_t index) const {
     const int64_t start = index * options.batch_size;
     const int64_t b = std::min(options.batch_size, num_samples - start);
-    const int64_t per_image = dataset.channels() * dataset.height() * dataset.width();
-    const DType x_dtype = options.normalize ? options.dtype : DType::U8;
-    const size_t esize = dtype_size(x_dtype);
-    const size_t x_bytes = size_t(b * per_image) * esize;
-    const size_t y_at = (x_bytes + kAllocAlignment - 1) / kAllocAlignment * kAllocAlignment;
-    auto storage = allocate_batch_storage(y_at + size_t(b) * sizeof(int64_t));
-
+    const std::span<const int64_t> indices(order.data() + start, size_t(b));
+    for (const int64_t i : indices) {
+      MT_CHECK(i >= 0 && i < size, "DataLoader: the sampler gave index ", i, " in batch ", index,
+               " of epoch ", epoch, ", but '", dataset->name(), "' holds ", size, " items (0 .. ",
+               size - 1, "); build the sampler with the dataset's size()");
+    }
     Batch batch;
-    batch.x =
-        tensor_on(storage, {b, dataset.channels(), dataset.height(), dataset.width()}, 0, x_dtype);
-    batch.y = tensor_on(storage, {b}, int64_t(y_at / sizeof(int64_t)), DType::I64);
     batch.index = index;
     batch.epoch = epoch;
-    const uint8_t* images = static_cast<const uint8_t*>(dataset.images.data_ptr());
-    const int64_t* labels = static_cast<const int64_t*>(dataset.labels.data_ptr());
-    auto* x = static_cast<uint8_t*>(batch.x.data_ptr());
-    auto* y = static_cast<int64_t*>(batch.y.data_ptr());
-    for (int64_t i = 0; i < b; ++i) {
-      const int64_t item = order[size_t(start + i)];
-      const uint8_t* src = images + item * per_image;
-      uint8_t* dst = x + size_t(i * per_image) * esize;
-      if (!options.normalize) {
-        std::memcpy(dst, src, size_t(per_image));
-        y[i] = labels[item];
-        continue;
-      }
-      switch (esize) {
-        case 1:
-          gather_pixels<uint8_t>(src, per_image, table.data(), dst);
-          break;
-        case 2:
-          gather_pixels<uint16_t>(src, per_image, table.data(), dst);
-          break;
-        case 4:
-          gather_pixels<uint32_t>(src, per_image, table.data(), dst);
-          break;
-        case 8:
-          gather_pixels<uint64_t>(src, per_image, table.data(), dst);
-          break;
-        default:
-          MT_ASSERT(false, "no pixel gather for elements of ", esize, " bytes");
-      }
-      y[i] = labels[item];
+    batch.names = names;
+    if (options.collate) {
+      std::vector<Sample> samples;
+      samples.reserve(size_t(b));
+      for (const int64_t i : indices)
+        samples.push_back(dataset->get(i));
+      batch.fields = options.collate(samples);
+    } else {
+      batch.fields = dataset->get_batch(indices);
     }
+    MT_CHECK(!batch.fields.empty(), "DataLoader: batch ", index, " of '", dataset->name(),
+             "' has no fields; ", options.collate ? "LoaderOptions::collate" : "Dataset::get_batch",
+             " must return at least one tensor");
+    MT_CHECK(names->empty() || names->size() == batch.fields.size(), "DataLoader: batch ", index,
+             " of '", dataset->name(), "' has ", batch.fields.size(), " fields but ", names->size(),
+             " names (", describe(*names), ") from ",
+             options.collate_names.empty() ? "the dataset's field_names()"
+                                           : "LoaderOptions::collate_names",
+             options.collate && options.collate_names.empty()
+                 ? "; a collate that changes the fields names its own in "
+                   "LoaderOptions::collate_names"
+                 : "; name every field the batches have");
     if (options.transform) options.transform(batch);
-    if (options.pin_memory) pin(batch, storage);
+    if (options.pin_memory) pin(batch);
     return batch;
   }
 
-  static void pin(Batch& batch, const std::shared_ptr<Storage>& block) {
-    if (batch.x.storage() == block && batch.y.storage() == block) {
-      // One page-locked copy of the whole block, x and y rebuilt over it with their layouts:
+  static void pin(Batch& batch) {
+    if (const std::shared_ptr<Storage> block = own_block(batch.fields)) {
+      // One page-locked copy of the whole block, the fields rebuilt over it with their layouts:
       // the batch still crosses to the device as one transfer.
       const Tensor pinned = tensor_on(block, {int64_t(block->nbytes)}, 0, DType::U8).pin_memory();
       MT_ASSERT(pinned.offset() == 0 && pinned.nbytes() == block->nbytes,
                 "pin_memory must copy the block as it is");
-      batch.x = rebase(batch.x, pinned.storage());
-      batch.y = rebase(batch.y, pinned.storage());
+      for (Tensor& f : batch.fields)
+        f = rebase(f, pinned.storage());
     } else {
-      batch.x = batch.x.pin_memory();
-      batch.y = batch.y.pin_memory();
+      for (Tensor& f : batch.fields)
+        f = f.pin_memory();
     }
   }
 };
@@ -211,55 +162,43 @@ struct DataLoader::Run {
   }
 };
 
-DataLoader::DataLoader(ImageDataset dataset, LoaderOptions options) {
-  MT_CHECK(
-      dataset.images.defined() && dataset.images.dim() == 4 && dataset.images.dtype() == DType::U8,
-      "DataLoader needs U8 images of shape (N, C, H, W), got ",
-      dataset.images.defined() ? dataset.images.describe() : std::string("no images"));
-  const int64_t n = dataset.size();
-  MT_CHECK(dataset.labels.defined() && dataset.labels.dim() == 1 &&
-               dataset.labels.dtype() == DType::I64 && dataset.labels.size(0) == n,
-           "DataLoader needs I64 labels of shape (", n, ") for ", n, " images, got ",
-           dataset.labels.defined() ? dataset.labels.describe() : std::string("no labels"));
-  MT_CHECK(n > 0, "DataLoader: the dataset '", dataset.name, "' is empty");
-  MT_CHECK(dataset.images.device().is_cpu() && dataset.labels.device().is_cpu(),
-           "DataLoader: the dataset must be in host memory");
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options) {
+  MT_CHECK(dataset != nullptr, "DataLoader: needs a dataset (got a null pointer)");
+  const int64_t n = dataset->size();
+  MT_CHECK(n > 0, "DataLoader: the dataset '", dataset->name(),
+           "' is empty; there is nothing to load (check its path, or the filter or slice that "
+           "made it)");
   MT_CHECK(options.batch_size >= 1, "DataLoader: batch_size must be >= 1, not ",
            options.batch_size);
   MT_CHECK(options.num_workers >= 0 && options.num_workers <= 256,
            "DataLoader: num_workers must be in 0..256, not ", options.num_workers);
   MT_CHECK(options.prefetch >= 1, "DataLoader: prefetch (batches queued ahead) must be >= 1, not ",
            options.prefetch);
-  MT_CHECK(is_floating(options.dtype), "DataLoader: dtype must be a floating type, not ",
-           dtype_name(options.dtype));
-  MT_CHECK(std::isfinite(options.mean) && std::isfinite(options.std) && options.std > 0,
-           "DataLoader: normalization needs a finite mean and a positive std, got mean=",
-           options.mean, " std=", options.std);
   MT_CHECK(!options.pin_memory || cuda::is_available(),
            "DataLoader: pin_memory needs a CUDA device (", cuda_info().status,
            "); leave it off on the cpu");
 
   auto source = std::make_shared<Source>();
-  dataset.images = dataset.images.contiguous();
-  dataset.labels = dataset.labels.contiguous();
+  source->size = n;
+  MT_CHECK(options.collate || options.collate_names.empty(),
+           "DataLoader: collate_names name the fields of LoaderOptions::collate, but no collate is "
+           "set; drop them (the batches carry the dataset's field_names())");
+  source->names = std::make_shared<const FieldNames>(
+      options.collate_names.empty() ? dataset->field_names() : options.collate_names);
+  source->sampler = options.sampler;
+  if (!source->sampler) {
+    source->sampler =
+        options.shuffle
+            ? std::shared_ptr<const Sampler>(std::make_shared<ShuffleSampler>(n, options.seed))
+            : std::make_shared<SequentialSampler>(n);
+  }
+  const int64_t m = source->sampler->size();
+  MT_CHECK(m >= 0, "DataLoader: the sampler's size() is ", m);
+  const int64_t bs = options.batch_size;
+  source->num_batches = options.drop_last ? m / bs : (m + bs - 1) / bs;
+  source->num_samples = options.drop_last ? source->num_batches * bs : m;
   source->dataset = std::move(dataset);
   source->options = std::move(options);
-  const int64_t bs = source->options.batch_size;
-  source->num_batches = source->options.drop_last ? n / bs : (n + bs - 1) / bs;
-  source->num_samples = source->options.drop_last ? source->num_batches * bs : n;
-  const int64_t* labels = source->dataset.labels.data<int64_t>();
-  const int64_t classes = source->dataset.num_classes;
-  for (int64_t i = 0; i < n; ++i) {
-    MT_CHECK(labels[i] >= 0 && (classes <= 0 || labels[i] < classes), "DataLoader: label ", i,
-             " of '", source->dataset.name, "' is ", labels[i], ", out of range for ", classes,
-             " classes");
-  }
-  std::vector<float> values(256);
-  for (int v = 0; v < 256; ++v)
-    values[size_t(v)] = (float(v) / 255.f - source->options.mean) / source->options.std;
-  const Tensor table = Tensor::from_vector(values, {256}, DType::F32).to(source->options.dtype);
-  source->table.resize(table.nbytes());
-  table.copy_to_host(source->table.data(), source->table.size());
   source_ = std::move(source);
 }
 
@@ -290,21 +229,20 @@ int64_t DataLoader::num_batches() const {
 int64_t DataLoader::num_samples() const {
   return source_->num_samples;
 }
-const ImageDataset& DataLoader::dataset() const {
+const Dataset& DataLoader::dataset() const {
+  return *source_->dataset;
+}
+const std::shared_ptr<const Dataset>& DataLoader::dataset_ptr() const {
   return source_->dataset;
+}
+const Sampler& DataLoader::sampler() const {
+  return *source_->sampler;
 }
 const LoaderOptions& DataLoader::options() const {
   return source_->options;
 }
 
-Tensor DataLoader::pixel_table() const {
-  const Tensor t = Tensor::empty({256}, source_->options.dtype);
-  std::memcpy(t.data_ptr(), source_->table.data(), source_->table.size());
-  return t;
-}
-
 std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
-  MT_CHECK(epoch >= 0, "DataLoader: epochs count from 0, not ", epoch);
   return source_->order(epoch);
 }
 
@@ -389,52 +327,28 @@ std::optional<Batch> DataLoader::next() {
   return batch;
 }
 
-// ---- TokenLoader
-// ---------------------------------------------------------------------------------
+// ---- token_loader
+// --------------------------------------------------------------------------------
 
-TokenLoader::TokenLoader(TokenDataset dataset, TokenLoaderOptions options)
-    : dataset_(std::make_shared<const TokenDataset>(std::move(dataset))), options_(options) {
-  MT_CHECK(options_.batch_size >= 1 && options_.seq_len >= 1,
-           "TokenLoader: batch_size and seq_len must be >= 1, got ", options_.batch_size, " and ",
-           options_.seq_len);
-  MT_CHECK(dataset_->size() >= options_.seq_len + 1, "TokenLoader: '", dataset_->name, "' has ",
-           dataset_->size(),
-           " tokens, too few for windows of seq_len + 1 = ", options_.seq_len + 1);
-  MT_CHECK(options_.batches_per_epoch >= 0, "TokenLoader: batches_per_epoch must be >= 0, not ",
-           options_.batches_per_epoch);
-  num_batches_ =
-      options_.batches_per_epoch > 0
-          ? options_.batches_per_epoch
-          : std::max<int64_t>(1, dataset_->size() / (options_.batch_size * options_.seq_len));
-}
-
-void TokenLoader::start_epoch(int64_t epoch, int64_t first_batch) {
-  MT_CHECK(epoch >= 0, "TokenLoader: epochs count from 0, not ", epoch);
-  MT_CHECK(first_batch >= 0 && first_batch <= num_batches_, "TokenLoader: first batch ",
-           first_batch, " out of range: an epoch has ", num_batches_, " batches");
-  epoch_ = epoch;
-  cursor_ = first_batch;
-}
-
-LMBatch TokenLoader::make_batch(int64_t epoch, int64_t index) const {
-  MT_CHECK(epoch >= 0 && index >= 0 && index < num_batches_, "TokenLoader: batch ", index,
-           " of epoch ", epoch, " out of range (", num_batches_, " batches per epoch)");
-  LMBatch b = lm_batch(*dataset_, options_.batch_size, options_.seq_len, options_.seed,
-                       epoch * num_batches_ + index);
-  b.index = index;
-  b.epoch = epoch;
-  return b;
-}
-
-std::optional<LMBatch> TokenLoader::next() {
-  if (cursor_ >= num_batches_) {
-    ++epoch_;
-    cursor_ = 0;
-    return std::nullopt;
-  }
-  LMBatch b = make_batch(epoch_, cursor_);
-  ++cursor_;
-  return b;
+DataLoader token_loader(TokenDataset dataset, TokenLoaderOptions options) {
+  MT_CHECK(options.batch_size >= 1 && options.seq_len >= 1,
+           "token_loader: batch_size and seq_len must be >= 1, got ", options.batch_size, " and ",
+           options.seq_len);
+  MT_CHECK(options.batches_per_epoch >= 0, "token_loader: batches_per_epoch must be >= 0, not ",
+           options.batches_per_epoch);
+  const int64_t num_batches =
+      options.batches_per_epoch > 0
+          ? options.batches_per_epoch
+          : std::max<int64_t>(1, dataset.size() / (options.batch_size * options.seq_len));
+  auto windows = std::make_shared<const TokenWindows>(std::move(dataset), options.seq_len);
+  LoaderOptions lo;
+  lo.batch_size = options.batch_size;
+  lo.num_workers = options.num_workers;
+  // Batch j of the endless stream (j = epoch * num_batches + k) draws from Philox stream j:
+  // lm_batch's layout.
+  lo.sampler = std::make_shared<const ReplacementSampler>(
+      windows->size(), num_batches * options.batch_size, options.seed, options.batch_size);
+  return DataLoader(std::shared_ptr<const Dataset>(windows), std::move(lo));
 }
 
 }  // namespace mantissa::data

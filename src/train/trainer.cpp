@@ -15,7 +15,7 @@
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
-#include "mantissa/data/dataset.h"
+#include "mantissa/data/images.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/clip.h"
 #include "mantissa/tensor/ops.h"
@@ -123,10 +123,8 @@ void Trainer::build() {
     const int64_t n_test = std::max<int64_t>(n_train / 5, 1);
     const data::ImageDataset all =
         data::synthetic_images(n_train + n_test, 1, 28, 10, config_.seed);
-    train_set_ = data::head(all, n_train);
-    test_set_ = all;
-    test_set_.images = all.images.narrow(0, n_train, n_test);
-    test_set_.labels = all.labels.narrow(0, n_train, n_test);
+    train_set_ = all.slice(0, n_train);
+    test_set_ = all.slice(n_train, n_test);
   }
   const std::vector<std::string> names = nn::model_names();
   MT_CHECK(std::find(names.begin(), names.end(), config_.model) != names.end() &&
@@ -135,7 +133,7 @@ void Trainer::build() {
            "' does not train on images here; image models are mlp, "
            "cnn, resnet, vit and lstm_classifier (see 'mantissa train --help')");
   nn::ModelConfig mc;
-  mc.num_classes = train_set_.num_classes;
+  mc.num_classes = train_set_.num_classes();
   mc.in_channels = train_set_.channels();
   mc.image_size = train_set_.height();
   mc.dropout = config_.dropout;
@@ -214,8 +212,8 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   const bool measure = config_.underflow_every > 0 && state_.step % config_.underflow_every == 0;
   std::vector<Tensor> reference;
   if (measure) reference = reference_gradients(batch);
-  const Tensor logits = amp_->forward(*model_, batch.x);
-  const Tensor loss = cross_entropy(logits, batch.y);  // fp32 for half logits
+  const Tensor logits = amp_->forward(*model_, batch.x());
+  const Tensor loss = cross_entropy(logits, batch.y());  // fp32 for half logits
   sc.scale(loss).backward();
   if (measure) {
     const UnderflowStats u = measure_underflow(reference);
@@ -240,7 +238,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   *skipped = !sc.on_device() && stepped.skipped();
   sc.update();
   ++state_.step;
-  count_correct(logits, batch.y, correct);
+  count_correct(logits, batch.y(), correct);
   return loss.detach().to(DType::F32);
 }
 
@@ -254,7 +252,7 @@ std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch) {
   std::vector<Tensor> grads;
   {
     amp::NoAutocast off;
-    const Tensor loss = cross_entropy((*model_)(batch.x), batch.y);
+    const Tensor loss = cross_entropy((*model_)(batch.x()), batch.y());
     grads = autograd::grad({loss}, {}, model_->parameters());
   }
   {
@@ -317,12 +315,12 @@ EvalResult Trainer::evaluate() {
   Tensor correct_acc;
   int64_t n = 0;
   for (auto& batch : loader) {
-    const Tensor logits = amp_->forward(*model_, batch.x);
+    const Tensor logits = amp_->forward(*model_, batch.x());
     CrossEntropyOptions ce;
     ce.reduction = Reduction::Sum;
-    losses.push_back(cross_entropy(logits, batch.y, ce).to(DType::F32));
-    count_correct(logits, batch.y, &correct_acc);
-    n += batch.y.numel();
+    losses.push_back(cross_entropy(logits, batch.y(), ce).to(DType::F32));
+    count_correct(logits, batch.y(), &correct_acc);
+    n += batch.y().numel();
   }
   double loss_sum = 0;
   for (const float l : read_scalars(losses))
@@ -412,7 +410,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       pending_losses.push_back(train_step(*batch, &pending_correct, &skipped));
       result.skipped_steps += skipped;
       last_skipped = skipped;
-      seen += batch->y.numel();
+      seen += batch->y().numel();
       ++run_batches;
       ++state_.batch;
       if (state_.step % read_every == 0 || state_.batch == batches || steps_done()) read_back();
@@ -463,7 +461,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   result.underflow = underflow_;
   result.peak_memory_bytes = memory_stats(device_).peak_bytes;
   for (const data::ImageDataset* d : {&train_set_, &test_set_})
-    result.dataset_bytes += d->images.nbytes() + d->labels.nbytes();
+    result.dataset_bytes += d->images().nbytes() + d->labels().nbytes();
   if (metrics_->enabled()) {
     auto j = record("summary");
     j.update(nlohmann::ordered_json::parse(summary_json(result)));

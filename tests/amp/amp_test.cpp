@@ -16,7 +16,7 @@
 #include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
-#include "mantissa/data/dataset.h"
+#include "mantissa/data/images.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/tensor/ops.h"
@@ -277,8 +277,8 @@ TEST(AmpTraining, EveryLevelTrainsLikeFp32) {
     double last = 0;
     for (int step = 0; step < 30; ++step) {
       const int64_t start = (step * 64) % 512;
-      const Tensor x = ds.images.narrow(0, start, 64).to(DType::F32);
-      const Tensor y = ds.labels.narrow(0, start, 64);
+      const Tensor x = ds.images().narrow(0, start, 64).to(DType::F32);
+      const Tensor y = ds.labels().narrow(0, start, 64);
       opt->zero_grad();
       const Tensor loss = cross_entropy(amp.forward(*model, x), y);
       amp.scaler().scale(loss).backward();

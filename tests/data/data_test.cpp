@@ -18,8 +18,9 @@
 
 #include "harness/temp_dir.h"
 #include "mantissa/core/error.h"
-#include "mantissa/data/dataset.h"
+#include "mantissa/data/images.h"
 #include "mantissa/data/loader.h"
+#include "mantissa/data/tokens.h"
 
 namespace mantissa::data {
 namespace {
@@ -101,41 +102,41 @@ TEST(FashionMnist, TrainSet) {
   const auto t0 = Clock::now();
   const ImageDataset& ds = fashion(true);
   std::printf("[ info ] Fashion-MNIST train set load (60000 images): %.3f s\n", seconds_since(t0));
-  ASSERT_EQ(ds.images.shape(), Shape({60000, 1, 28, 28}));
-  EXPECT_EQ(ds.images.dtype(), DType::U8);
-  ASSERT_EQ(ds.labels.shape(), Shape({60000}));
-  EXPECT_EQ(ds.labels.dtype(), DType::I64);
-  EXPECT_EQ(ds.num_classes, 10);
-  EXPECT_EQ(ds.labels.data<int64_t>()[0], 9);  // Ankle boot
+  ASSERT_EQ(ds.images().shape(), Shape({60000, 1, 28, 28}));
+  EXPECT_EQ(ds.images().dtype(), DType::U8);
+  ASSERT_EQ(ds.labels().shape(), Shape({60000}));
+  EXPECT_EQ(ds.labels().dtype(), DType::I64);
+  EXPECT_EQ(ds.num_classes(), 10);
+  EXPECT_EQ(ds.labels().data<int64_t>()[0], 9);  // Ankle boot
   EXPECT_EQ(fashion_mnist_class_name(9), "Ankle boot");
   std::vector<int64_t> histogram(10, 0);
-  for (int64_t l : ds.labels.to_vector<int64_t>())
+  for (int64_t l : ds.labels().to_vector<int64_t>())
     histogram[size_t(l)] += 1;
   EXPECT_EQ(histogram, std::vector<int64_t>(10, 6000));
   // The published statistics of the training pixels: the bytes were decoded in the right place.
   double sum = 0, sum2 = 0;
-  const uint8_t* p = ds.images.data<uint8_t>();
-  for (int64_t i = 0; i < ds.images.numel(); ++i) {
+  const uint8_t* p = ds.images().data<uint8_t>();
+  for (int64_t i = 0; i < ds.images().numel(); ++i) {
     const double v = p[i] / 255.0;
     sum += v;
     sum2 += v * v;
   }
-  const double mean = sum / double(ds.images.numel());
+  const double mean = sum / double(ds.images().numel());
   EXPECT_NEAR(mean, kFashionMnistMean, 5e-4);
-  EXPECT_NEAR(std::sqrt(sum2 / double(ds.images.numel()) - mean * mean), kFashionMnistStd, 5e-4);
+  EXPECT_NEAR(std::sqrt(sum2 / double(ds.images().numel()) - mean * mean), kFashionMnistStd, 5e-4);
 }
 
 TEST(FashionMnist, TestSet) {
   SKIP_WITHOUT_FASHION_MNIST();
   const ImageDataset& ds = fashion(false);
-  ASSERT_EQ(ds.images.shape(), Shape({10000, 1, 28, 28}));
-  EXPECT_EQ(ds.labels.data<int64_t>()[0], 9);
-  EXPECT_EQ(ds.labels.data<int64_t>()[1], 2);  // Pullover
+  ASSERT_EQ(ds.images().shape(), Shape({10000, 1, 28, 28}));
+  EXPECT_EQ(ds.labels().data<int64_t>()[0], 9);
+  EXPECT_EQ(ds.labels().data<int64_t>()[1], 2);  // Pullover
   std::vector<int64_t> histogram(10, 0);
-  for (int64_t l : ds.labels.to_vector<int64_t>())
+  for (int64_t l : ds.labels().to_vector<int64_t>())
     histogram[size_t(l)] += 1;
   EXPECT_EQ(histogram, std::vector<int64_t>(10, 1000));
-  EXPECT_EQ(ds.name, "fashion-mnist/test");
+  EXPECT_EQ(ds.name(), "fashion-mnist/test");
 }
 
 TEST(FashionMnist, OneEpochOfBatches) {
@@ -146,7 +147,7 @@ TEST(FashionMnist, OneEpochOfBatches) {
     int64_t batches = 0, samples = 0;
     for (const Batch& b : loader) {
       ++batches;
-      samples += b.y.numel();
+      samples += b.y().numel();
     }
     std::printf("[ info ] one Fashion-MNIST epoch, batch 128, %d workers: %.3f s (%lld batches)\n",
                 workers, seconds_since(t0), static_cast<long long>(batches));
@@ -174,9 +175,9 @@ TEST_F(DataFiles, RawIdxFilesLoad) {
   const std::string images = write("img", idx(0x803, {3, 2, 4}, pixels));
   const std::string labels = write("lab", idx(0x801, {3}, {7, 0, 9}));
   const ImageDataset ds = load_mnist_format(images, labels);
-  ASSERT_EQ(ds.images.shape(), Shape({3, 1, 2, 4}));
-  EXPECT_EQ(ds.images.to_vector<int64_t>()[5], 50);
-  EXPECT_EQ(ds.labels.to_vector<int64_t>(), (std::vector<int64_t>{7, 0, 9}));
+  ASSERT_EQ(ds.images().shape(), Shape({3, 1, 2, 4}));
+  EXPECT_EQ(ds.images().to_vector<int64_t>()[5], 50);
+  EXPECT_EQ(ds.labels().to_vector<int64_t>(), (std::vector<int64_t>{7, 0, 9}));
 }
 
 TEST_F(DataFiles, GunzippedFashionMnistFilesLoad) {
@@ -251,15 +252,15 @@ TEST(Synthetic, DeterministicAndLearnable) {
   const ImageDataset a = synthetic_images(2000, 2, 12, 5, 42);
   const ImageDataset b = synthetic_images(2000, 2, 12, 5, 42);
   const ImageDataset c = synthetic_images(2000, 2, 12, 5, 43);
-  ASSERT_EQ(a.images.shape(), Shape({2000, 2, 12, 12}));
-  EXPECT_EQ(a.num_classes, 5);
-  EXPECT_EQ(a.images.to_vector<int64_t>(), b.images.to_vector<int64_t>());
-  EXPECT_EQ(a.labels.to_vector<int64_t>(), b.labels.to_vector<int64_t>());
-  EXPECT_NE(a.images.to_vector<int64_t>(), c.images.to_vector<int64_t>());
+  ASSERT_EQ(a.images().shape(), Shape({2000, 2, 12, 12}));
+  EXPECT_EQ(a.num_classes(), 5);
+  EXPECT_EQ(a.images().to_vector<int64_t>(), b.images().to_vector<int64_t>());
+  EXPECT_EQ(a.labels().to_vector<int64_t>(), b.labels().to_vector<int64_t>());
+  EXPECT_NE(a.images().to_vector<int64_t>(), c.images().to_vector<int64_t>());
   // Nearest class mean, fitted on the first half, classifies the second half well.
   const int64_t d = 2 * 12 * 12;
-  const uint8_t* x = a.images.data<uint8_t>();
-  const int64_t* y = a.labels.data<int64_t>();
+  const uint8_t* x = a.images().data<uint8_t>();
+  const int64_t* y = a.labels().data<int64_t>();
   std::vector<double> mean(size_t(5 * d), 0.0);
   std::vector<int64_t> count(5, 0);
   for (int64_t i = 0; i < 1000; ++i) {
@@ -293,31 +294,28 @@ TEST(Synthetic, DeterministicAndLearnable) {
 
 // n images of 1x2x2 whose label is their own index, so a batch's y says which items it holds.
 ImageDataset indexed(int64_t n) {
-  ImageDataset ds;
-  ds.images = Tensor::empty({n, 1, 2, 2}, DType::U8);
-  ds.labels = Tensor::empty({n}, DType::I64);
-  uint8_t* p = ds.images.data<uint8_t>();
+  Tensor images = Tensor::empty({n, 1, 2, 2}, DType::U8);
+  Tensor labels = Tensor::empty({n}, DType::I64);
+  uint8_t* p = images.data<uint8_t>();
   for (int64_t i = 0; i < n; ++i) {
     p[4 * i] = uint8_t(i);
     p[4 * i + 1] = uint8_t(i >> 8);
     p[4 * i + 2] = uint8_t(255);
     p[4 * i + 3] = uint8_t(i * 7);
-    ds.labels.data<int64_t>()[i] = i;
+    labels.data<int64_t>()[i] = i;
   }
-  ds.num_classes = n;
-  ds.name = "indexed";
-  return ds;
+  return ImageDataset(images, labels, n, "indexed");
 }
 
 std::vector<int64_t> labels_of(const Batch& b) {
-  return b.y.to_vector<int64_t>();
+  return b.y().to_vector<int64_t>();
 }
 
 // Every batch of the loader's current epoch: (y values, x values) per batch.
 std::vector<std::pair<std::vector<int64_t>, std::vector<float>>> drain(DataLoader& loader) {
   std::vector<std::pair<std::vector<int64_t>, std::vector<float>>> out;
   while (auto b = loader.next())
-    out.emplace_back(labels_of(*b), b->x.to_vector<float>());
+    out.emplace_back(labels_of(*b), b->x().to_vector<float>());
   return out;
 }
 
@@ -330,8 +328,8 @@ TEST(DataLoader, EveryItemOncePerEpoch) {
     for (Batch& b : loader) {
       EXPECT_EQ(b.index, index++);
       EXPECT_EQ(b.epoch, epoch);
-      EXPECT_EQ(b.x.shape(), Shape({b.y.numel(), 1, 2, 2}));
-      EXPECT_EQ(b.y.numel(), b.index == 15 ? 1000 - 15 * 64 : 64);
+      EXPECT_EQ(b.x().shape(), Shape({b.y().numel(), 1, 2, 2}));
+      EXPECT_EQ(b.y().numel(), b.index == 15 ? 1000 - 15 * 64 : 64);
       for (int64_t v : labels_of(b))
         seen.push_back(v);
     }
@@ -389,7 +387,7 @@ TEST(DataLoader, DropLast) {
   int64_t batches = 0;
   for (Batch& b : loader) {
     ++batches;
-    EXPECT_EQ(b.y.numel(), 64);
+    EXPECT_EQ(b.y().numel(), 64);
     for (int64_t v : labels_of(b))
       seen.insert(v);
   }
@@ -435,16 +433,17 @@ TEST(DataLoader, StartEpochResumesExactly) {
 
 TEST(DataLoader, NormalizationValuesAndOneBuffer) {
   const ImageDataset ds = indexed(300);
-  const std::vector<int64_t> pixels = ds.images.to_vector<int64_t>();
+  const std::vector<int64_t> pixels = ds.images().to_vector<int64_t>();
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-    DataLoader loader(ds, {.batch_size = 16, .mean = 0.5f, .std = 0.25f, .dtype = dtype});
+    DataLoader loader(ds.with_options({.mean = 0.5f, .std = 0.25f, .dtype = dtype}),
+                      {.batch_size = 16});
     const std::vector<int64_t> order = loader.epoch_order(0);
     std::optional<Batch> b = loader.next();
     ASSERT_TRUE(b.has_value());
-    EXPECT_EQ(b->x.dtype(), dtype);
-    EXPECT_TRUE(b->x.is_contiguous());
-    EXPECT_TRUE(b->x.shares_storage(b->y));  // one allocation per batch
-    const std::vector<float> x = b->x.to_vector<float>();
+    EXPECT_EQ(b->x().dtype(), dtype);
+    EXPECT_TRUE(b->x().is_contiguous());
+    EXPECT_TRUE(b->x().shares_storage(b->y()));  // one allocation per batch
+    const std::vector<float> x = b->x().to_vector<float>();
     for (int64_t i = 0; i < 16; ++i) {
       for (int64_t j = 0; j < 4; ++j) {
         const float want = (float(pixels[size_t(order[size_t(i)] * 4 + j)]) / 255.f - 0.5f) / 0.25f;
@@ -457,7 +456,7 @@ TEST(DataLoader, NormalizationValuesAndOneBuffer) {
   }
   // Pixel 255 with the Fashion-MNIST defaults.
   DataLoader loader(ds, {.batch_size = 1, .shuffle = false, .num_workers = 0});
-  EXPECT_FLOAT_EQ(loader.next()->x.to_vector<float>()[2], (1.0f - 0.2860f) / 0.3530f);
+  EXPECT_FLOAT_EQ(loader.next()->x().to_vector<float>()[2], (1.0f - 0.2860f) / 0.3530f);
 }
 
 TEST(DataLoader, InOrderWhateverTheWorkerTiming) {
@@ -516,14 +515,11 @@ TEST(DataLoader, RejectsBadOptions) {
   EXPECT_THROW(DataLoader(ds, {.batch_size = 0}), Error);
   EXPECT_THROW(DataLoader(ds, {.prefetch = 0}), Error);
   EXPECT_THROW(DataLoader(ds, {.num_workers = -1}), Error);
-  EXPECT_THROW(DataLoader(ds, {.std = 0.f}), Error);
-  EXPECT_THROW(DataLoader(ds, {.dtype = DType::I32}), Error);
-  ImageDataset bad = ds;
-  bad.labels = Tensor::zeros({9}, DType::I64);
-  EXPECT_THROW(DataLoader(bad, {}), Error);
-  bad = ds;
-  bad.num_classes = 5;  // labels go up to 9
-  EXPECT_THROW(DataLoader(bad, {}), Error);
+  // The normalization and the labels are the image dataset's, checked when it is made.
+  EXPECT_THROW(ds.with_options({.std = 0.f}), Error);
+  EXPECT_THROW(ds.with_options({.dtype = DType::I32}), Error);
+  EXPECT_THROW(ImageDataset(ds.images(), Tensor::zeros({9}, DType::I64), 10, "bad"), Error);
+  EXPECT_THROW(ImageDataset(ds.images(), ds.labels(), 5, "bad"), Error);  // labels go up to 9
 }
 
 // ---- tokens -------------------------------------------------------------------------------------
@@ -574,12 +570,12 @@ TEST_F(DataFiles, ByteTokenizerRoundTrip) {
 TEST(Tokens, LmBatchTargetsAreInputsShiftedByOne) {
   const TokenDataset ds = synthetic_tokens(5000, 100, 1);
   EXPECT_EQ(ds.vocab_size, 100);
-  const LMBatch b = lm_batch(ds, 8, 32, 7, 3);
-  ASSERT_EQ(b.x.shape(), Shape({8, 32}));
-  ASSERT_EQ(b.y.shape(), Shape({8, 32}));
-  EXPECT_EQ(b.x.dtype(), DType::I64);
-  const std::vector<int64_t> x = b.x.to_vector<int64_t>();
-  const std::vector<int64_t> y = b.y.to_vector<int64_t>();
+  const Batch b = lm_batch(ds, 8, 32, 7, 3);
+  ASSERT_EQ(b.x().shape(), Shape({8, 32}));
+  ASSERT_EQ(b.y().shape(), Shape({8, 32}));
+  EXPECT_EQ(b.x().dtype(), DType::I64);
+  const std::vector<int64_t> x = b.x().to_vector<int64_t>();
+  const std::vector<int64_t> y = b.y().to_vector<int64_t>();
   for (int64_t r = 0; r < 8; ++r) {
     for (int64_t t = 0; t + 1 < 32; ++t)
       EXPECT_EQ(y[size_t(r * 32 + t)], x[size_t(r * 32 + t + 1)]);
@@ -590,8 +586,8 @@ TEST(Tokens, LmBatchTargetsAreInputsShiftedByOne) {
     EXPECT_EQ(y[size_t(r * 32 + 31)], *(it + 32));
   }
   // Same arguments, same batch; another index, another batch.
-  EXPECT_EQ(lm_batch(ds, 8, 32, 7, 3).x.to_vector<int64_t>(), x);
-  EXPECT_NE(lm_batch(ds, 8, 32, 7, 4).x.to_vector<int64_t>(), x);
+  EXPECT_EQ(lm_batch(ds, 8, 32, 7, 3).x().to_vector<int64_t>(), x);
+  EXPECT_NE(lm_batch(ds, 8, 32, 7, 4).x().to_vector<int64_t>(), x);
   EXPECT_THROW(lm_batch(ds, 1, 5000, 7, 0), Error);  // no window of 5001 tokens
   // The synthetic stream is mostly predictable: next = table[prev].
   int64_t agree = 0, total = 0;
@@ -609,23 +605,23 @@ TEST(Tokens, TokenLoaderEpochsAndResume) {
   const auto [train, val] = split_tokens(synthetic_tokens(10000, 50, 2), 0.1);
   EXPECT_EQ(train.size(), 9000);
   EXPECT_EQ(val.size(), 1000);
-  TokenLoader loader(train, {.batch_size = 4, .seq_len = 16, .seed = 3});
+  DataLoader loader = token_loader(train, {.batch_size = 4, .seq_len = 16, .seed = 3});
   EXPECT_EQ(loader.num_batches(), 9000 / 64);
-  EXPECT_EQ(loader.vocab_size(), 50);
+  EXPECT_EQ(dynamic_cast<const TokenWindows&>(loader.dataset()).vocab_size(), 50);
   std::vector<std::vector<int64_t>> epoch0, epoch1;
-  for (LMBatch& b : loader)
-    epoch0.push_back(b.x.to_vector<int64_t>());
-  for (LMBatch& b : loader) {
+  for (Batch& b : loader)
+    epoch0.push_back(b.x().to_vector<int64_t>());
+  for (Batch& b : loader) {
     EXPECT_EQ(b.epoch, 1);
-    epoch1.push_back(b.x.to_vector<int64_t>());
+    epoch1.push_back(b.x().to_vector<int64_t>());
   }
   ASSERT_EQ(epoch0.size(), size_t(loader.num_batches()));
   EXPECT_NE(epoch0, epoch1);
-  TokenLoader resumed(train, {.batch_size = 4, .seq_len = 16, .seed = 3});
+  DataLoader resumed = token_loader(train, {.batch_size = 4, .seq_len = 16, .seed = 3});
   resumed.start_epoch(1, 100);
   std::vector<std::vector<int64_t>> rest;
   while (auto b = resumed.next())
-    rest.push_back(b->x.to_vector<int64_t>());
+    rest.push_back(b->x().to_vector<int64_t>());
   EXPECT_EQ(rest, decltype(epoch1)(epoch1.begin() + 100, epoch1.end()));
 }
 

@@ -142,15 +142,18 @@ data::DataLoader golden_loader(const Golden& g, DType dtype, bool announce) {
            g.path, ": malformed batch_indices, batch_labels or batch_images; ", kRegenerate);
   data::LoaderOptions options;
   options.batch_size = batch_size;
-  options.mean = std::stof(g.meta("mean"));
-  options.std = std::stof(g.meta("std"));
-  options.dtype = dtype;
-  EXPECT_EQ(options.mean, data::kFashionMnistMean) << "the golden run normalized differently";
-  EXPECT_EQ(options.std, data::kFashionMnistStd) << "the golden run normalized differently";
+  data::ImageOptions normalization;
+  normalization.mean = std::stof(g.meta("mean"));
+  normalization.std = std::stof(g.meta("std"));
+  normalization.dtype = dtype;
+  EXPECT_EQ(normalization.mean, data::kFashionMnistMean) << "the golden run normalized differently";
+  EXPECT_EQ(normalization.std, data::kFashionMnistStd) << "the golden run normalized differently";
   if (have_fashion_mnist()) {
     options.shuffle = true;
     options.seed = std::stoull(g.meta("loader_seed"));
-    data::DataLoader loader(data::load_fashion_mnist(data::kFashionMnistDir, true), options);
+    const data::ImageDataset fashion =
+        data::load_fashion_mnist(data::kFashionMnistDir, true).with_options(normalization);
+    data::DataLoader loader(fashion, options);
     const std::vector<int64_t> order = loader.epoch_order(0);
     const std::vector<int64_t> want = indices.to_vector<int64_t>();
     EXPECT_TRUE(order.size() >= want.size() && std::equal(want.begin(), want.end(), order.begin()))
@@ -158,7 +161,7 @@ data::DataLoader golden_loader(const Golden& g, DType dtype, bool announce) {
         << kRegenerate;
     // The file's copy of the pixels is Fashion-MNIST's.
     const int64_t per_image = images.numel() / (steps * batch_size);
-    const auto* all = static_cast<const uint8_t*>(loader.dataset().images.data_ptr());
+    const auto* all = static_cast<const uint8_t*>(fashion.images().data_ptr());
     const std::vector<uint8_t> stored = bytes_of(images);
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(0, std::memcmp(all + want[i] * per_image, stored.data() + i * size_t(per_image),
@@ -171,12 +174,9 @@ data::DataLoader golden_loader(const Golden& g, DType dtype, bool announce) {
     std::printf("Fashion-MNIST is not installed in %s: the batches come from %s\n",
                 data::kFashionMnistDir, g.path.c_str());
   }
-  data::ImageDataset copy;
-  copy.images =
-      images.reshape({steps * batch_size, images.size(2), images.size(3), images.size(4)});
-  copy.labels = labels.reshape({steps * batch_size}).clone();
-  copy.num_classes = 10;
-  copy.name = "golden batches";
+  data::ImageDataset copy(
+      images.reshape({steps * batch_size, images.size(2), images.size(3), images.size(4)}),
+      labels.reshape({steps * batch_size}).clone(), 10, "golden batches", normalization);
   options.shuffle = false;
   return data::DataLoader(std::move(copy), options);
 }
@@ -200,12 +200,12 @@ std::vector<double> train(nn::Module& model, data::DataLoader& loader, const Gol
   for (int64_t step = 0; step < steps; ++step) {
     std::optional<data::Batch> batch = loader.next();
     MT_CHECK(batch.has_value(), "the loader ran out at step ", step);
-    const std::vector<int64_t> y = batch->y.to_vector<int64_t>();
+    const std::vector<int64_t> y = batch->y().to_vector<int64_t>();
     EXPECT_TRUE(y.size() == batch_size &&
                 std::equal(y.begin(), y.end(), want_labels.begin() + step * int64_t(batch_size)))
         << "the labels of batch " << step << " differ from the golden file's";
     optimizer.zero_grad(true);
-    const Tensor loss = cross_entropy(model(batch->x), batch->y);
+    const Tensor loss = cross_entropy(model(batch->x()), batch->y());
     loss.backward();
     optimizer.step();
     losses.push_back(loss.item());

@@ -42,24 +42,23 @@ int usage(const char* argv0) {
 }
 
 // The loader's normalization of every byte value, through the loader itself.
-Tensor pixel_table(const mantissa::data::LoaderOptions& like) {
+Tensor pixel_table(const mantissa::data::ImageOptions& like) {
   std::vector<int64_t> bytes(256);
   for (int64_t v = 0; v < 256; ++v)
     bytes[size_t(v)] = v;
-  mantissa::data::ImageDataset all;
-  all.images = Tensor::from_vector(bytes, {1, 1, 16, 16}).to(mantissa::DType::U8);
-  all.labels = Tensor::zeros({1}, mantissa::DType::I64);
-  all.num_classes = 1;
-  all.name = "every byte";
+  mantissa::data::ImageOptions io;
+  io.mean = like.mean;
+  io.std = like.std;
+  io.dtype = mantissa::DType::F32;
+  mantissa::data::ImageDataset all(
+      Tensor::from_vector(bytes, {1, 1, 16, 16}).to(mantissa::DType::U8),
+      Tensor::zeros({1}, mantissa::DType::I64), 1, "every byte", io);
   mantissa::data::LoaderOptions o;
   o.batch_size = 1;
   o.shuffle = false;
   o.num_workers = 0;
-  o.mean = like.mean;
-  o.std = like.std;
-  o.dtype = mantissa::DType::F32;
   const mantissa::data::DataLoader loader(std::move(all), o);
-  return loader.make_batch(0, 0).x.reshape({256}).contiguous();
+  return loader.make_batch(0, 0).x().reshape({256}).contiguous();
 }
 
 int run(int argc, char** argv) {
@@ -94,19 +93,20 @@ int run(int argc, char** argv) {
   options.shuffle = true;
   options.seed = loader_seed;
   options.num_workers = 0;
-  const mantissa::data::DataLoader loader(
-      mantissa::data::load_fashion_mnist(args["--data-dir"], /*train=*/true), options);
+  const mantissa::data::ImageDataset train =
+      mantissa::data::load_fashion_mnist(args["--data-dir"], /*train=*/true);
+  const mantissa::data::DataLoader loader(train, options);
   MT_CHECK(batches > 0 && batches <= loader.num_batches(), "export_init: --batches must be in [1, ",
            loader.num_batches(), "], got ", batches);
   const std::vector<int64_t> order = loader.epoch_order(0);
   const std::vector<int64_t> indices(order.begin(), order.begin() + batches * batch_size);
-  const std::vector<int64_t> all_labels = loader.dataset().labels.to_vector<int64_t>();
+  const std::vector<int64_t> all_labels = train.labels().to_vector<int64_t>();
   std::vector<int64_t> labels;
   for (int64_t i : indices)
     labels.push_back(all_labels[size_t(i)]);
   out.emplace_back("batch_indices", Tensor::from_vector(indices, {batches, batch_size}));
   out.emplace_back("batch_labels", Tensor::from_vector(labels, {batches, batch_size}));
-  out.emplace_back("pixel_table", pixel_table(options));
+  out.emplace_back("pixel_table", pixel_table(train.options()));
 
   const std::map<std::string, std::string> metadata = {
       {"model", model_name},
@@ -114,10 +114,10 @@ int run(int argc, char** argv) {
       {"batch_size", std::to_string(batch_size)},
       {"batches", std::to_string(batches)},
       {"loader_seed", std::to_string(loader_seed)},
-      {"mean", float_text(options.mean)},
-      {"std", float_text(options.std)},
+      {"mean", float_text(train.options().mean)},
+      {"std", float_text(train.options().std)},
       {"dataset", "fashion-mnist train"},
-      {"dataset_size", std::to_string(loader.dataset().size())},
+      {"dataset_size", std::to_string(train.size())},
   };
   mantissa::save_safetensors(args["--out"], out, metadata);
   std::printf("%s: %s, %zu state_dict entries, %lld x %lld batch indices\n", args["--out"].c_str(),

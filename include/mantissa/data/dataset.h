@@ -1,119 +1,131 @@
-// Datasets held in host memory: MNIST-format IDX files (Fashion-MNIST, MNIST), synthetic image
-// and token data for benchmarks, flat uint16 token files and a byte-level tokenizer.
+// The data interface: a Dataset maps an index to a sample (an ordered list of tensors, its
+// fields), a collate function turns the samples of a batch into the batch's fields, and a Batch
+// carries those fields to the training loop. Samplers (sampler.h) choose the indices of each
+// epoch and the DataLoader (loader.h) runs the three on worker threads.
 //
-// Every malformed input raises mantissa::Error naming the file and what is wrong with it.
+// The library's own datasets are implementations of this one interface: ImageDataset (images.h:
+// {x, y} = image, label) and TokenWindows (tokens.h: {x, y} = a window of tokens and the same
+// window shifted by one). A recommender's {dense, categorical, label} or a GAN's {image} are
+// further implementations, not further loaders.
+//
+//   class Pairs final : public mt::data::Dataset {        // your own dataset
+//    public:
+//     int64_t size() const override { return n_; }
+//     mt::data::Sample get(int64_t i) const override { return {features(i), label(i)}; }
+//     mt::data::FieldNames field_names() const override { return {"x", "y"}; }
+//   };
+//   mt::data::DataLoader loader(Pairs(...), {.batch_size = 32});
+//   for (mt::data::Batch& b : loader) train(b.x(), b.y());   // or b["x"], b[0]
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
+#include "mantissa/core/device.h"
+#include "mantissa/core/dtype.h"
+#include "mantissa/core/shape.h"
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa::data {
 
-// Where the Debian package dataset-fashion-mnist installs the four .gz files.
-inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
-// Per-pixel statistics of the Fashion-MNIST training images scaled to [0, 1].
-inline constexpr float kFashionMnistMean = 0.2860f;
-inline constexpr float kFashionMnistStd = 0.3530f;
+// One item of a dataset: its fields in the dataset's order (e.g. {image (C, H, W), label ()}).
+using Sample = std::vector<Tensor>;
+// The names of a dataset's fields, in the same order ({"x", "y"}); empty for unnamed fields.
+using FieldNames = std::vector<std::string>;
 
-// ---- images ------------------------------------------------------------------------------------
+// A batch as the training loop sees it: each field with a leading batch dimension, the names of
+// the fields (shared with every batch of the dataset) and where the batch sits in its epoch.
+struct Batch {
+  std::vector<Tensor> fields;               // each (B, ...sample shape)
+  std::shared_ptr<const FieldNames> names;  // null or empty: the fields have no names
+  int64_t index = 0;                        // batch number within its epoch
+  int64_t epoch = 0;
 
-struct ImageDataset {
-  Tensor images;  // U8 (N, C, H, W), contiguous
-  Tensor labels;  // I64 (N), each in [0, num_classes)
-  int64_t num_classes = 0;
-  std::string name;
-
-  int64_t size() const { return images.defined() ? images.size(0) : 0; }
-  int64_t channels() const { return images.size(1); }
-  int64_t height() const { return images.size(2); }
-  int64_t width() const { return images.size(3); }
+  size_t size() const { return fields.size(); }
+  // Checked: a position past the last field or an unknown name is a mantissa::Error that lists
+  // the batch's fields.
+  Tensor& operator[](size_t i);
+  const Tensor& operator[](size_t i) const;
+  Tensor& operator[](std::string_view name);
+  const Tensor& operator[](std::string_view name) const;
+  // The fields named "x" and "y" (inputs and targets): the spelling of the common two-field case,
+  // by name rather than by position, so that a dataset whose fields are {dense, categorical,
+  // label} is not silently read as x = dense, y = categorical.
+  Tensor& x() { return (*this)["x"]; }
+  const Tensor& x() const { return (*this)["x"]; }
+  Tensor& y() { return (*this)["y"]; }
+  const Tensor& y() const { return (*this)["y"]; }
+  // The batch size: the leading dimension of the first field.
+  int64_t batch_size() const;
 };
 
-// One array of an IDX file (the MNIST container): unsigned bytes and their dims.
-struct IdxArray {
-  std::vector<int64_t> dims;
-  std::vector<uint8_t> data;  // prod(dims) bytes, row-major
+// Turns the samples of one batch into the batch's fields (what PyTorch calls collate_fn).
+using Collate = std::function<std::vector<Tensor>(const std::vector<Sample>& samples)>;
+
+// The default collate: field f of the batch is the samples' field f stacked along a new leading
+// dimension. Every sample must have as many fields as the first, and each field the first
+// sample's shape and dtype, in host memory; otherwise a mantissa::Error names the sample (its
+// dataset index when `indices` are given), the field (by name when `names` are given) and both
+// shapes. The fields share one allocation (see allocate_batch).
+std::vector<Tensor> stack_samples(const std::vector<Sample>& samples, const FieldNames& names = {},
+                                  std::span<const int64_t> indices = {});
+
+// Tensors of these shapes and dtypes in ONE host allocation, each starting at a 64-byte boundary:
+// a batch made of them is pinned with one copy and crosses to a GPU in one transfer. What
+// stack_samples and the library's fast get_batch implementations fill; use it in your own.
+struct FieldSpec {
+  Shape shape;
+  DType dtype = DType::F32;
+};
+std::vector<Tensor> allocate_batch(const std::vector<FieldSpec>& fields);
+
+// Work a dataset can leave to the device its batches go to (Dataset::split_for_device): the
+// DevicePrefetcher loads `host` instead of the dataset (e.g. raw U8 pixels: a quarter of the
+// bytes of f32 cross the bus) and runs `finish` on each batch once it is on the device (e.g. the
+// normalization lookup), on the prefetcher's side stream, without autograd.
+class Dataset;
+struct DeviceSplit {
+  std::shared_ptr<const Dataset> host;
+  std::function<void(Batch&)> finish;
 };
 
-// Reads an IDX file of unsigned bytes, gzip-compressed or raw (told apart by the gzip magic
-// 0x1f8b). `expected_dims` (1 for labels, 3 for images) is checked against the magic
-// 0x0000080<dims>; the file length must match the dims exactly.
-IdxArray read_idx(const std::string& path, int expected_dims);
+// A map-style dataset: `size()` items, item i is `get(i)`.
+//
+// get and get_batch are called concurrently from the loader's worker threads: they must be safe
+// to call at the same time (no mutable state, or guarded state). They should be deterministic
+// in the index, so that a run is reproducible and a resumed run sees the same batches.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
 
-// Images (magic 0x00000803, N x rows x cols) and labels (magic 0x00000801, N) from two IDX files;
-// the counts must agree and every label must be < num_classes.
-ImageDataset load_mnist_format(const std::string& images_path, const std::string& labels_path,
-                               int64_t num_classes = 10, std::string name = "mnist-format");
+  virtual int64_t size() const = 0;
+  // Item `index` in [0, size()): a mantissa::Error otherwise (say which index, and the size).
+  virtual Sample get(int64_t index) const = 0;
+  // Names of the fields get() returns ({"x", "y"}); empty: unnamed (Batch::operator[] by position).
+  virtual FieldNames field_names() const { return {}; }
+  // For messages ("dataset 'fashion-mnist/train' is empty").
+  virtual std::string name() const { return "dataset"; }
 
-// The 60,000 training or 10,000 test images of Fashion-MNIST from `dir` (the four
-// *-idx?-ubyte.gz files, or the same names without .gz). A missing directory or file raises an
-// Error that says how to install the dataset or point at it (--data-dir).
-ImageDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir, bool train = true);
+  // The fields of the batch of these items. Default: get() each, then stack_samples. Override it
+  // to fetch a batch faster than item by item (PyTorch's __getitems__): the image dataset gathers
+  // and normalizes a whole batch straight into one allocation. The loader calls it when no
+  // LoaderOptions::collate is set (a custom collate gets the samples of get() instead).
+  virtual std::vector<Tensor> get_batch(std::span<const int64_t> indices) const;
 
-// "T-shirt/top", "Trouser", ..., "Ankle boot" for labels 0..9.
-std::string_view fashion_mnist_class_name(int64_t label);
+  // What DevicePrefetcher may do on the device instead of the host for `device`; nullopt (the
+  // default): batches cross as get_batch makes them.
+  virtual std::optional<DeviceSplit> split_for_device(Device device) const;
 
-// A learnable stand-in for benchmarks: each class has its own smooth pattern (per-class spatial
-// frequencies and phases); each image is its class pattern plus uniform noise, as U8
-// (n, channels, size, size). Labels are drawn uniformly. Deterministic in the seed (and
-// independent of the thread count).
-ImageDataset synthetic_images(int64_t n, int64_t channels, int64_t size, int64_t classes,
-                              uint64_t seed);
-
-// The first n images (views of the same storage).
-ImageDataset head(const ImageDataset& dataset, int64_t n);
-
-// ---- tokens ------------------------------------------------------------------------------------
-
-struct TokenDataset {
-  std::vector<uint16_t> tokens;
-  int64_t vocab_size = 0;  // every token is < vocab_size
-  std::string name;
-
-  int64_t size() const { return int64_t(tokens.size()); }
+ protected:
+  Dataset() = default;
+  Dataset(const Dataset&) = default;
+  Dataset& operator=(const Dataset&) = default;
 };
-
-// A flat file of little-endian uint16 tokens, no header. vocab_size is the largest token + 1
-// unless `vocab_size` > 0 is given (then every token must be below it).
-TokenDataset load_tokens(const std::string& path, int64_t vocab_size = 0);
-void write_tokens(const std::string& path, const std::vector<uint16_t>& tokens);
-
-// Bytes as tokens: vocabulary 0..255, lossless for any input (UTF-8 or not).
-struct ByteTokenizer {
-  static constexpr int64_t kVocabSize = 256;
-  static std::vector<uint16_t> encode(std::string_view text);
-  // Throws for a token >= 256.
-  static std::string decode(const std::vector<uint16_t>& tokens);
-};
-
-// A text file through the ByteTokenizer (vocab_size 256).
-TokenDataset tokenize_text_file(const std::string& path);
-
-// A learnable token stream for benchmarks: mostly a fixed seeded successor table
-// (next = table[prev]) with a `noise` fraction of uniformly random tokens.
-TokenDataset synthetic_tokens(int64_t n, int64_t vocab_size, uint64_t seed, double noise = 0.1);
-
-// The first (1 - val_fraction) of the tokens and the rest (train, validation).
-std::pair<TokenDataset, TokenDataset> split_tokens(const TokenDataset& dataset,
-                                                   double val_fraction);
-
-// Language-model batch: row b is a window of T+1 consecutive tokens starting at a seeded random
-// offset; x is its first T tokens, y its last T (y[b, t] == x[b, t + 1]).
-struct LMBatch {
-  Tensor x;           // I64 (B, T)
-  Tensor y;           // I64 (B, T)
-  int64_t index = 0;  // the batch number it was drawn for (within its epoch from a TokenLoader)
-  int64_t epoch = 0;  // set by TokenLoader
-};
-
-// Batch number `index` of the stream (seed): a pure function of its arguments, so a resumed run
-// asks for the same index and gets the same batch.
-LMBatch lm_batch(const TokenDataset& dataset, int64_t batch_size, int64_t seq_len, uint64_t seed,
-                 int64_t index);
 
 }  // namespace mantissa::data

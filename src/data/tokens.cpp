@@ -1,18 +1,20 @@
-// Synthetic image and token data, token files, the byte tokenizer and LM batches.
+// Token streams (files, the byte tokenizer, synthetic streams), TokenWindows (the Dataset of a
+// stream's LM windows) and lm_batch.
+#include "mantissa/data/tokens.h"
+
 #include <bit>
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <numbers>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "data/file_io.h"
+#include "data/random.h"
 #include "mantissa/core/error.h"
-#include "mantissa/data/dataset.h"
-#include "mantissa/numerics/philox.h"
+#include "mantissa/data/sampler.h"
 
 namespace mantissa::data {
 
@@ -21,87 +23,11 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-// 64 random bits for element i of stream `stream` under `seed` (counter-based: no state).
-uint64_t draw64(uint64_t seed, uint64_t stream, uint64_t i) {
-  return uint64_t(random_bits(seed, stream, 2 * i)) << 32 | random_bits(seed, stream, 2 * i + 1);
-}
-
-// Uniform in [0, n) (multiply-shift; the bias is n / 2^64).
-uint64_t below(uint64_t bits, uint64_t n) {
-  return uint64_t((unsigned __int128)bits * n >> 64);
-}
-
-double unit(uint64_t bits) {
-  return double(bits >> 11) * 0x1.0p-53;
-}
-
-// Streams of the synthetic generators (so that no two uses of one seed draw the same bits).
-enum Stream : uint64_t { kPattern = 1, kLabel, kNoise, kSuccessor, kTokenNoise, kTokenPick };
+// Streams of the synthetic token generator, after the image generator's 1..3 (images.cpp): no two
+// uses of one seed draw the same bits.
+enum Stream : uint64_t { kSuccessor = 4, kTokenNoise = 5, kTokenPick = 6 };
 
 }  // namespace
-
-ImageDataset synthetic_images(int64_t n, int64_t channels, int64_t size, int64_t classes,
-                              uint64_t seed) {
-  MT_CHECK(n > 0 && channels > 0 && size > 0 && classes > 0,
-           "synthetic_images: n, channels, size and classes must be positive, got n=", n,
-           " channels=", channels, " size=", size, " classes=", classes);
-  const int64_t plane = size * size;
-  const int64_t per_image = channels * plane;
-  // Each class and channel: a plane wave of its own direction, frequency and phase (values
-  // 128 ± 80), so the classes differ in structure a linear layer or a conv can pick up.
-  std::vector<float> pattern(size_t(classes * per_image));
-  for (int64_t c = 0; c < classes; ++c) {
-    for (int64_t ch = 0; ch < channels; ++ch) {
-      const uint64_t k = uint64_t(c * channels + ch);
-      const double angle = 2 * std::numbers::pi * unit(draw64(seed, kPattern, 3 * k));
-      const double freq = (0.5 + 2.5 * unit(draw64(seed, kPattern, 3 * k + 1))) * 2 *
-                          std::numbers::pi / double(size);  // 0.5 .. 3 periods across the image
-      const double phase = 2 * std::numbers::pi * unit(draw64(seed, kPattern, 3 * k + 2));
-      float* p = pattern.data() + c * per_image + ch * plane;
-      for (int64_t y = 0; y < size; ++y) {
-        for (int64_t x = 0; x < size; ++x) {
-          const double t = freq * (std::cos(angle) * double(x) + std::sin(angle) * double(y));
-          p[y * size + x] = float(128 + 80 * std::sin(t + phase));
-        }
-      }
-    }
-  }
-
-  ImageDataset ds;
-  ds.num_classes = classes;
-  ds.name = "synthetic";
-  ds.images = Tensor::empty({n, channels, size, size}, DType::U8);
-  ds.labels = Tensor::empty({n}, DType::I64);
-  uint8_t* img = ds.images.data<uint8_t>();
-  int64_t* lab = ds.labels.data<int64_t>();
-  // Counter-based draws: the result does not depend on the thread count.
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t label = int64_t(below(draw64(seed, kLabel, uint64_t(i)), uint64_t(classes)));
-    lab[i] = label;
-    const float* p = pattern.data() + label * per_image;
-    uint8_t* out = img + i * per_image;
-    for (int64_t j = 0; j < per_image; ++j) {
-      // Uniform noise in [-56, 56): one 32-bit draw per pixel.
-      const uint32_t r = random_bits(seed, kNoise, uint64_t(i * per_image + j));
-      const float v = p[j] + float(int(r % 112) - 56);
-      out[j] = uint8_t(std::lround(std::fmin(255.f, std::fmax(0.f, v))));
-    }
-  }
-  return ds;
-}
-
-ImageDataset head(const ImageDataset& dataset, int64_t n) {
-  MT_CHECK(n >= 0 && n <= dataset.size(), "head: asked for ", n, " items of a dataset of ",
-           dataset.size());
-  ImageDataset out = dataset;
-  out.images = dataset.images.narrow(0, 0, n);
-  out.labels = dataset.labels.narrow(0, 0, n);
-  return out;
-}
-
-// ---- tokens
-// --------------------------------------------------------------------------------------
 
 TokenDataset load_tokens(const std::string& path, int64_t vocab_size) {
   MT_CHECK(vocab_size >= 0 && vocab_size <= 65536,
@@ -206,27 +132,72 @@ std::pair<TokenDataset, TokenDataset> split_tokens(const TokenDataset& dataset,
   return out;
 }
 
-LMBatch lm_batch(const TokenDataset& dataset, int64_t batch_size, int64_t seq_len, uint64_t seed,
-                 int64_t index) {
-  MT_CHECK(batch_size > 0 && seq_len > 0, "lm_batch: batch_size and seq_len must be positive, got ",
-           batch_size, " and ", seq_len);
-  MT_CHECK(dataset.size() >= seq_len + 1, "lm_batch: '", dataset.name, "' has ", dataset.size(),
-           " tokens, too few for windows of seq_len + 1 = ", seq_len + 1);
-  MT_CHECK(index >= 0, "lm_batch: the batch index must be >= 0, not ", index);
-  // One buffer holds x and y: (2, B, T), so a device copy is a single transfer.
-  Tensor buf = Tensor::empty({2, batch_size, seq_len}, DType::I64);
-  int64_t* x = buf.data<int64_t>();
-  int64_t* y = x + batch_size * seq_len;
-  const auto starts = uint64_t(dataset.size() - seq_len);  // windows of T+1 tokens
-  for (int64_t b = 0; b < batch_size; ++b) {
-    const uint64_t bits = draw64(seed, uint64_t(index), uint64_t(b));
-    const uint16_t* w = dataset.tokens.data() + below(bits, starts);
-    for (int64_t t = 0; t < seq_len; ++t) {
-      x[b * seq_len + t] = w[t];
-      y[b * seq_len + t] = w[t + 1];
+// ---- windows -----------------------------------------------------------------------------------
+
+TokenWindows::TokenWindows(std::shared_ptr<const TokenDataset> tokens, int64_t seq_len,
+                           int64_t stride)
+    : tokens_(std::move(tokens)), seq_len_(seq_len), stride_(stride) {
+  MT_CHECK(tokens_ != nullptr, "TokenWindows: needs a token stream");
+  MT_CHECK(seq_len >= 1 && stride >= 1, "TokenWindows: seq_len and stride must be >= 1, got ",
+           seq_len, " and ", stride);
+  MT_CHECK(tokens_->size() >= seq_len + 1, "TokenWindows: '", tokens_->name, "' has ",
+           tokens_->size(), " tokens, too few for windows of seq_len + 1 = ", seq_len + 1,
+           "; use a shorter seq_len or more data");
+  size_ = (tokens_->size() - seq_len - 1) / stride + 1;
+}
+
+void TokenWindows::check_index(int64_t index) const {
+  MT_CHECK(index >= 0 && index < size_, "TokenWindows '", tokens_->name, "': window ", index,
+           " out of range: there are ", size_, " windows (0 .. ", size_ - 1, ") of ", seq_len_,
+           " + 1 tokens at stride ", stride_, "; a sampler over it must be built with its size()");
+}
+
+Sample TokenWindows::get(int64_t index) const {
+  check_index(index);
+  Tensor x = Tensor::empty({seq_len_}, DType::I64);
+  Tensor y = Tensor::empty({seq_len_}, DType::I64);
+  const uint16_t* w = tokens_->tokens.data() + index * stride_;
+  int64_t* px = x.data<int64_t>();
+  int64_t* py = y.data<int64_t>();
+  for (int64_t t = 0; t < seq_len_; ++t) {
+    px[t] = w[t];
+    py[t] = w[t + 1];
+  }
+  return {std::move(x), std::move(y)};
+}
+
+std::vector<Tensor> TokenWindows::get_batch(std::span<const int64_t> indices) const {
+  const auto b = int64_t(indices.size());
+  std::vector<Tensor> out =
+      allocate_batch({{{b, seq_len_}, DType::I64}, {{b, seq_len_}, DType::I64}});
+  int64_t* x = out[0].data<int64_t>();
+  int64_t* y = out[1].data<int64_t>();
+  for (int64_t r = 0; r < b; ++r) {
+    const int64_t index = indices[size_t(r)];
+    check_index(index);
+    const uint16_t* w = tokens_->tokens.data() + index * stride_;
+    for (int64_t t = 0; t < seq_len_; ++t) {
+      x[r * seq_len_ + t] = w[t];
+      y[r * seq_len_ + t] = w[t + 1];
     }
   }
-  return {buf.select(0, 0), buf.select(0, 1), index, 0};
+  return out;
+}
+
+Batch lm_batch(const TokenDataset& dataset, int64_t batch_size, int64_t seq_len, uint64_t seed,
+               int64_t index) {
+  MT_CHECK(batch_size > 0 && seq_len > 0, "lm_batch: batch_size and seq_len must be positive, got ",
+           batch_size, " and ", seq_len);
+  MT_CHECK(index >= 0, "lm_batch: the batch index must be >= 0, not ", index);
+  // The caller's stream, not a copy of it: a non-owning pointer (the windows live only here).
+  const TokenWindows windows(std::shared_ptr<const TokenDataset>(std::shared_ptr<void>(), &dataset),
+                             seq_len);
+  const ReplacementSampler sampler(windows.size(), batch_size, seed, batch_size);
+  Batch b;
+  b.fields = windows.get_batch(sampler.order(index));
+  b.names = std::make_shared<const FieldNames>(windows.field_names());
+  b.index = index;
+  return b;
 }
 
 }  // namespace mantissa::data
