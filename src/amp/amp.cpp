@@ -74,6 +74,24 @@ Tensor Amp::forward(nn::Module& model, const Tensor& x) const {
   return out.is_floating_point() ? cast(out, DType::F32) : out;
 }
 
+nn::TensorList Amp::forward(nn::Module& model, const nn::TensorList& inputs) const {
+  const AmpProperties& p = properties_;
+  MT_CHECK(!inputs.empty(), "Amp::forward: no inputs");
+  if (p.autocast) {
+    Autocast region(inputs[0].device().type, p.dtype);
+    return model.forward_list(inputs);
+  }
+  if (!p.cast_model) return model.forward_list(inputs);
+  nn::TensorList in;
+  for (const Tensor& x : inputs)
+    in.push_back(x.defined() && x.is_floating_point() ? cast(x, p.dtype) : x);
+  nn::TensorList out = model.forward_list(in);
+  for (Tensor& y : out) {
+    if (y.defined() && y.is_floating_point()) y = cast(y, DType::F32);
+  }
+  return out;
+}
+
 std::string Amp::describe() const {
   const AmpProperties& p = properties_;
   std::ostringstream os;

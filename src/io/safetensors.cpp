@@ -216,7 +216,7 @@ Entry parse_entry(const std::string& name, const Json& info, const std::string& 
 }  // namespace
 
 void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) {

@@ -533,6 +533,14 @@ LSTMCell::LSTMCell(int64_t input_size, int64_t hidden_size, std::optional<uint64
   b_hh_ = &lstm_param(*this, "bias_hh", {4 * hidden_size}, k, init::derive_seed(seed, 3));
 }
 
+TensorList LSTMCell::forward_list(const TensorList& inputs) {
+  MT_CHECK(inputs.size() == 1 || inputs.size() == 3, "LSTMCell takes {x} or {x, h, c}, got ",
+           inputs.size(), " tensors");
+  const LSTMState next =
+      inputs.size() == 3 ? step(inputs[0], {inputs[1], inputs[2]}) : step(inputs[0]);
+  return {next.h, next.c};
+}
+
 LSTMState LSTMCell::step(const Tensor& x, const LSTMState& state) {
   MT_CHECK(x.dim() == 2 && x.size(1) == input_, "LSTMCell(", input_, ", ", hidden_,
            "): expected an input (B, ", input_, "), got a ", x.describe());
@@ -580,6 +588,30 @@ LSTM::LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers,
 
 Tensor LSTM::forward(const Tensor& x) {
   return run(x, {});
+}
+
+TensorList LSTM::forward_list(const TensorList& inputs) {
+  MT_CHECK(inputs.size() == 1 || inputs.size() == 3, "LSTM takes {x} or {x, h0, c0}, got ",
+           inputs.size(), " tensors");
+  std::vector<LSTMState> initial;
+  if (inputs.size() == 3) {
+    const Tensor &h0 = inputs[1], &c0 = inputs[2];
+    for (const Tensor* s : {&h0, &c0}) {
+      MT_CHECK(s->dim() == 3 && s->size(0) == layers_ && s->size(2) == hidden_, "LSTM(", input_,
+               ", ", hidden_, ", layers=", layers_, "): h0 and c0 are (", layers_, ", B, ", hidden_,
+               "), got a ", s->describe());
+    }
+    for (int64_t l = 0; l < layers_; ++l)
+      initial.push_back({h0.select(0, l), c0.select(0, l)});
+  }
+  std::vector<LSTMState> final;
+  const Tensor y = run(inputs[0], initial, &final);
+  std::vector<Tensor> h, c;
+  for (const LSTMState& st : final) {
+    h.push_back(st.h);
+    c.push_back(st.c);
+  }
+  return {y, stack(h, 0), stack(c, 0)};
 }
 
 Tensor LSTM::run(const Tensor& x, const std::vector<LSTMState>& initial,

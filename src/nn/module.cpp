@@ -38,10 +38,38 @@ std::string joined_path(const std::string& prefix, const std::string& name) {
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
+namespace {
+
+// The module whose default forward / forward_list is running on this thread: if the other
+// default is reached for the same module, it overrides neither.
+thread_local const Module* t_defaulting = nullptr;
+
+struct Defaulting {
+  const Module* prev;
+  explicit Defaulting(const Module* m) : prev(t_defaulting) { t_defaulting = m; }
+  ~Defaulting() { t_defaulting = prev; }
+};
+
+}  // namespace
+
 Tensor Module::forward(const Tensor& x) {
-  MT_CHECK(false, type_name_, " has no forward(x) taking one tensor (called with a ", x.describe(),
-           "); use its own methods");
-  return Tensor();
+  MT_CHECK(t_defaulting != this, type_name_,
+           " has no forward: it overrides neither forward(x) nor forward_list(inputs); use its "
+           "own methods");
+  Defaulting guard(this);
+  TensorList out = forward_list(TensorList{x});
+  MT_CHECK(out.size() == 1, type_name_, " returns ", out.size(),
+           " tensors; call forward_list({x}) (or model({x})) to get them all");
+  return std::move(out[0]);
+}
+
+TensorList Module::forward_list(const TensorList& inputs) {
+  MT_CHECK(t_defaulting != this, type_name_,
+           " has no forward: it overrides neither forward(x) nor forward_list(inputs); use its "
+           "own methods");
+  MT_CHECK(inputs.size() == 1, type_name_, " takes one input tensor, got ", inputs.size());
+  Defaulting guard(this);
+  return {forward(inputs[0])};
 }
 
 // ---- registration ------------------------------------------------------------------------------
@@ -359,9 +387,24 @@ Tensor Sequential::forward(const Tensor& x) {
   return h;
 }
 
+TensorList Sequential::forward_list(const TensorList& inputs) {
+  TensorList h = inputs;
+  for (const auto& [n, m] : named_children())
+    h = m->forward_list(h);
+  return h;
+}
+
 // ---- functional_call ---------------------------------------------------------------------------
 
-Tensor functional_call(Module& module, const NamedTensors& replacements, const Tensor& x) {
+struct SlotAccess {
+  static Tensor& slot(Module& m, const std::string& name) { return m.parameter_slot(name); }
+};
+
+namespace {
+
+// Runs f() with `replacements` swapped into `module`'s slots, restoring them afterwards.
+template <typename F>
+auto with_replacements(Module& module, const NamedTensors& replacements, F f) {
   // Resolve every name first: nothing is swapped unless all of them exist.
   std::vector<std::pair<Tensor*, Tensor>> swaps;
   for (const auto& [name, t] : replacements) {
@@ -376,7 +419,7 @@ Tensor functional_call(Module& module, const NamedTensors& replacements, const T
       MT_CHECK(owner != nullptr, "functional_call: ", module.name(), " has no submodule \"", path,
                "\" (from the name \"", name, "\")");
     }
-    Tensor& slot = owner->parameter_slot(dot == std::string::npos ? name : name.substr(dot + 1));
+    Tensor& slot = SlotAccess::slot(*owner, dot == std::string::npos ? name : name.substr(dot + 1));
     MT_CHECK(t.defined(), "functional_call: the replacement for \"", name, "\" is undefined");
     swaps.emplace_back(&slot, t);
   }
@@ -390,7 +433,18 @@ Tensor functional_call(Module& module, const NamedTensors& replacements, const T
   for (auto& [slot, t] : swaps)
     std::swap(*slot, t);
   Restore restore{swaps};
-  return module.forward(x);
+  return f();
+}
+
+}  // namespace
+
+Tensor functional_call(Module& module, const NamedTensors& replacements, const Tensor& x) {
+  return with_replacements(module, replacements, [&] { return module.forward(x); });
+}
+
+TensorList functional_call(Module& module, const NamedTensors& replacements,
+                           const TensorList& inputs) {
+  return with_replacements(module, replacements, [&] { return module.forward_list(inputs); });
 }
 
 }  // namespace mantissa::nn

@@ -19,6 +19,7 @@
 #include "mantissa/data/images.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
+#include "mantissa/optim/optimizer.h"
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa::amp {
@@ -78,7 +79,7 @@ class OptLevels : public ::testing::TestWithParam<Case> {};
 TEST_P(OptLevels, ModelOptimizerAndScalerAreSetUpAsApexDefinesTheLevel) {
   const auto [level, half] = GetParam();
   auto model = small_cnn();
-  nn::NamedTensors before;
+  NamedTensors before;
   for (const auto& [n, t] : model->state_dict())
     before.emplace_back(n, t.clone());
   auto opt = sgd_for(*model);
@@ -243,8 +244,8 @@ TEST(AmpGradients, OverflowAtO2SkipsTheStepBitIdentically) {
     return skipped;
   };
   EXPECT_FALSE(step(false));
-  const nn::NamedTensors params_before = [&] {
-    nn::NamedTensors out;
+  const NamedTensors params_before = [&] {
+    NamedTensors out;
     for (const auto& [n, t] : model->named_parameters())
       out.emplace_back(n, t.clone());
     return out;
@@ -253,7 +254,7 @@ TEST(AmpGradients, OverflowAtO2SkipsTheStepBitIdentically) {
   const double scale = amp.scaler().get_scale();
   EXPECT_TRUE(step(true));
   // (Batch norm's running statistics do move: the forward pass ran, as in PyTorch.)
-  const nn::NamedTensors params_after = model->named_parameters();
+  const NamedTensors params_after = model->named_parameters();
   for (size_t i = 0; i < params_before.size(); ++i) {
     EXPECT_TRUE(same_bits(params_before[i].second, params_after[i].second))
         << params_before[i].first;
@@ -268,6 +269,27 @@ TEST(AmpGradients, OverflowAtO2SkipsTheStepBitIdentically) {
 
 // Every level trains a small cnn on synthetic images as well as fp32 does (same data, same
 // initial weights, 30 SGD steps): the mean loss of the last 10 within a margin of fp32's.
+// A module of several inputs and outputs through the opt levels: each floating input cast to the
+// level's dtype (O2/O3), each output back to fp32, integer inputs untouched.
+TEST(AmpForward, ListsOfInputsAndOutputs) {
+  auto lstm = std::make_shared<nn::LSTM>(3, 4, 1, 5);
+  auto reference = std::make_shared<nn::LSTM>(3, 4, 1, 5);
+  optim::SGD opt(lstm->parameters(), {.lr = 0.1});
+  const Amp amp = initialize(*lstm, opt, OptLevel::O2, DType::BF16);
+  const Tensor x = Tensor::uniform({2, 6, 3}, -1, 1, 8);
+  const Tensor h0 = Tensor::uniform({1, 2, 4}, -1, 1, 9), c0 = Tensor::zeros({1, 2, 4});
+  NoGrad ng;
+  const nn::TensorList out = amp.forward(*lstm, {x, h0, c0});
+  ASSERT_EQ(out.size(), 3u);
+  reference->to(DType::BF16);
+  const nn::TensorList ref =
+      reference->forward_list({x.to(DType::BF16), h0.to(DType::BF16), c0.to(DType::BF16)});
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(out[i].dtype(), DType::F32) << "output " << i;
+    EXPECT_EQ(out[i].to_vector<float>(), ref[i].to(DType::F32).to_vector<float>()) << i;
+  }
+}
+
 TEST(AmpTraining, EveryLevelTrainsLikeFp32) {
   const data::ImageDataset ds = data::synthetic_images(512, 1, 28, 10, 3);
   auto train = [&](OptLevel level, DType half, const AmpOptions& options) {

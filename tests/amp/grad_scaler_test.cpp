@@ -407,7 +407,7 @@ TEST(GradScaler, StateDictRoundTripsThroughACheckpoint) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("mantissa_scaler_" + std::to_string(getpid()) + ".safetensors");
   NamedTensors dict = s.state_dict();
-  std::vector<std::pair<std::string, Tensor>> named;
+  NamedTensors named;
   for (const auto& [k, t] : dict)
     named.emplace_back("scaler." + k, t);
   save_safetensors(path.string(), named);

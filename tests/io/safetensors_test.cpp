@@ -68,8 +68,8 @@ std::string raw_bytes(const Tensor& t) {
 }
 
 // One (2, 3) tensor per dtype, with values every format holds exactly.
-std::vector<std::pair<std::string, Tensor>> one_of_each_dtype() {
-  std::vector<std::pair<std::string, Tensor>> out;
+NamedTensors one_of_each_dtype() {
+  NamedTensors out;
   for (const DTypeInfo& info : kDTypeTable) {
     std::vector<double> v;
     for (int i = 0; i < 6; ++i) {

@@ -642,5 +642,108 @@ TEST(Layers, LSTMUnrollsTheCell) {
   EXPECT_TRUE(testing::all_close(last[0].c, s.c, 0x1p-23, 16, "final cell state"));
 }
 
+// ---- several inputs and outputs
+// ------------------------------------------------------------------
+
+// A recommender's shape: dense features and a categorical id in, one logit out.
+class DenseAndCategorical : public Module {
+ public:
+  DenseAndCategorical() : Module("DenseAndCategorical") {
+    dense = register_module("dense", std::make_shared<Linear>(4, 1, 1));
+    emb = register_module("emb", std::make_shared<Embedding>(10, 1, 2));
+  }
+  TensorList forward_list(const TensorList& in) override {
+    MT_CHECK(in.size() == 2, "DenseAndCategorical takes {dense, categorical}");
+    return {add(dense->forward(in[0]), emb->forward(in[1]))};
+  }
+  std::shared_ptr<Linear> dense;
+  std::shared_ptr<Embedding> emb;
+};
+
+// Two outputs: the input and its square.
+class Split : public Module {
+ public:
+  Split() : Module("Split") {}
+  TensorList forward_list(const TensorList& in) override { return {in[0], mul(in[0], in[0])}; }
+};
+
+// Two inputs, one output: their sum.
+class Sum2 : public Module {
+ public:
+  Sum2() : Module("Sum2") {}
+  TensorList forward_list(const TensorList& in) override { return {add(in[0], in[1])}; }
+};
+
+class NoForward : public Module {
+ public:
+  NoForward() : Module("NoForward") {}
+};
+
+TEST(MultiIO, ModulesTakeAndReturnSeveralTensors) {
+  DenseAndCategorical m;
+  const Tensor dense = Tensor::uniform({3, 4}, -1, 1, 5);
+  const Tensor cat = Tensor::from_vector(std::vector<int64_t>{2, 7, 2}, {3});
+  const TensorList out = m(dense, cat);  // model(a, b)
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].shape(), (Shape{3, 1}));
+  // The same as composing the parts by hand, and gradients reach both branches.
+  const Tensor ref = add(m.dense->forward(dense), m.emb->forward(cat));
+  EXPECT_EQ(values(out[0]), values(ref));
+  sum(out[0]).backward();
+  EXPECT_TRUE(m.dense->weight().grad().defined());
+  const std::vector<double> ge = values(m.emb->weight().grad());
+  EXPECT_EQ(ge[2], 2.0) << "id 2 appears twice";
+  EXPECT_EQ(ge[7], 1.0);
+  EXPECT_EQ(ge[0], 0.0);
+  // A one-output module still answers forward(x) when it takes one input...
+  Split split;
+  const Tensor x = Tensor::from_vector(std::vector<double>{1, -2, 3}, {3});
+  const TensorList both = split({x});
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(values(both[1]), (std::vector<double>{1, 4, 9}));
+  // ...and says what it returns when it cannot.
+  expect_error([&] { split.forward(x); }, {"Split returns 2 tensors", "forward_list"});
+  expect_error([&] { Linear(3, 1, 0).forward_list({x, x}); }, {"Linear takes one input", "got 2"});
+  expect_error([&] { NoForward().forward(x); }, {"NoForward has no forward"});
+  expect_error([&] { NoForward().forward_list({x}); }, {"NoForward has no forward"});
+}
+
+TEST(MultiIO, SequentialAndFunctionalCallPassListsThrough) {
+  Sequential seq{std::make_shared<Split>(), std::make_shared<Sum2>(),
+                 std::make_shared<Linear>(3, 2, 4)};
+  const Tensor x = Tensor::uniform({5, 3}, -1, 1, 6);
+  const TensorList out = seq({x});
+  ASSERT_EQ(out.size(), 1u);
+  const auto lin = std::static_pointer_cast<Linear>(seq[2]);
+  EXPECT_EQ(values(out[0]), values(lin->forward(add(x, mul(x, x)))));
+  Tensor w = Tensor::zeros({2, 3}).set_requires_grad();
+  const TensorList swapped = functional_call(seq, {{"2.weight", w}}, TensorList{x});
+  EXPECT_EQ(values(swapped[0]), values(add(mul(Tensor::ones({5, 2}), 0.0), lin->bias())));
+  EXPECT_FALSE(lin->weight().is_same(w)) << "restored";
+}
+
+TEST(MultiIO, LstmReturnsItsFinalStatesAsPyTorchsDoes) {
+  LSTM lstm(3, 4, 2, 9);
+  LSTMCell cell(3, 4, 1);
+  const Tensor x = Tensor::uniform({2, 5, 3}, -1, 1, 3);
+  const Tensor h0 = Tensor::uniform({2, 2, 4}, -1, 1, 4), c0 = Tensor::uniform({2, 2, 4}, -1, 1, 5);
+  const TensorList out = lstm({x, h0, c0});
+  ASSERT_EQ(out.size(), 3u);
+  std::vector<LSTMState> last;
+  const Tensor y =
+      lstm.run(x, {{h0.select(0, 0), c0.select(0, 0)}, {h0.select(0, 1), c0.select(0, 1)}}, &last);
+  EXPECT_EQ(values(out[0]), values(y));
+  EXPECT_EQ(out[1].shape(), (Shape{2, 2, 4}));
+  EXPECT_EQ(values(out[1].select(0, 1)), values(last[1].h));
+  EXPECT_EQ(values(out[2].select(0, 0)), values(last[0].c));
+  EXPECT_EQ(lstm.forward_list({x}).size(), 3u) << "no initial state: zeros";
+  expect_error([&] { lstm({x, h0}); }, {"{x} or {x, h0, c0}"});
+  expect_error([&] { lstm({x, h0.select(0, 0), c0}); }, {"h0 and c0 are (2, B, 4)"});
+  const TensorList hc = cell({x.select(1, 0), h0.select(0, 0), c0.select(0, 0)});
+  const LSTMState s = cell.step(x.select(1, 0), {h0.select(0, 0), c0.select(0, 0)});
+  EXPECT_EQ(values(hc[0]), values(s.h));
+  EXPECT_EQ(values(hc[1]), values(s.c));
+}
+
 }  // namespace
 }  // namespace mantissa::nn

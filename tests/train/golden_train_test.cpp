@@ -230,7 +230,7 @@ void run_golden(const std::string& model_name) {
   nn::ModelConfig config;
   config.seed = std::stoull(g.meta("seed"));
   const auto model = nn::make_model(model_name, config);
-  const nn::NamedTensors init = model->state_dict();
+  const NamedTensors init = model->state_dict();
   size_t golden_init = 0;
   for (const auto& [key, t] : g.file.tensors)
     golden_init += key.starts_with("init.") ? 1 : 0;

@@ -84,7 +84,7 @@ int run(int argc, char** argv) {
   mantissa::nn::ModelConfig config;
   config.seed = seed;
   const auto model = mantissa::nn::make_model(model_name, config);
-  std::vector<std::pair<std::string, Tensor>> out;
+  mantissa::NamedTensors out;
   for (const auto& [key, t] : model->state_dict())
     out.emplace_back("init." + key, t);
 

@@ -73,6 +73,9 @@ class Amp {
   // model(x) in the level's precision: under autocast (O1), or with floating inputs cast to
   // dtype and the output cast to fp32 (O2/O3); plain for O0. Also for evaluation.
   Tensor forward(nn::Module& model, const Tensor& x) const;
+  // The same for a module of several inputs and outputs (Module::forward_list): each floating
+  // input cast (O2/O3), each floating output back to fp32.
+  nn::TensorList forward(nn::Module& model, const nn::TensorList& inputs) const;
 
   GradScaler& scaler() { return scaler_; }
   const GradScaler& scaler() const { return scaler_; }

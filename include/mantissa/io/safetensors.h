@@ -22,11 +22,11 @@ namespace mantissa {
 // then renamed over `path`, so a failure (full disk, bad tensor, crash) leaves any earlier file
 // at `path` intact. Names must be unique and not "__metadata__".
 void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 struct SafetensorsFile {
-  std::vector<std::pair<std::string, Tensor>> tensors;  // CPU, contiguous, in the header's order
+  NamedTensors tensors;  // CPU, contiguous, in the header's order
   std::map<std::string, std::string> metadata;
 
   // The tensor called `name`, or nullptr.

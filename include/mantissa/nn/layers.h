@@ -378,6 +378,8 @@ class LSTMCell : public Module {
   // x (B, in); an undefined state starts from zeros.
   LSTMState step(const Tensor& x, const LSTMState& state = {});
   Tensor forward(const Tensor& x) override { return step(x).h; }
+  // {x} or {x, h, c} -> {h', c'}, as torch.nn.LSTMCell's (h, c) = cell(x, (h, c)).
+  TensorList forward_list(const TensorList& inputs) override;
   std::string extra_repr() const override;
   int64_t hidden_size() const { return hidden_; }
   Tensor& weight_ih() { return *w_ih_; }  // (4H, in)
@@ -399,6 +401,9 @@ class LSTM : public Module {
        std::optional<uint64_t> seed = {}, double dropout = 0.0);
   // (B, T, H): the last layer's hidden state at every step.
   Tensor forward(const Tensor& x) override;
+  // As torch.nn.LSTM's y, (h_n, c_n) = lstm(x, (h0, c0)): {x} or {x, h0, c0} with h0 and c0
+  // (layers, B, H) -> {y (B, T, H), h_n (layers, B, H), c_n (layers, B, H)}.
+  TensorList forward_list(const TensorList& inputs) override;
   // The same, from given initial states (one per layer, or empty for zeros); `final` receives
   // each layer's last state when not null.
   Tensor run(const Tensor& x, const std::vector<LSTMState>& initial,

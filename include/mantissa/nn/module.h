@@ -22,8 +22,8 @@
 
 namespace mantissa::nn {
 
-// Ordered (name, tensor) pairs: what state_dict returns and load_state_dict / safetensors take.
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+// Several tensors in or out of a module (PyTorch's forward(*args) and tuple outputs).
+using TensorList = std::vector<Tensor>;
 
 class Module;
 using ModulePtr = std::shared_ptr<Module>;
@@ -42,9 +42,26 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // The computation. Modules without a single-input forward (e.g. LSTMCell's step) throw.
+  // The computation. A module overrides one of the two, or both:
+  //   forward(x)              one tensor in, one out (most layers);
+  //   forward_list(inputs)    any number in and out: a recommender's {dense, categorical}, an
+  //                           LSTM's {x, h0, c0} -> {y, h_n, c_n}.
+  // Each defaults to the other: forward(x) is forward_list({x}) with exactly one output, and
+  // forward_list({x}) is {forward(x)}; a module that overrides neither, or is called with a
+  // count it does not take, throws a mantissa::Error saying what it takes.
   virtual Tensor forward(const Tensor& x);
+  virtual TensorList forward_list(const TensorList& inputs);
   Tensor operator()(const Tensor& x) { return forward(x); }
+  TensorList operator()(const TensorList& inputs) { return forward_list(inputs); }
+  // model({x}) and model({a, b}): the list forward (a braced list prefers this overload).
+  TensorList operator()(std::initializer_list<Tensor> inputs) {
+    return forward_list(TensorList(inputs));
+  }
+  // model(a, b, ...) with two or more tensors: forward_list({a, b, ...}).
+  template <typename... Rest>
+  TensorList operator()(const Tensor& a, const Tensor& b, const Rest&... rest) {
+    return forward_list(TensorList{a, b, rest...});
+  }
 
   // ---- registration (names: non-empty, no '.', unique among this module's tensors/children) --
   // `value` must be a leaf; a floating one is marked requires_grad. Returns the module's slot.
@@ -121,7 +138,7 @@ class Module {
     std::string name;
     std::unique_ptr<Tensor> tensor;  // stable address: layers keep a reference
   };
-  friend Tensor functional_call(Module& module, const NamedTensors& replacements, const Tensor& x);
+  friend struct SlotAccess;  // functional_call's swaps (module.cpp)
   void check_new_name(const std::string& name) const;
   void add_child(const std::string& name, ModulePtr module);
   void set_child(const std::string& name, ModulePtr module);
@@ -151,15 +168,21 @@ class Sequential : public Module {
   }
   size_t size() const { return named_children().size(); }
   const ModulePtr& operator[](size_t i) const;
+  // Each module's output feeds the next: forward chains forward(x), forward_list chains
+  // forward_list (a module may take or return several tensors).
   Tensor forward(const Tensor& x) override;
+  TensorList forward_list(const TensorList& inputs) override;
 
  protected:
   explicit Sequential(std::string type_name) : Module(std::move(type_name)) {}
 };
 
-// Runs module.forward(x) with some of its parameters or buffers temporarily replaced by other
-// tensors (torch.func.functional_call): gradients flow to the replacements. The originals are
-// put back afterwards, also when forward throws. Names are state_dict names.
+// Runs module.forward(x) (or forward_list(inputs)) with some of its parameters or buffers
+// temporarily replaced by other tensors (torch.func.functional_call): gradients flow to the
+// replacements. The originals are put back afterwards, also when forward throws. Names are
+// state_dict names.
 Tensor functional_call(Module& module, const NamedTensors& replacements, const Tensor& x);
+TensorList functional_call(Module& module, const NamedTensors& replacements,
+                           const TensorList& inputs);
 
 }  // namespace mantissa::nn

@@ -15,8 +15,6 @@
 
 namespace mantissa::train {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
 inline constexpr const char* kOptimizerPrefix = "optimizer.";
 inline constexpr const char* kScalerPrefix = "scaler.";
 
