@@ -9,7 +9,6 @@
 namespace mantissa::backend {
 
 Backend& cuda_backend(int device);
-Allocator& cuda_allocator(int device);
 // Page-locked host memory (cudaHostAlloc), cached like the device allocator's blocks; its
 // tensors are CPU tensors that the GPU can copy from asynchronously.
 Allocator& pinned_allocator();

@@ -3,6 +3,7 @@
 #ifndef MANTISSA_HAS_CUDA
 
 #include "backend/device_hooks.h"
+#include "core/cuda_allocator.h"
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/error.h"
 
@@ -17,6 +18,10 @@ namespace {
 }
 
 }  // namespace
+
+Allocator& detail::cuda_allocator(int) {
+  no_cuda("the cuda device");
+}
 
 namespace cuda {
 
@@ -75,9 +80,6 @@ void record_stream(const Tensor&, const Stream&) {
 namespace backend {
 
 Backend& cuda_backend(int) {
-  no_cuda("the cuda device");
-}
-Allocator& cuda_allocator(int) {
   no_cuda("the cuda device");
 }
 Allocator& pinned_allocator() {

@@ -1,7 +1,5 @@
 #include "mantissa/core/allocator.h"
 
-#include "backend/device_hooks.h"
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -10,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cuda_allocator.h"
 #include "mantissa/core/device.h"
 #include "mantissa/core/error.h"
 
@@ -128,7 +127,7 @@ class CpuAllocator final : public Allocator {
 }  // namespace
 
 Allocator& allocator_for(Device d) {
-  if (d.is_cuda()) return backend::cuda_allocator(d.index);
+  if (d.is_cuda()) return detail::cuda_allocator(d.index);
   static CpuAllocator* cpu = new CpuAllocator();  // never destroyed: tensors may outlive main
   return *cpu;
 }

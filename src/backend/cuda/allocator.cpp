@@ -10,6 +10,7 @@
 #include "backend/caching_allocator.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/device_hooks.h"
+#include "core/cuda_allocator.h"
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/device_info.h"
 
@@ -190,15 +191,15 @@ CachingAllocator& host_allocator() {
 
 }  // namespace
 
-Allocator& cuda_allocator(int device) {
-  return device_allocator(device);
-}
-
 Allocator& pinned_allocator() {
   return host_allocator();
 }
 
 }  // namespace backend
+
+Allocator& detail::cuda_allocator(int device) {
+  return backend::device_allocator(device);
+}
 
 namespace cuda {
 
