@@ -136,7 +136,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   st.flag = Tensor::zeros(Shape{}, DType::F32, state_.device());
   if (!grads.empty()) {
     // 1 / S (rounded to fp32) is taken from the state where it lives: no host wait.
-    backend::backend_for(state_.device()).unscale_and_check(grads, state_, st.flag);
+    backend::backend_for(state_.device()).unscale_with_state(grads, state_, st.flag);
     for (const Tensor& g : grads)
       g.bump_version();
   }

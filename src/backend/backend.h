@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
+#include "backend/backend_ops.h"
 #include "mantissa/core/device.h"
 #include "mantissa/numerics/convert.h"
 #include "mantissa/numerics/format.h"
@@ -171,157 +173,33 @@ struct ScaleUpdate {
   double max_scale = 16777216.0;
 };
 
+// The kernels of one device. The ops are the table of backend_ops.h (one row each, with its
+// contract): a backend overrides the ones it has, and the others run on the CPU backend through
+// the fallback (fallback.cpp), counted and warned about once per op. copy and fill are the two
+// every backend must have.
 class Backend {
  public:
   virtual ~Backend() = default;
+  // "cpu", "cuda": names the backend in messages and in the fallback's warnings.
+  virtual std::string_view name() const = 0;
 
-  // ---- data movement -----------------------------------------------------------------------
   // dst = src, any strides on both sides, converting dtype (RNE into narrower floats).
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   virtual void fill(Tensor& dst, double value) = 0;
-  // Uniform in [a, b) or normal(a, b), from Philox(seed) element by element.
-  virtual void uniform(Tensor& dst, double a, double b, uint64_t seed, uint64_t offset) = 0;
-  virtual void normal(Tensor& dst, double mean, double stddev, uint64_t seed, uint64_t offset) = 0;
-  // Round every value of a float tensor onto `format`'s grid, in place.
-  virtual void round_to_format(Tensor& t, Format format) = 0;
-  // dst = src converted with a rounding mode (any strides on both sides, any dtypes): element i
-  // of the flattened (row-major) src draws its stochastic bits at stream position
-  // rounding.index + i, so the result does not depend on how the work is split. Widening and
-  // same-dtype copies are exact; stores into integer dtypes truncate as copy() does.
-  virtual void copy_rounded(const Tensor& src, Tensor& dst, const RoundingOptions& rounding) = 0;
 
-  // ---- elementwise (inputs broadcast to out's shape) -----------------------------------------
-  virtual void unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) = 0;
-  // gx = grad * d op(x)/dx, given x and y = op(x).
-  virtual void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
-                              Tensor& gx, Scalars s) = 0;
-  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
-  // out = a + alpha * b (b broadcast; out may be a): the optimizer's axpy in one pass.
-  virtual void add_scaled(const Tensor& a, const Tensor& b, double alpha, Tensor& out) = 0;
-  // out = cond ? a : b (cond is Bool)
-  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
-  // out = x * mask * scale, mask ~ Bernoulli(1 - p) drawn from Philox; mask written as Bool.
-  virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out,
-                       Tensor& mask) = 0;
-
-  // ---- reductions over `dims` (sorted, unique); out has the kept dims (keepdim shape) --------
-  // Var uses `correction` (1 = unbiased). ArgMax/ArgMin write I64. Max/Min may also write the
-  // I64 index of the winner into `indices` when it is defined.
-  virtual void reduce(ReduceOp op, const Tensor& x, std::span<const int> dims, Tensor& out,
-                      Tensor* indices, int64_t correction) = 0;
-
-  // ---- linear algebra ------------------------------------------------------------------------
-  // out(B, M, N) = a(B, M, K) @ b(B, K, N) [+ bias(N)]; any strides; B may be 1.
-  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out,
-                      const MatmulOptions& options) = 0;
-
-  // ---- convolution and pooling (NCHW) --------------------------------------------------------
-  virtual void conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
-                      const Conv2dParams& p, const MatmulOptions& options) = 0;
-  virtual void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& w,
-                               Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias,
-                               const Conv2dParams& p, const MatmulOptions& options) = 0;
-  virtual void max_pool2d(const Tensor& x, Tensor& out, Tensor& indices, const Pool2dParams& p) = 0;
-  virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices,
-                                   Tensor& grad_x) = 0;
-  virtual void avg_pool2d(const Tensor& x, Tensor& out, const Pool2dParams& p) = 0;
-  virtual void avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x,
-                                   const Pool2dParams& p) = 0;
-  // Adaptive average pooling to out's (OH, OW).
-  virtual void adaptive_avg_pool2d(const Tensor& x, Tensor& out) = 0;
-  virtual void adaptive_avg_pool2d_backward(const Tensor& grad_out, Tensor& grad_x) = 0;
-
-  // ---- normalization (statistics in fp32; mean/rstd are F32, or F64 for f64 inputs) ----------
-  // x viewed as (N, C, S): per-channel statistics over N and S. Training: batch statistics,
-  // written to save_mean/save_rstd, running stats updated with momentum (if defined).
-  // Eval: running stats used.
-  virtual void batch_norm(const Tensor& x, const Tensor* weight, const Tensor* bias,
-                          Tensor* running_mean, Tensor* running_var, bool training, double momentum,
-                          double eps, Tensor& out, Tensor& save_mean, Tensor& save_rstd) = 0;
-  virtual void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* weight,
-                                   const Tensor& save_mean, const Tensor& save_rstd, bool training,
-                                   Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) = 0;
-  // x viewed as (M, N): statistics over the last N elements of each row.
-  virtual void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, double eps,
-                          Tensor& out, Tensor& mean, Tensor& rstd) = 0;
-  virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* weight,
-                                   const Tensor& mean, const Tensor& rstd, Tensor* grad_x,
-                                   Tensor* grad_weight, Tensor* grad_bias) = 0;
-
-  // ---- softmax and losses --------------------------------------------------------------------
-  virtual void softmax(const Tensor& x, int dim, bool log, Tensor& out) = 0;
-  // y is the forward output (softmax or log_softmax).
-  virtual void softmax_backward(const Tensor& grad_y, const Tensor& y, int dim, bool log,
-                                Tensor& grad_x) = 0;
-  // Per-sample loss of logits (N, C) against I64 targets (N): label-smoothed NLL of log_softmax.
-  // Writes loss (N) in F32 (F64 for f64) — 0 where target == ignore_index — and log-probs.
-  virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                             double label_smoothing, Tensor& loss, Tensor& log_probs) = 0;
-  // grad_logits = scale_n * (softmax - smoothed one-hot), scale_n = grad_loss[n] (0 if ignored).
-  virtual void cross_entropy_backward(const Tensor& grad_loss, const Tensor& log_probs,
-                                      const Tensor& target, int64_t ignore_index,
-                                      double label_smoothing, Tensor& grad_logits) = 0;
-
-  // ---- attention (see AttentionParams) -------------------------------------------------------
-  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                         Tensor& lse, const AttentionParams& p) = 0;
-  // Given the forward's out and lse: grad_q, grad_k, grad_v (each the shape of its input,
-  // contiguous, the inputs' dtype).
-  virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  Tensor& grad_q, Tensor& grad_k, Tensor& grad_v,
-                                  const AttentionParams& p) = 0;
-
-  // ---- indexing ------------------------------------------------------------------------------
-  // out = x.index_select(dim, index) (index I64 1-D)
-  virtual void index_select(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
-  // grad_x (zeroed by the caller) += scatter of grad_out along dim at index
-  virtual void index_add(Tensor& grad_x, int dim, const Tensor& index, const Tensor& grad_out) = 0;
-  virtual void gather(const Tensor& x, int dim, const Tensor& index, Tensor& out) = 0;
-  virtual void scatter_add(Tensor& grad_x, int dim, const Tensor& index,
-                           const Tensor& grad_out) = 0;
-
-  // ---- multi-tensor (optimizers, clipping): one pass over all tensors, see above -------------
-  // momentum_bufs is empty when hyper.momentum == 0.
-  virtual void sgd_step(std::span<Tensor> params, std::span<const Tensor> grads,
-                        std::span<Tensor> momentum_bufs, const SgdStep& hyper) = 0;
-  virtual void adamw_step(std::span<Tensor> params, std::span<const Tensor> grads,
-                          std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs,
-                          const AdamWStep& hyper) = 0;
-  // out (one element, F64) = the norm_type-norm of all elements of all tensors together:
-  // (sum |x|^p)^(1/p) for p > 0, max |x| for p = inf (NaN propagates). Accumulates in fp32
-  // per chunk (f64 for f64), chunks combined in f64 in a fixed order.
-  virtual void multi_tensor_norm(std::span<const Tensor> tensors, double norm_type,
-                                 Tensor& out) = 0;
-  // Every tensor *= factor in place (compute type, one rounding); factor is one F64 element on
-  // this device, read there (clipping computes it on the device: no host wait). A factor of
-  // exactly 1 leaves every value as it is.
-  virtual void multi_tensor_scale(std::span<Tensor> tensors, const Tensor& factor) = 0;
-  // The loss scaler's fused pass (DESIGN.md §4): every gradient *= inv_scale in place (loaded in
-  // its dtype, multiplied in the compute type, fp32 for f32/half, one rounding on store; left
-  // untouched when inv_scale == 1) and, in the same pass, a check for inf/NaN, as PyTorch's
-  // _amp_foreach_non_finite_check_and_unscale_ (the values are written even when non-finite ones
-  // are found). Returns whether any element of any tensor is inf or NaN. found_inf, when given,
-  // is a one-element F32 tensor on this device that is set to 1 when this call found one and
-  // otherwise left as it is, so that calls accumulate into it: a device backend can keep the
-  // flag there (the optimizer kernels read it and no-op) and only a host that must decide reads
-  // it back: when found_inf is given, a device backend may leave the answer in the flag and
-  // return false without waiting (the CUDA backend does); without it, the return value is exact
-  // and a device backend waits for it. Every tensor is floating, contiguous and on this device.
-  virtual bool unscale_and_check(std::span<Tensor> grads, double inv_scale, Tensor* found_inf) = 0;
-  // The same with the factor taken where the scale lives: inv_scale = 1 / scale_state[0] (the
-  // F64 state of update_scale) rounded to fp32, as PyTorch's
-  // inv_scale = scale.double().reciprocal().float(); found_inf (one F32 element) is set to 1 when
-  // a gradient holds inf/NaN. Never waits: how GradScaler unscales on every device.
-  virtual void unscale_and_check(std::span<Tensor> grads, const Tensor& scale_state,
-                                 Tensor& found_inf) = 0;
-  // The dynamic loss scale's update where the scale lives (PyTorch's _amp_update_scale_, plus
-  // hysteresis and the min/max clamp of GradScalerOptions): state is an F64 tensor of 4 elements
-  // on this device {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}; found_inf
-  // the one-element F32 flag of unscale_and_check. Follows next_scale_state (step_math.h, the
-  // one definition every backend runs), so trajectories agree across devices.
-  virtual void update_scale(Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule) = 0;
+#define MT_BACKEND_DECLARE(family, R, op, params, args) virtual R op params;
+  MT_FORALL_BACKEND_OPS(MT_BACKEND_DECLARE)
+#undef MT_BACKEND_DECLARE
 };
+
+// Declares the override of every op of the table, for a backend that has them all (the CPU and
+// CUDA backends); a backend that lacks some declares the ones it has instead.
+#define MT_BACKEND_OVERRIDE(family, R, op, params, args) R op params override;
+#define MT_BACKEND_OVERRIDE_ALL                       \
+  std::string_view name() const override;             \
+  void copy(const Tensor& src, Tensor& dst) override; \
+  void fill(Tensor& dst, double value) override;      \
+  MT_FORALL_BACKEND_OPS(MT_BACKEND_OVERRIDE)
 
 Backend& backend_for(Device device);
 Backend& cpu_backend();

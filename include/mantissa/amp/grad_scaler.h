@@ -11,7 +11,7 @@
 //   ... r.skipped() ...                  // when the host needs to know (a wait on a GPU)
 //
 // The unscale and the inf/NaN check are one fused pass over all gradients of the optimizer
-// (Backend::unscale_and_check). Clipping after unscale_ is safe even with inf/NaN gradients (it
+// (Backend::unscale_with_state). Clipping after unscale_ is safe even with inf/NaN gradients (it
 // may turn them into NaN): the overflow was recorded by unscale_, so step() skips.
 //
 // Several losses: call scale(loss_i).backward() for each, then step every optimizer once and

@@ -72,8 +72,8 @@ bool CpuBackend::unscale_and_check(std::span<Tensor> grads, double inv_scale, Te
   return found;
 }
 
-void CpuBackend::unscale_and_check(std::span<Tensor> grads, const Tensor& scale_state,
-                                   Tensor& found_inf) {
+void CpuBackend::unscale_with_state(std::span<Tensor> grads, const Tensor& scale_state,
+                                    Tensor& found_inf) {
   check_scale_state("unscale_and_check", Device::cpu(), scale_state);
   const double scale = *static_cast<const double*>(scale_state.data_ptr());
   unscale_and_check(grads, round_to_f32(1.0 / scale), &found_inf);

@@ -648,8 +648,8 @@ void CudaBackend::update_scale(Tensor& state, const Tensor& found_inf, const Sca
   state.bump_version();
 }
 
-void CudaBackend::unscale_and_check(std::span<Tensor> grads, const Tensor& scale_state,
-                                    Tensor& found_inf) {
+void CudaBackend::unscale_with_state(std::span<Tensor> grads, const Tensor& scale_state,
+                                     Tensor& found_inf) {
   DeviceGuard guard(device_);
   check_scale_state("unscale_and_check", Device::cuda(device_), scale_state);
   check_plain_tensors("unscale_and_check", Device::cuda(device_), grads);

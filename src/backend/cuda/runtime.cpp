@@ -145,6 +145,10 @@ double Event::elapsed_ms(const Event& end) const {
 
 namespace mantissa::backend {
 
+std::string_view cuda::CudaBackend::name() const {
+  return "cuda";
+}
+
 Backend& cuda_backend(int device) {
   mantissa::cuda::check_device(device);
   static std::array<cuda::CudaBackend*, mantissa::cuda::kMaxDevices> backends{};

@@ -1,0 +1,213 @@
+// Internal: the kernels a device backend provides, one table (DESIGN.md §7: one table per
+// concept), grouped in families. Each row is _(Family, return type, name, (parameters),
+// (arguments)) with its contract in the comment above it. The table declares the Backend
+// interface (backend.h), the overrides of a backend that implements every op (the CPU and CUDA
+// backends), the CPU fallback of an op a backend lacks (fallback.cpp) and the check that the CPU
+// backend, the fallback's target, lacks none.
+//
+// An op a backend does not override runs on the CPU backend, its tensors copied there and back,
+// with a counted warning (mantissa::warn, key "fallback:<backend>:<op>"): correct, slow, visible.
+// Only copy and fill are outside the table: every backend must have them (the fallback moves
+// tensors with them).
+#pragma once
+
+// clang-format off
+#define MT_FORALL_BACKEND_OPS(_)                                                                  \
+  /* ---- data movement (copy and fill, which every backend has, are in backend.h) ---------- */\
+  /* Uniform in [a, b) or normal(a, b), from Philox(seed) element by element. */                  \
+  _(Data, void, uniform,                                                                          \
+    (Tensor& dst, double a, double b, uint64_t seed, uint64_t offset),                            \
+    (dst, a, b, seed, offset))                                                                    \
+  _(Data, void, normal,                                                                           \
+    (Tensor& dst, double mean, double stddev, uint64_t seed, uint64_t offset),                    \
+    (dst, mean, stddev, seed, offset))                                                            \
+  /* Round every value of a float tensor onto `format`'s grid, in place. */                       \
+  _(Data, void, round_to_format, (Tensor& t, Format format), (t, format))                         \
+  /* dst = src converted with a rounding mode (any strides on both sides, any dtypes): element i */\
+  /* of the flattened (row-major) src draws its stochastic bits at stream position */             \
+  /* rounding.index + i, so the result does not depend on how the work is split. Widening and */  \
+  /* same-dtype copies are exact; stores into integer dtypes truncate as copy() does. */          \
+  _(Data, void, copy_rounded,                                                                     \
+    (const Tensor& src, Tensor& dst, const RoundingOptions& rounding),                            \
+    (src, dst, rounding))                                                                         \
+  /* ---- elementwise (inputs broadcast to out's shape) --------------------------------------- */\
+  _(Elementwise, void, unary,                                                                     \
+    (UnaryOp op, const Tensor& x, Tensor& out, Scalars s),                                        \
+    (op, x, out, s))                                                                              \
+  /* gx = grad * d op(x)/dx, given x and y = op(x). */                                            \
+  _(Elementwise, void, unary_backward,                                                            \
+    (UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y, Tensor& gx, Scalars s),    \
+    (op, grad, x, y, gx, s))                                                                      \
+  _(Elementwise, void, binary,                                                                    \
+    (BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out),                                 \
+    (op, a, b, out))                                                                              \
+  /* out = a + alpha * b (b broadcast; out may be a): the optimizer's axpy in one pass. */        \
+  _(Elementwise, void, add_scaled,                                                                \
+    (const Tensor& a, const Tensor& b, double alpha, Tensor& out),                                \
+    (a, b, alpha, out))                                                                           \
+  /* out = cond ? a : b (cond is Bool) */                                                         \
+  _(Elementwise, void, where,                                                                     \
+    (const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out),                          \
+    (cond, a, b, out))                                                                            \
+  /* out = x * mask * scale, mask ~ Bernoulli(1 - p) drawn from Philox; mask written as Bool. */  \
+  _(Elementwise, void, dropout,                                                                   \
+    (const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out, Tensor& mask),       \
+    (x, p, seed, offset, out, mask))                                                              \
+  /* ---- reductions over `dims` (sorted, unique); out has the kept dims (keepdim shape) ------ */\
+  /* Var uses `correction` (1 = unbiased). ArgMax/ArgMin write I64. Max/Min may also write the */ \
+  /* I64 index of the winner into `indices` when it is defined. */                                \
+  _(Reduction, void, reduce,                                                                      \
+    (ReduceOp op, const Tensor& x, std::span<const int> dims, Tensor& out, Tensor* indices,       \
+    int64_t correction),                                                                          \
+    (op, x, dims, out, indices, correction))                                                      \
+  /* ---- linear algebra ---------------------------------------------------------------------- */\
+  /* out(B, M, N) = a(B, M, K) @ b(B, K, N) [+ bias(N)]; any strides; B may be 1. */              \
+  _(Linalg, void, matmul,                                                                         \
+    (const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out, const MatmulOptions&      \
+    options),                                                                                     \
+    (a, b, bias, out, options))                                                                   \
+  /* ---- convolution and pooling (NCHW) ------------------------------------------------------ */\
+  _(Convolution, void, conv2d,                                                                    \
+    (const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, const Conv2dParams& p,    \
+    const MatmulOptions& options),                                                                \
+    (x, w, bias, out, p, options))                                                                \
+  _(Convolution, void, conv2d_backward,                                                           \
+    (const Tensor& grad_out, const Tensor& x, const Tensor& w, Tensor* grad_x, Tensor* grad_w,    \
+    Tensor* grad_bias, const Conv2dParams& p, const MatmulOptions& options),                      \
+    (grad_out, x, w, grad_x, grad_w, grad_bias, p, options))                                      \
+  _(Convolution, void, max_pool2d,                                                                \
+    (const Tensor& x, Tensor& out, Tensor& indices, const Pool2dParams& p),                       \
+    (x, out, indices, p))                                                                         \
+  _(Convolution, void, max_pool2d_backward,                                                       \
+    (const Tensor& grad_out, const Tensor& indices, Tensor& grad_x),                              \
+    (grad_out, indices, grad_x))                                                                  \
+  _(Convolution, void, avg_pool2d,                                                                \
+    (const Tensor& x, Tensor& out, const Pool2dParams& p),                                        \
+    (x, out, p))                                                                                  \
+  _(Convolution, void, avg_pool2d_backward,                                                       \
+    (const Tensor& grad_out, Tensor& grad_x, const Pool2dParams& p),                              \
+    (grad_out, grad_x, p))                                                                        \
+  /* Adaptive average pooling to out's (OH, OW). */                                               \
+  _(Convolution, void, adaptive_avg_pool2d, (const Tensor& x, Tensor& out), (x, out))             \
+  _(Convolution, void, adaptive_avg_pool2d_backward,                                              \
+    (const Tensor& grad_out, Tensor& grad_x),                                                     \
+    (grad_out, grad_x))                                                                           \
+  /* ---- normalization (statistics in fp32; mean/rstd are F32, or F64 for f64 inputs) -------- */\
+  /* x viewed as (N, C, S): per-channel statistics over N and S. Training: batch statistics, */   \
+  /* written to save_mean/save_rstd, running stats updated with momentum (if defined). */         \
+  /* Eval: running stats used. */                                                                 \
+  _(Normalization, void, batch_norm,                                                              \
+    (const Tensor& x, const Tensor* weight, const Tensor* bias, Tensor* running_mean, Tensor*     \
+    running_var, bool training, double momentum, double eps, Tensor& out, Tensor& save_mean,      \
+    Tensor& save_rstd),                                                                           \
+    (x, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_rstd))\
+  _(Normalization, void, batch_norm_backward,                                                     \
+    (const Tensor& grad_out, const Tensor& x, const Tensor* weight, const Tensor& save_mean,      \
+    const Tensor& save_rstd, bool training, Tensor* grad_x, Tensor* grad_weight, Tensor*          \
+    grad_bias),                                                                                   \
+    (grad_out, x, weight, save_mean, save_rstd, training, grad_x, grad_weight, grad_bias))        \
+  /* x viewed as (M, N): statistics over the last N elements of each row. */                      \
+  _(Normalization, void, layer_norm,                                                              \
+    (const Tensor& x, const Tensor* weight, const Tensor* bias, double eps, Tensor& out, Tensor&  \
+    mean, Tensor& rstd),                                                                          \
+    (x, weight, bias, eps, out, mean, rstd))                                                      \
+  _(Normalization, void, layer_norm_backward,                                                     \
+    (const Tensor& grad_out, const Tensor& x, const Tensor* weight, const Tensor& mean, const     \
+    Tensor& rstd, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias),                        \
+    (grad_out, x, weight, mean, rstd, grad_x, grad_weight, grad_bias))                            \
+  /* ---- softmax and losses ------------------------------------------------------------------ */\
+  _(Softmax, void, softmax, (const Tensor& x, int dim, bool log, Tensor& out), (x, dim, log, out))\
+  /* y is the forward output (softmax or log_softmax). */                                         \
+  _(Softmax, void, softmax_backward,                                                              \
+    (const Tensor& grad_y, const Tensor& y, int dim, bool log, Tensor& grad_x),                   \
+    (grad_y, y, dim, log, grad_x))                                                                \
+  /* Per-sample loss of logits (N, C) against I64 targets (N): label-smoothed NLL of log_softmax. */\
+  /* Writes loss (N) in F32 (F64 for f64) — 0 where target == ignore_index — and log-probs. */    \
+  _(Softmax, void, cross_entropy,                                                                 \
+    (const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,    \
+    Tensor& loss, Tensor& log_probs),                                                             \
+    (logits, target, ignore_index, label_smoothing, loss, log_probs))                             \
+  /* grad_logits = scale_n * (softmax - smoothed one-hot), scale_n = grad_loss[n] (0 if ignored). */\
+  _(Softmax, void, cross_entropy_backward,                                                        \
+    (const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target, int64_t              \
+    ignore_index, double label_smoothing, Tensor& grad_logits),                                   \
+    (grad_loss, log_probs, target, ignore_index, label_smoothing, grad_logits))                   \
+  /* ---- attention (see AttentionParams) ----------------------------------------------------- */\
+  _(Attention, void, attention,                                                                   \
+    (const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const           \
+    AttentionParams& p),                                                                          \
+    (q, k, v, out, lse, p))                                                                       \
+  /* Given the forward's out and lse: grad_q, grad_k, grad_v (each the shape of its input, */     \
+  /* contiguous, the inputs' dtype). */                                                           \
+  _(Attention, void, attention_backward,                                                          \
+    (const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&     \
+    out, const Tensor& lse, Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, const                 \
+    AttentionParams& p),                                                                          \
+    (grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, p))                                     \
+  /* ---- indexing ---------------------------------------------------------------------------- */\
+  /* out = x.index_select(dim, index) (index I64 1-D) */                                          \
+  _(Indexing, void, index_select,                                                                 \
+    (const Tensor& x, int dim, const Tensor& index, Tensor& out),                                 \
+    (x, dim, index, out))                                                                         \
+  /* grad_x (zeroed by the caller) += scatter of grad_out along dim at index */                   \
+  _(Indexing, void, index_add,                                                                    \
+    (Tensor& grad_x, int dim, const Tensor& index, const Tensor& grad_out),                       \
+    (grad_x, dim, index, grad_out))                                                               \
+  _(Indexing, void, gather,                                                                       \
+    (const Tensor& x, int dim, const Tensor& index, Tensor& out),                                 \
+    (x, dim, index, out))                                                                         \
+  _(Indexing, void, scatter_add,                                                                  \
+    (Tensor& grad_x, int dim, const Tensor& index, const Tensor& grad_out),                       \
+    (grad_x, dim, index, grad_out))                                                               \
+  /* ---- multi-tensor (optimizers, clipping): one pass over all tensors, see above ----------- */\
+  /* momentum_bufs is empty when hyper.momentum == 0. */                                          \
+  _(MultiTensor, void, sgd_step,                                                                  \
+    (std::span<Tensor> params, std::span<const Tensor> grads, std::span<Tensor> momentum_bufs,    \
+    const SgdStep& hyper),                                                                        \
+    (params, grads, momentum_bufs, hyper))                                                        \
+  _(MultiTensor, void, adamw_step,                                                                \
+    (std::span<Tensor> params, std::span<const Tensor> grads, std::span<Tensor> exp_avgs,         \
+    std::span<Tensor> exp_avg_sqs, const AdamWStep& hyper),                                       \
+    (params, grads, exp_avgs, exp_avg_sqs, hyper))                                                \
+  /* out (one element, F64) = the norm_type-norm of all elements of all tensors together: */      \
+  /* (sum |x|^p)^(1/p) for p > 0, max |x| for p = inf (NaN propagates). Accumulates in fp32 */    \
+  /* per chunk (f64 for f64), chunks combined in f64 in a fixed order. */                         \
+  _(MultiTensor, void, multi_tensor_norm,                                                         \
+    (std::span<const Tensor> tensors, double norm_type, Tensor& out),                             \
+    (tensors, norm_type, out))                                                                    \
+  /* Every tensor *= factor in place (compute type, one rounding); factor is one F64 element on */\
+  /* this device, read there (clipping computes it on the device: no host wait). A factor of */   \
+  /* exactly 1 leaves every value as it is. */                                                    \
+  _(MultiTensor, void, multi_tensor_scale,                                                        \
+    (std::span<Tensor> tensors, const Tensor& factor),                                            \
+    (tensors, factor))                                                                            \
+  /* The loss scaler's fused pass (DESIGN.md §4): every gradient *= inv_scale in place (loaded in */\
+  /* its dtype, multiplied in the compute type, fp32 for f32/half, one rounding on store; left */ \
+  /* untouched when inv_scale == 1) and, in the same pass, a check for inf/NaN, as PyTorch's */   \
+  /* _amp_foreach_non_finite_check_and_unscale_ (the values are written even when non-finite ones */\
+  /* are found). Returns whether any element of any tensor is inf or NaN. found_inf, when given, */\
+  /* is a one-element F32 tensor on this device that is set to 1 when this call found one and */  \
+  /* otherwise left as it is, so that calls accumulate into it: a device backend can keep the */  \
+  /* flag there (the optimizer kernels read it and no-op) and only a host that must decide reads */\
+  /* it back: when found_inf is given, a device backend may leave the answer in the flag and */   \
+  /* return false without waiting (the CUDA backend does); without it, the return value is exact */\
+  /* and a device backend waits for it. Every tensor is floating, contiguous and on this device. */\
+  _(MultiTensor, bool, unscale_and_check,                                                         \
+    (std::span<Tensor> grads, double inv_scale, Tensor* found_inf),                               \
+    (grads, inv_scale, found_inf))                                                                \
+  /* The same with the factor taken where the scale lives: inv_scale = 1 / scale_state[0] (the */ \
+  /* F64 state of update_scale) rounded to fp32, as PyTorch's */                                  \
+  /* inv_scale = scale.double().reciprocal().float(); found_inf (one F32 element) is set to 1 when */\
+  /* a gradient holds inf/NaN. Never waits: how GradScaler unscales on every device. */           \
+  _(MultiTensor, void, unscale_with_state,                                                        \
+    (std::span<Tensor> grads, const Tensor& scale_state, Tensor& found_inf),                      \
+    (grads, scale_state, found_inf))                                                              \
+  /* The dynamic loss scale's update where the scale lives (PyTorch's _amp_update_scale_, plus */ \
+  /* hysteresis and the min/max clamp of GradScalerOptions): state is an F64 tensor of 4 elements */\
+  /* on this device {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}; found_inf */\
+  /* the one-element F32 flag of unscale_and_check. Follows next_scale_state (step_math.h, the */ \
+  /* one definition every backend runs), so trajectories agree across devices. */                 \
+  _(MultiTensor, void, update_scale,                                                              \
+    (Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule),                            \
+    (state, found_inf, rule))
+// clang-format on
