@@ -93,7 +93,8 @@
     (const Tensor& grad_out, Tensor& grad_x),                                                     \
     (grad_out, grad_x))                                                                           \
   /* ---- normalization (statistics in fp32; mean/rstd are F32, or F64 for f64 inputs) -------- */\
-  /* x viewed as (N, C, S): per-channel statistics over N and S. Training: batch statistics, */   \
+  /* x viewed as (N, C, S): per-channel statistics over N and S. Training (N * S > 1: the */     \
+  /* running variance is the unbiased one, as PyTorch's): batch statistics, */   \
   /* written to save_mean/save_rstd, running stats updated with momentum (if defined). */         \
   /* Eval: running stats used. */                                                                 \
   _(Normalization, void, batch_norm,                                                              \

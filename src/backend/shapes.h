@@ -26,6 +26,30 @@ inline DimSplit split_around(const Tensor& t, int dim) {
 }
 
 // A kernel's contiguous view of an input (a copy only when it is strided), outside autograd.
+// (N, C, S) of a batch-norm input (N, C, ...), both backends' view of it.
+struct ChannelShape {
+  int64_t n = 0, c = 0, s = 0;
+  int64_t rows() const { return n * c; }
+};
+
+inline ChannelShape channel_shape(const Tensor& x) {
+  MT_ASSERT(x.dim() >= 2, "batch_norm kernels take (N, C, ...) inputs, got ", x.describe());
+  ChannelShape cs{x.size(0), x.size(1), 1};
+  for (int d = 2; d < x.dim(); ++d)
+    cs.s *= x.size(d);
+  return cs;
+}
+
+// Backend::batch_norm's contract: evaluation needs running statistics, and training more than
+// one value per channel (the running variance is unbiased: it divides by N * S - 1).
+inline ChannelShape check_batch_norm(const Tensor& x, bool training, bool has_running) {
+  const ChannelShape cs = channel_shape(x);
+  MT_ASSERT(training || has_running, "batch_norm in eval mode needs running statistics");
+  MT_ASSERT(!training || cs.c == 0 || cs.n * cs.s > 1,
+            "batch_norm: training with one value per channel (the op layer refuses it)");
+  return cs;
+}
+
 inline Tensor contiguous_input(const Tensor& t) {
   return t.detach().contiguous();
 }

@@ -100,20 +100,6 @@ void write_vector(Backend& be, const std::vector<A>& v, Tensor& dst) {
   be.copy(tmp, dst);
 }
 
-// (N, C, S) of a batch-norm input.
-struct ChannelShape {
-  int64_t n = 0, c = 0, s = 0;
-  int64_t rows() const { return n * c; }
-};
-
-ChannelShape channel_shape(const Tensor& x) {
-  MT_ASSERT(x.dim() >= 2, "batch_norm kernels take (N, C, ...) inputs, got ", x.describe());
-  ChannelShape cs{x.size(0), x.size(1), 1};
-  for (int d = 2; d < x.dim(); ++d)
-    cs.s *= x.size(d);
-  return cs;
-}
-
 // Per-channel totals of per-(n, c)-row partials, added in n order.
 template <typename A>
 std::vector<A> channel_totals(const std::vector<A>& partial, const ChannelShape& cs) {
@@ -139,10 +125,9 @@ void CpuBackend::batch_norm(const Tensor& x_in, const Tensor* weight, const Tens
   MT_ASSERT(out.is_contiguous() && out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
             "batch_norm output");
   const Tensor x = contiguous_input(x_in);
-  const ChannelShape cs = channel_shape(x);
   const bool has_running =
       running_mean && running_mean->defined() && running_var && running_var->defined();
-  MT_ASSERT(training || has_running, "batch_norm in eval mode needs running statistics");
+  const ChannelShape cs = check_batch_norm(x, training, has_running);
   dispatch_float(x.dtype(), "batch_norm", [&]<typename T>() {
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());

@@ -46,6 +46,10 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// The most blocks a grid-stride launch on the calling thread's current device uses: 32 per
+// multiprocessor, the device's own count (read once per device), enough to keep every SM busy.
+unsigned max_grid_blocks();
+
 // Uninitialized device scratch from the caching allocator (freed with the returned tensor, its
 // block reused by later work on the same stream only: stream order makes that safe).
 inline Tensor scratch(int64_t bytes, int device) {

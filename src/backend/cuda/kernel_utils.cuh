@@ -226,10 +226,11 @@ S* device_ptr(const Tensor& t) {
 
 // ---- launch shapes ----------------------------------------------------------------------------
 inline constexpr int kThreads = 256;
-// Blocks for a grid-stride loop over n elements: enough to fill an H100 several times over.
+// Blocks for a grid-stride loop over n elements (or a block-per-row loop over n rows with
+// threads = 1): one per `threads` elements, at most max_grid_blocks() for the current device.
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 132 * 32));
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, max_grid_blocks()));
 }
 
 #define MT_GRID_STRIDE_LOOP(i, n)                                           \

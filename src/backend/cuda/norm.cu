@@ -62,8 +62,9 @@ struct VectorOut {
   }
 };
 
+// One block per row, grid-stride over the rows beyond the device's budget.
 unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 132 * 32));
+  return grid_for(rows, 1);
 }
 
 // ---- layer norm ------------------------------------------------------------------------------
@@ -160,19 +161,6 @@ __global__ void sum_chunks_kernel(const C* __restrict__ partial, int64_t chunks,
 }
 
 // ---- batch norm ------------------------------------------------------------------------------
-
-// (N, C, S) of a batch-norm input.
-struct ChannelShape {
-  int64_t n = 0, c = 0, s = 0;
-};
-
-ChannelShape channel_shape(const Tensor& x) {
-  MT_ASSERT(x.dim() >= 2, "batch_norm kernels take (N, C, ...) inputs, got ", x.describe());
-  ChannelShape cs{x.size(0), x.size(1), 1};
-  for (int d = 2; d < x.dim(); ++d)
-    cs.s *= x.size(d);
-  return cs;
-}
 
 // Element i (0 .. N*S) of channel c.
 __device__ __forceinline__ int64_t channel_offset(const ChannelShape& cs, int64_t c, int64_t i) {
@@ -295,10 +283,9 @@ void CudaBackend::batch_norm(const Tensor& x_in, const Tensor* weight, const Ten
   MT_ASSERT(out.is_contiguous() && out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
             "batch_norm output");
   const Tensor x = contiguous_input(x_in);
-  const ChannelShape cs = channel_shape(x);
   const bool has_running =
       running_mean && running_mean->defined() && running_var && running_var->defined();
-  MT_ASSERT(training || has_running, "batch_norm in eval mode needs running statistics");
+  const ChannelShape cs = check_batch_norm(x, training, has_running);
   if (cs.c == 0) return;
   const cudaStream_t stream = stream_for(device_);
   dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {

@@ -1,7 +1,9 @@
 // The CUDA runtime behind mantissa/core/cuda.h, the per-device backends and cross-device copies.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -144,6 +146,20 @@ double Event::elapsed_ms(const Event& end) const {
 }  // namespace mantissa::cuda
 
 namespace mantissa::backend {
+
+unsigned cuda::max_grid_blocks() {
+  static std::array<std::atomic<unsigned>, mantissa::cuda::kMaxDevices> cached{};
+  int device = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  unsigned blocks = cached[size_t(device)].load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    int sms = 0;
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    blocks = unsigned(std::max(sms, 1)) * 32;
+    cached[size_t(device)].store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
+}
 
 std::string_view cuda::CudaBackend::name() const {
   return "cuda";

@@ -14,8 +14,9 @@
 namespace mantissa::backend::cuda {
 namespace {
 
+// One block per row, grid-stride over the rows beyond the device's budget.
 unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 132 * 32));
+  return grid_for(rows, 1);
 }
 
 // The row's max, NaNs skipped as the CPU's `v > m ? v : m` does (a NaN still makes the sum, hence
