@@ -20,36 +20,18 @@ using backend::UnaryOp;
 
 namespace {
 
-int float_rank(DType d) {
-  switch (d) {
-    case DType::F64:
-      return 4;
-    case DType::F32:
-      return 3;
-    case DType::F16:
-    case DType::BF16:
-      return 2;
-    case DType::FP8_E4M3:
-    case DType::FP8_E5M2:
-      return 1;
-    default:
-      return 0;
-  }
+// Among the integers, the wider wins and bool loses to all.
+size_t integer_rank(DType d) {
+  return dtype_kind(d) == DTypeKind::Bool ? 0 : dtype_size(d);
 }
 
-int int_rank(DType d) {
-  switch (d) {
-    case DType::I64:
-      return 4;
-    case DType::I32:
-      return 3;
-    case DType::U8:
-      return 2;
-    case DType::Bool:
-      return 1;
-    default:
-      return 0;
+// The first float of the list `bytes` wide (f16 for 2, f32 for 4).
+DType float_of_width(size_t bytes) {
+  for (const DTypeInfo& info : kDTypeTable) {
+    if (info.is_float && info.size == bytes) return info.dtype;
   }
+  MT_ASSERT(false, "no float dtype is ", bytes, " bytes wide");
+  return DType::F32;
 }
 
 backend::Backend& backend_of(const Tensor& t) {
@@ -63,17 +45,20 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
+// From the dtype list: a float beats every integer and the wider float wins (the list's floats
+// nest by width, see backend/rounded_copy.h).
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
-  const int fa = float_rank(a), fb = float_rank(b);
+  const bool fa = is_floating(a), fb = is_floating(b);
   if (fa && fb) {
-    if (fa != fb) return fa > fb ? a : b;
-    // Two different formats of one width (bf16 + f16, e4m3 + e5m2): the next wider one.
-    return fa == 2 ? DType::F32 : DType::F16;
+    if (dtype_size(a) != dtype_size(b)) return dtype_size(a) > dtype_size(b) ? a : b;
+    // Two different formats of one width (bf16 + f16, e4m3 + e5m2): the first float of twice
+    // that width, which holds both (f32, f16).
+    return float_of_width(2 * dtype_size(a));
   }
   if (fa) return a;
   if (fb) return b;
-  return int_rank(a) >= int_rank(b) ? a : b;
+  return integer_rank(a) >= integer_rank(b) ? a : b;
 }
 
 // ---- casts

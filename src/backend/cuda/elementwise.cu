@@ -18,37 +18,11 @@ namespace {
 
 // ---- storage helpers ----------------------------------------------------------------------------
 
-template <typename S>
-inline constexpr bool is_narrow_v =
-    std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16> ||
-    std::is_same_v<S, float8_e4m3> || std::is_same_v<S, float8_e5m2>;
-
-// The format a float storage type holds. Kernels take it as a template constant: round.h's
-// format table is host data, readable on the device only in constant expressions.
-template <typename S>
-constexpr Format format_of() {
-  if constexpr (std::is_same_v<S, __half>) {
-    return Format::FP16;
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    return Format::BF16;
-  } else if constexpr (std::is_same_v<S, float>) {
-    return Format::FP32;
-  } else {
-    return S::format;
-  }
-}
-
 // A value of storage type S from a format's bit pattern (as encode() returns it).
 template <typename S>
 __device__ __forceinline__ S from_bits(uint32_t bits) {
-  if constexpr (std::is_same_v<S, __half>) {
-    __half_raw r;
-    r.x = static_cast<unsigned short>(bits);
-    return __half(r);
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    __nv_bfloat16_raw r;
-    r.x = static_cast<unsigned short>(bits);
-    return __nv_bfloat16(r);
+  if constexpr (is_native_float_v<S>) {
+    return NativeFloat<S>::from_bits(bits);
   } else if constexpr (std::is_same_v<S, float>) {
     return __uint_as_float(bits);
   } else {
