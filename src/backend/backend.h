@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "backend/backend_ops.h"
+#include "backend/op_tables.h"
 #include "mantissa/core/device.h"
 #include "mantissa/numerics/convert.h"
 #include "mantissa/numerics/format.h"
@@ -19,51 +20,11 @@
 
 namespace mantissa::backend {
 
-enum class UnaryOp : uint8_t {
-  Neg,
-  Exp,
-  Log,
-  Sqrt,
-  Rsqrt,
-  Abs,
-  Sign,
-  Reciprocal,
-  Square,
-  Relu,
-  Gelu,
-  GeluTanh,
-  Silu,
-  Sigmoid,
-  Tanh,
-  PowScalar,    // x ^ a
-  ClampScalar,  // min(max(x, a), b)
-  AddScalar,    // x + a
-  MulScalar,    // x * a
-  RsubScalar,   // a - x
-};
-
-enum class BinaryOp : uint8_t {
-  Add,
-  Sub,
-  Mul,
-  Div,
-  Pow,
-  Maximum,
-  Minimum,
-  // comparisons: out is Bool
-  Eq,
-  Ne,
-  Lt,
-  Le,
-  Gt,
-  Ge,
-};
+// UnaryOp, BinaryOp, ReduceOp and what each op is: backend/op_tables.h.
 
 struct Scalars {
   double a = 0, b = 0;
 };
-
-enum class ReduceOp : uint8_t { Sum, Mean, Max, Min, Var, ArgMax, ArgMin };
 
 struct MatmulOptions {
   // Round fp32 inputs to this format first (TF32 for set_matmul_precision("high")); FP32 = none.

@@ -8,23 +8,35 @@
 namespace mantissa::backend {
 
 // Whether every value of `from` is exactly a value of `to`: the same dtype, or a float widening
-// (half and fp8 into f32/f64, f32 into f64, fp8 into f16/bf16).
+// (half and fp8 into f32/f64, f32 into f64, fp8 into f16/bf16). The float formats of the dtype
+// list nest by width — each has at least the range and the precision of every narrower one, as
+// the static_assert below checks for every pair — so a wider float holds every narrower value.
 constexpr bool widens_exactly(DType from, DType to) {
   if (from == to) return true;
-  const bool from_fp8 = from == DType::FP8_E4M3 || from == DType::FP8_E5M2;
-  const bool from_half = from == DType::F16 || from == DType::BF16;
-  switch (to) {
-    case DType::F64:
-      return from == DType::F32 || from_half || from_fp8;
-    case DType::F32:
-      return from_half || from_fp8;
-    case DType::F16:
-    case DType::BF16:
-      return from_fp8;
-    default:
-      return false;
-  }
+  return is_floating(from) && is_floating(to) && dtype_size(from) < dtype_size(to);
 }
+
+// Whether format a's values all lie on format b's grid: no more precision, no wider exponent
+// range (normal and subnormal).
+constexpr bool format_holds(Format b, Format a) {
+  const FormatSpec sa = format_spec(a), sb = format_spec(b);
+  return sa.mantissa_bits <= sb.mantissa_bits && sa.emax() <= sb.emax() &&
+         sa.emin() - sa.mantissa_bits >= sb.emin() - sb.mantissa_bits;
+}
+constexpr bool floats_nest_by_width() {
+  for (const DTypeInfo& a : kDTypeTable) {
+    for (const DTypeInfo& b : kDTypeTable) {
+      if (!a.is_float || !b.is_float || a.size >= b.size) continue;
+      // f64 has no Format: it holds every narrower float (all of them lie inside fp32).
+      if (!b.format) continue;
+      if (!a.format || !format_holds(*b.format, *a.format)) return false;
+    }
+  }
+  return true;
+}
+static_assert(floats_nest_by_width(),
+              "a float dtype does not hold every value of a narrower one: widens_exactly and "
+              "promote_types compare widths, give them a rule for this pair");
 
 // copy_rounded is copy() when it rounds as copy() does (to nearest even, with the format's own
 // overflow), when dst has no narrower format to round onto (integers, bool, f64), and when every

@@ -1,6 +1,7 @@
 // Elementwise ops: dtype promotion, broadcasting checks, the kernel, the autograd node.
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "backend/backend.h"
 #include "mantissa/amp/autocast.h"
@@ -10,42 +11,27 @@
 
 namespace mantissa {
 
+using backend::BinaryNeeds;
 using backend::BinaryOp;
+using backend::OnIntegers;
 using backend::Scalars;
+using backend::UnaryNeeds;
 using backend::UnaryOp;
 
 namespace {
 
-int float_rank(DType d) {
-  switch (d) {
-    case DType::F64:
-      return 4;
-    case DType::F32:
-      return 3;
-    case DType::F16:
-    case DType::BF16:
-      return 2;
-    case DType::FP8_E4M3:
-    case DType::FP8_E5M2:
-      return 1;
-    default:
-      return 0;
-  }
+// Among the integers, the wider wins and bool loses to all.
+size_t integer_rank(DType d) {
+  return dtype_kind(d) == DTypeKind::Bool ? 0 : dtype_size(d);
 }
 
-int int_rank(DType d) {
-  switch (d) {
-    case DType::I64:
-      return 4;
-    case DType::I32:
-      return 3;
-    case DType::U8:
-      return 2;
-    case DType::Bool:
-      return 1;
-    default:
-      return 0;
+// The first float of the list `bytes` wide (f16 for 2, f32 for 4).
+DType float_of_width(size_t bytes) {
+  for (const DTypeInfo& info : kDTypeTable) {
+    if (info.is_float && info.size == bytes) return info.dtype;
   }
+  MT_ASSERT(false, "no float dtype is ", bytes, " bytes wide");
+  return DType::F32;
 }
 
 backend::Backend& backend_of(const Tensor& t) {
@@ -59,17 +45,20 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
+// From the dtype list: a float beats every integer and the wider float wins (the list's floats
+// nest by width, see backend/rounded_copy.h).
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
-  const int fa = float_rank(a), fb = float_rank(b);
+  const bool fa = is_floating(a), fb = is_floating(b);
   if (fa && fb) {
-    if (fa != fb) return fa > fb ? a : b;
-    // Two different formats of one width (bf16 + f16, e4m3 + e5m2): the next wider one.
-    return fa == 2 ? DType::F32 : DType::F16;
+    if (dtype_size(a) != dtype_size(b)) return dtype_size(a) > dtype_size(b) ? a : b;
+    // Two different formats of one width (bf16 + f16, e4m3 + e5m2): the first float of twice
+    // that width, which holds both (f32, f16).
+    return float_of_width(2 * dtype_size(a));
   }
   if (fa) return a;
   if (fb) return b;
-  return int_rank(a) >= int_rank(b) ? a : b;
+  return integer_rank(a) >= integer_rank(b) ? a : b;
 }
 
 // ---- casts
@@ -104,109 +93,21 @@ Tensor cast(const Tensor& x, DType dtype, const RoundingOptions& rounding) {
 
 namespace {
 
-// Which forward values the derivative needs.
-bool derivative_uses_output(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Exp:
-    case UnaryOp::Sqrt:
-    case UnaryOp::Rsqrt:
-    case UnaryOp::Reciprocal:
-    case UnaryOp::Sigmoid:
-    case UnaryOp::Tanh:
-      return true;
-    default:
-      return false;
-  }
-}
-
-bool derivative_uses_input(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Neg:
-    case UnaryOp::AddScalar:
-    case UnaryOp::MulScalar:
-    case UnaryOp::RsubScalar:
-    case UnaryOp::Sign:
-      return false;
-    default:
-      return !derivative_uses_output(op);
-  }
-}
-
-const char* unary_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Neg:
-      return "neg";
-    case UnaryOp::Exp:
-      return "exp";
-    case UnaryOp::Log:
-      return "log";
-    case UnaryOp::Sqrt:
-      return "sqrt";
-    case UnaryOp::Rsqrt:
-      return "rsqrt";
-    case UnaryOp::Abs:
-      return "abs";
-    case UnaryOp::Sign:
-      return "sign";
-    case UnaryOp::Reciprocal:
-      return "reciprocal";
-    case UnaryOp::Square:
-      return "square";
-    case UnaryOp::Relu:
-      return "relu";
-    case UnaryOp::Gelu:
-      return "gelu";
-    case UnaryOp::GeluTanh:
-      return "gelu(tanh)";
-    case UnaryOp::Silu:
-      return "silu";
-    case UnaryOp::Sigmoid:
-      return "sigmoid";
-    case UnaryOp::Tanh:
-      return "tanh";
-    case UnaryOp::PowScalar:
-      return "pow";
-    case UnaryOp::ClampScalar:
-      return "clamp";
-    case UnaryOp::AddScalar:
-      return "add";
-    case UnaryOp::MulScalar:
-      return "mul";
-    case UnaryOp::RsubScalar:
-      return "rsub";
-  }
-  return "unary";
-}
-
-bool needs_float(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Neg:
-    case UnaryOp::Abs:
-    case UnaryOp::Sign:
-    case UnaryOp::Square:
-    case UnaryOp::Relu:
-    case UnaryOp::ClampScalar:
-      return false;
-    default:
-      return true;
-  }
-}
-
 Tensor unary_op(UnaryOp op, const Tensor& x_in, Scalars s = {}) {
-  MT_CHECK(x_in.defined(), unary_name(op), ": the input tensor is undefined");
-  // Integer inputs of real-valued functions compute in f32 (exp of an integer tensor).
-  const bool scalar_is_fraction = (op == UnaryOp::AddScalar || op == UnaryOp::MulScalar ||
-                                   op == UnaryOp::RsubScalar || op == UnaryOp::ClampScalar) &&
-                                  (s.a != std::floor(s.a) || s.b != std::floor(s.b));
-  const Tensor x = !x_in.is_floating_point() && (needs_float(op) || scalar_is_fraction)
-                       ? x_in.to(DType::F32)
-                       : x_in;
+  const backend::UnaryOpInfo& info = backend::unary_info(op);
+  MT_CHECK(x_in.defined(), info.name, ": the input tensor is undefined");
+  // Integer inputs compute in f32 where the op's row says so (exp of an integer tensor), and
+  // where an integer kernel would have to truncate a fractional scalar (clamp(x, 0.5, 2)).
+  const bool scalar_is_fraction =
+      info.scalars > 0 && (s.a != std::floor(s.a) || s.b != std::floor(s.b));
+  const bool int_to_f32 = info.integers != OnIntegers::Keep || scalar_is_fraction;
+  const Tensor x = !x_in.is_floating_point() && int_to_f32 ? x_in.to(DType::F32) : x_in;
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   backend_of(x).unary(op, x, out, s);
   if (autograd::needs_grad({&x})) {
-    autograd::SavedTensor sx(derivative_uses_input(op) ? x : Tensor());
-    autograd::SavedTensor sy(derivative_uses_output(op) ? out : Tensor());
-    autograd::record(std::string(unary_name(op)) + "Backward", {x}, {out},
+    autograd::SavedTensor sx(info.needs == UnaryNeeds::Input ? x : Tensor());
+    autograd::SavedTensor sy(info.needs == UnaryNeeds::Output ? out : Tensor());
+    autograd::record(std::string(info.name) + "Backward", {x}, {out},
                      [op, s, sx, sy](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                        if (!g[0].defined()) return {Tensor()};
                        const Tensor xv = sx.unpack(), yv = sy.unpack();
@@ -296,40 +197,122 @@ Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> m
 
 namespace {
 
-const char* binary_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::Add:
-      return "add";
-    case BinaryOp::Sub:
-      return "sub";
-    case BinaryOp::Mul:
-      return "mul";
-    case BinaryOp::Div:
-      return "div";
-    case BinaryOp::Pow:
-      return "pow";
-    case BinaryOp::Maximum:
-      return "maximum";
-    case BinaryOp::Minimum:
-      return "minimum";
-    case BinaryOp::Eq:
-      return "eq";
-    case BinaryOp::Ne:
-      return "ne";
-    case BinaryOp::Lt:
-      return "lt";
-    case BinaryOp::Le:
-      return "le";
-    case BinaryOp::Gt:
-      return "gt";
-    case BinaryOp::Ge:
-      return "ge";
+// The backward of each arithmetic op, as tensor ops on the incoming gradient g and the saved
+// values (what its row's BinaryNeeds says). Saved tensors are unpacked only where a gradient is
+// asked for, so an input modified in place after the op only fails the backward that reads it.
+struct BinaryBackwardArgs {
+  const Tensor& g;
+  const autograd::SavedTensor& a;
+  const autograd::SavedTensor& b;
+  const autograd::SavedTensor& out;
+  bool ga, gb;  // which inputs want a gradient
+};
+
+template <BinaryOp op>
+struct BinaryGrad;  // grads(args) -> {da, db}; the ones not asked for may stay undefined
+
+template <>
+struct BinaryGrad<BinaryOp::Add> {
+  static std::pair<Tensor, Tensor> grads(const BinaryBackwardArgs& c) { return {c.g, c.g}; }
+};
+
+template <>
+struct BinaryGrad<BinaryOp::Sub> {
+  static std::pair<Tensor, Tensor> grads(const BinaryBackwardArgs& c) {
+    return {c.g, c.gb ? neg(c.g) : Tensor()};
   }
-  return "binary";
+};
+
+template <>
+struct BinaryGrad<BinaryOp::Mul> {
+  static std::pair<Tensor, Tensor> grads(const BinaryBackwardArgs& c) {
+    Tensor da = c.ga ? mul(c.g, c.b.unpack()) : Tensor();
+    Tensor db = c.gb ? mul(c.g, c.a.unpack()) : Tensor();
+    return {da, db};
+  }
+};
+
+template <>
+struct BinaryGrad<BinaryOp::Div> {
+  static std::pair<Tensor, Tensor> grads(const BinaryBackwardArgs& c) {
+    const Tensor bv = c.b.unpack();
+    Tensor da = c.ga ? div(c.g, bv) : Tensor();
+    Tensor db = c.gb ? neg(div(mul(c.g, c.out.unpack()), bv)) : Tensor();
+    return {da, db};
+  }
+};
+
+template <>
+struct BinaryGrad<BinaryOp::Pow> {
+  static std::pair<Tensor, Tensor> grads(const BinaryBackwardArgs& c) {
+    const Tensor av = c.a.unpack(), bv = c.b.unpack(), y = c.out.unpack();
+    // d/da a^b = b a^(b-1); d/db a^b = a^b log a (0 where a == 0, as PyTorch).
+    Tensor da = c.ga ? mul(c.g, mul(bv, pow(av, sub(bv, 1.0)))) : Tensor();
+    Tensor db;
+    if (c.gb) {
+      const Tensor la = where(eq(av, Tensor::zeros({}, av.dtype(), av.device())),
+                              Tensor::zeros({}, av.dtype(), av.device()), log(av));
+      db = mul(c.g, mul(y, la));
+    }
+    return {da, db};
+  }
+};
+
+// The gradient goes to the winner; ties split it evenly (PyTorch's rule).
+template <BinaryOp op>
+std::pair<Tensor, Tensor> extremum_grads(const BinaryBackwardArgs& c) {
+  const Tensor av = c.a.unpack(), bv = c.b.unpack();
+  const Tensor half_g = mul(c.g, 0.5);
+  const Tensor wins_a = op == BinaryOp::Maximum ? gt(av, bv) : lt(av, bv);
+  const Tensor tie = eq(av, bv);
+  const Tensor zero = Tensor::zeros({}, c.g.dtype(), c.g.device());
+  Tensor da, db;
+  if (c.ga) da = where(wins_a, c.g, where(tie, half_g, zero));
+  if (c.gb) db = where(wins_a, zero, where(tie, half_g, c.g));
+  return {da, db};
+}
+
+template <>
+struct BinaryGrad<BinaryOp::Maximum> {
+  static std::pair<Tensor, Tensor> grads(const BinaryBackwardArgs& c) {
+    return extremum_grads<BinaryOp::Maximum>(c);
+  }
+};
+
+template <>
+struct BinaryGrad<BinaryOp::Minimum> {
+  static std::pair<Tensor, Tensor> grads(const BinaryBackwardArgs& c) {
+    return extremum_grads<BinaryOp::Minimum>(c);
+  }
+};
+
+// Comparisons have no backward (their output is Bool): no BinaryGrad for them.
+template <BinaryOp op>
+std::pair<Tensor, Tensor> grads_of(const BinaryBackwardArgs& c) {
+  if constexpr (backend::is_comparison(op)) {
+    MT_ASSERT(false, "comparisons have no backward");
+    return {};
+  } else {
+    return BinaryGrad<op>::grads(c);
+  }
+}
+
+// The runtime op to its BinaryGrad: one case per row of MT_FORALL_BINARY_OPS.
+std::pair<Tensor, Tensor> binary_grads(BinaryOp op, const BinaryBackwardArgs& c) {
+  switch (op) {
+#define MT_BINARY_GRAD_CASE(e, ...) \
+  case BinaryOp::e:                 \
+    return grads_of<BinaryOp::e>(c);
+    MT_FORALL_BINARY_OPS(MT_BINARY_GRAD_CASE)
+#undef MT_BINARY_GRAD_CASE
+  }
+  MT_ASSERT(false, "unknown binary op ", int(op));
+  return {};
 }
 
 Tensor binary_op(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
-  const char* name = binary_name(op);
+  const backend::BinaryOpInfo& info = backend::binary_info(op);
+  const char* name = info.name;
   MT_CHECK(a_in.defined() && b_in.defined(), name, ": an input tensor is undefined");
   check_same_device(a_in, b_in, name);
   const Shape shape = [&] {
@@ -341,73 +324,28 @@ Tensor binary_op(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
     }
   }();
   DType dt = promote_types(a_in.dtype(), b_in.dtype());
-  if ((op == BinaryOp::Div || op == BinaryOp::Pow) && !is_floating(dt)) dt = DType::F32;
+  if (info.integers != OnIntegers::Keep && !is_floating(dt)) dt = DType::F32;
   const Tensor a = a_in.to(dt), b = b_in.to(dt);
-  const bool comparison = op >= BinaryOp::Eq;
+  const bool comparison = backend::is_comparison(op);
   Tensor out = Tensor::empty(shape, comparison ? DType::Bool : dt, a.device());
   backend_of(a).binary(op, a, b, out);
   if (comparison || !autograd::needs_grad({&a, &b})) return out;
 
   const Shape sa = a.shape(), sb = b.shape();
-  autograd::SavedTensor saved_a(op == BinaryOp::Add || op == BinaryOp::Sub ? Tensor() : a);
-  autograd::SavedTensor saved_b(op == BinaryOp::Add || op == BinaryOp::Sub ? Tensor() : b);
-  autograd::SavedTensor saved_out(op == BinaryOp::Pow || op == BinaryOp::Div ? out : Tensor());
+  const bool inputs = info.needs != BinaryNeeds::Nothing;
+  autograd::SavedTensor saved_a(inputs ? a : Tensor());
+  autograd::SavedTensor saved_b(inputs ? b : Tensor());
+  autograd::SavedTensor saved_out(info.needs == BinaryNeeds::InputsAndOutput ? out : Tensor());
   const bool ga = a.requires_grad(), gb = b.requires_grad();
-  autograd::record(
-      std::string(name) + "Backward", {a, b}, {out},
-      [=](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
-        const Tensor& g = grads[0];
-        if (!g.defined()) return {Tensor(), Tensor()};
-        Tensor da, db;
-        switch (op) {
-          case BinaryOp::Add:
-            da = g;
-            db = g;
-            break;
-          case BinaryOp::Sub:
-            da = g;
-            db = gb ? neg(g) : Tensor();
-            break;
-          case BinaryOp::Mul:
-            da = ga ? mul(g, saved_b.unpack()) : Tensor();
-            db = gb ? mul(g, saved_a.unpack()) : Tensor();
-            break;
-          case BinaryOp::Div: {
-            const Tensor bv = saved_b.unpack();
-            da = ga ? div(g, bv) : Tensor();
-            db = gb ? neg(div(mul(g, saved_out.unpack()), bv)) : Tensor();
-            break;
-          }
-          case BinaryOp::Pow: {
-            const Tensor av = saved_a.unpack(), bv = saved_b.unpack(), y = saved_out.unpack();
-            // d/da a^b = b a^(b-1); d/db a^b = a^b log a (0 where a == 0, as PyTorch).
-            da = ga ? mul(g, mul(bv, pow(av, sub(bv, 1.0)))) : Tensor();
-            if (gb) {
-              const Tensor la = where(eq(av, Tensor::zeros({}, av.dtype(), av.device())),
-                                      Tensor::zeros({}, av.dtype(), av.device()), log(av));
-              db = mul(g, mul(y, la));
-            }
-            break;
-          }
-          case BinaryOp::Maximum:
-          case BinaryOp::Minimum: {
-            // The gradient goes to the winner; ties split it evenly (PyTorch's rule).
-            const Tensor av = saved_a.unpack(), bv = saved_b.unpack();
-            const Tensor half_g = mul(g, 0.5);
-            const Tensor wins_a = op == BinaryOp::Maximum ? gt(av, bv) : lt(av, bv);
-            const Tensor tie = eq(av, bv);
-            const Tensor zero = Tensor::zeros({}, g.dtype(), g.device());
-            if (ga) da = where(wins_a, g, where(tie, half_g, zero));
-            if (gb) db = where(wins_a, zero, where(tie, half_g, g));
-            break;
-          }
-          default:
-            break;
-        }
-        if (da.defined()) da = sum_to_shape(da, sa);
-        if (db.defined()) db = sum_to_shape(db, sb);
-        return {ga ? da : Tensor(), gb ? db : Tensor()};
-      });
+  autograd::record(std::string(name) + "Backward", {a, b}, {out},
+                   [=](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+                     const Tensor& g = grads[0];
+                     if (!g.defined()) return {Tensor(), Tensor()};
+                     auto [da, db] = binary_grads(op, {g, saved_a, saved_b, saved_out, ga, gb});
+                     if (da.defined()) da = sum_to_shape(da, sa);
+                     if (db.defined()) db = sum_to_shape(db, sb);
+                     return {ga ? da : Tensor(), gb ? db : Tensor()};
+                   });
   return out;
 }
 

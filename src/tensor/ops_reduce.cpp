@@ -153,7 +153,8 @@ Tensor var(const Tensor& x_arg, const std::vector<int64_t>& dims_in, int64_t cor
 namespace {
 
 ValuesIndices max_min(ReduceOp op, const Tensor& x, int64_t dim_in, bool keepdim) {
-  MT_CHECK(x.numel() > 0, op == ReduceOp::Max ? "max" : "min", " of an empty ", x.describe());
+  const char* name = backend::reduce_info(op).name;
+  MT_CHECK(x.numel() > 0, name, " of an empty ", x.describe());
   const std::vector<int> dims = {wrap_dim(dim_in, x.dim())};
   Tensor idx = Tensor::empty(keepdim_shape(x, dims), DType::I64, x.device());
   Tensor values;
@@ -168,14 +169,13 @@ ValuesIndices max_min(ReduceOp op, const Tensor& x, int64_t dim_in, bool keepdim
     const int d = dims[0];
     const DType dt = x.dtype();
     const Device dev = x.device();
-    autograd::record(op == ReduceOp::Max ? "maxBackward" : "minBackward", {x}, {r.values},
-                     [=](const std::vector<Tensor>& g) {
-                       if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
-                       Tensor gx = Tensor::zeros(xs, dt, dev);
-                       backend::backend_for(dev).scatter_add(gx, d, saved_idx,
-                                                             g[0].reshape(keep).contiguous());
-                       return std::vector<Tensor>{gx};
-                     });
+    autograd::record(
+        std::string(name) + "Backward", {x}, {r.values}, [=](const std::vector<Tensor>& g) {
+          if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+          Tensor gx = Tensor::zeros(xs, dt, dev);
+          backend::backend_for(dev).scatter_add(gx, d, saved_idx, g[0].reshape(keep).contiguous());
+          return std::vector<Tensor>{gx};
+        });
   }
   return r;
 }

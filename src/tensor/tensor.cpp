@@ -495,13 +495,7 @@ double Tensor::item() const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  const DType want = std::is_same_v<T, double>    ? DType::F64
-                     : std::is_same_v<T, float>   ? DType::F32
-                     : std::is_same_v<T, int64_t> ? DType::I64
-                     : std::is_same_v<T, int32_t> ? DType::I32
-                     : std::is_same_v<T, uint8_t> ? DType::U8
-                                                  : DType::Bool;
-  Tensor c = detach().to(Device::cpu()).to(want).contiguous();
+  Tensor c = detach().to(Device::cpu()).to(dtype_of_v<T>).contiguous();
   const T* p = static_cast<const T*>(c.data_ptr());
   return std::vector<T>(p, p + c.numel());
 }

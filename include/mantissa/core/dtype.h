@@ -1,5 +1,8 @@
 // The one list of tensor element types (DESIGN.md §7). Everything that enumerates dtypes —
-// names, sizes, dispatch, checkpoint tags — expands this list, so adding a dtype is one line.
+// names, sizes, promotion, formats, dispatch on both backends, checkpoint tags, the library type
+// maps (src/backend/dtype_map.h) — expands this list or reads the table made from it, so adding a
+// dtype is one line here plus its conversion kernels (numerics/), and a library map that lacks
+// the new row fails to compile, naming it.
 // The order is part of the checkpoint format: append, never reorder.
 #pragma once
 
@@ -7,21 +10,28 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "mantissa/numerics/types.h"
 
-// _(Enum, name, storage type, compute type, is_float, safetensors dtype tag)
-#define MT_FORALL_DTYPES(_)                                                \
-  _(F64, "f64", double, double, true, "F64")                               \
-  _(F32, "f32", float, float, true, "F32")                                 \
-  _(F16, "f16", ::mantissa::half, float, true, "F16")                      \
-  _(BF16, "bf16", ::mantissa::bfloat16, float, true, "BF16")               \
-  _(FP8_E4M3, "fp8_e4m3", ::mantissa::float8_e4m3, float, true, "F8_E4M3") \
-  _(FP8_E5M2, "fp8_e5m2", ::mantissa::float8_e5m2, float, true, "F8_E5M2") \
-  _(I64, "i64", int64_t, int64_t, false, "I64")                            \
-  _(I32, "i32", int32_t, int32_t, false, "I32")                            \
-  _(U8, "u8", uint8_t, uint8_t, false, "U8")                               \
-  _(Bool, "bool", bool, bool, false, "BOOL")
+// _(Enum, name, storage type, compute type, kind, format, safetensors dtype tag, aliases)
+//   kind:    Float, Integer or Bool: which ops and dispatchers take it;
+//   format:  the numerics Format whose grid the values lie on (None: f64 and the non-floats);
+//   aliases: the other names parse_dtype accepts, separated by spaces.
+// Type promotion follows the kind and the storage size (promote_types, tensor/ops.h).
+// clang-format off
+#define MT_FORALL_DTYPES(_)                                                                                     \
+  _(F64,      "f64",      double,                  double,  Float,   None,     "F64",     "float64 double")     \
+  _(F32,      "f32",      float,                   float,   Float,   FP32,     "F32",     "float32 float fp32") \
+  _(F16,      "f16",      ::mantissa::half,        float,   Float,   FP16,     "F16",     "float16 half fp16")  \
+  _(BF16,     "bf16",     ::mantissa::bfloat16,    float,   Float,   BF16,     "BF16",    "bfloat16")           \
+  _(FP8_E4M3, "fp8_e4m3", ::mantissa::float8_e4m3, float,   Float,   FP8_E4M3, "F8_E4M3", "e4m3 float8_e4m3fn") \
+  _(FP8_E5M2, "fp8_e5m2", ::mantissa::float8_e5m2, float,   Float,   FP8_E5M2, "F8_E5M2", "e5m2 float8_e5m2")   \
+  _(I64,      "i64",      int64_t,                 int64_t, Integer, None,     "I64",     "int64")              \
+  _(I32,      "i32",      int32_t,                 int32_t, Integer, None,     "I32",     "int32")              \
+  _(U8,       "u8",       uint8_t,                 uint8_t, Integer, None,     "U8",      "uint8")              \
+  _(Bool,     "bool",     bool,                    bool,    Bool,    None,     "BOOL",    "")
+// clang-format on
 
 namespace mantissa {
 
@@ -35,16 +45,36 @@ enum class DType : uint8_t {
 inline constexpr int kNumDTypes = 0 MT_FORALL_DTYPES(MT_DTYPE_COUNT);
 #undef MT_DTYPE_COUNT
 
+// What a dtype holds, for dispatch: real numbers, integers, or truth values.
+enum class DTypeKind : uint8_t { Float, Integer, Bool };
+
+// The spellings of the list's format column: a Format enumerator, or None.
+namespace dtype_column {
+using enum Format;
+inline constexpr std::nullopt_t None = std::nullopt;
+}  // namespace dtype_column
+
 struct DTypeInfo {
   DType dtype;
   std::string_view name;
   size_t size;
   bool is_float;
   std::string_view safetensors;
+  DTypeKind kind;
+  std::optional<Format> format;
+  std::string_view aliases;  // space-separated
 };
 
 inline constexpr DTypeInfo kDTypeTable[] = {
-#define MT_DTYPE_INFO(e, name, T, C, is_float, st) {DType::e, name, sizeof(T), is_float, st},
+#define MT_DTYPE_INFO(e, name, T, C, kind, format, st, aliases) \
+  {DType::e,                                                    \
+   name,                                                        \
+   sizeof(T),                                                   \
+   DTypeKind::kind == DTypeKind::Float,                         \
+   st,                                                          \
+   DTypeKind::kind,                                             \
+   dtype_column::format,                                        \
+   aliases},
     MT_FORALL_DTYPES(MT_DTYPE_INFO)
 #undef MT_DTYPE_INFO
 };
@@ -61,23 +91,50 @@ constexpr size_t dtype_size(DType d) {
 constexpr bool is_floating(DType d) {
   return dtype_info(d).is_float;
 }
+constexpr DTypeKind dtype_kind(DType d) {
+  return dtype_info(d).kind;
+}
 
-// Accepts the list's names and the usual aliases ("float32", "half", "bfloat16", "int64", ...).
+// Accepts the list's names and their aliases ("float32", "half", "bfloat16", "int64", ...),
+// in any case.
 std::optional<DType> parse_dtype(std::string_view name);
 
 // The numeric format of a floating dtype (f64 has none: it is not a training format).
-std::optional<Format> dtype_format(DType d);
+constexpr std::optional<Format> dtype_format(DType d) {
+  return dtype_info(d).format;
+}
 
 // The C++ type of each dtype, for templates: DTypeTraits<DType::BF16>::type == bfloat16.
 template <DType D>
 struct DTypeTraits;
-#define MT_DTYPE_TRAITS(e, name, T, C, ...) \
-  template <>                               \
-  struct DTypeTraits<DType::e> {            \
-    using type = T;                         \
-    using compute_type = C;                 \
+#define MT_DTYPE_TRAITS(e, name, T, C, kind, ...)            \
+  template <>                                                \
+  struct DTypeTraits<DType::e> {                             \
+    using type = T;                                          \
+    using compute_type = C;                                  \
+    static constexpr DTypeKind dtype_kind = DTypeKind::kind; \
   };
 MT_FORALL_DTYPES(MT_DTYPE_TRAITS)
 #undef MT_DTYPE_TRAITS
+
+// The dtype whose storage type is T: DTypeOf<bfloat16>::value == DType::BF16. Storage types are
+// unique (a second row with the same type is a redefinition error); a type of no dtype has no
+// value (is_storage_type_v is false).
+template <typename T>
+struct DTypeOf;
+#define MT_DTYPE_OF(e, name, T, ...)         \
+  template <>                                \
+  struct DTypeOf<T> {                        \
+    static constexpr DType value = DType::e; \
+  };
+MT_FORALL_DTYPES(MT_DTYPE_OF)
+#undef MT_DTYPE_OF
+
+template <typename T>
+inline constexpr bool is_storage_type_v = requires {
+  DTypeOf<T>::value;
+};
+template <typename T>
+inline constexpr DType dtype_of_v = DTypeOf<T>::value;
 
 }  // namespace mantissa

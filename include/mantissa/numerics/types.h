@@ -40,6 +40,13 @@ using bfloat16 = detail::SmallFloat<Format::BF16, uint16_t>;
 using float8_e4m3 = detail::SmallFloat<Format::FP8_E4M3, uint8_t>;
 using float8_e5m2 = detail::SmallFloat<Format::FP8_E5M2, uint8_t>;
 
+// Whether T is one of these storage types (SmallFloat): converted through round.h, never by the
+// compiler. The backends use it to pick their load/store paths, so a new format is one alias.
+template <typename T>
+inline constexpr bool is_small_float_v = false;
+template <Format F, typename Bits>
+inline constexpr bool is_small_float_v<detail::SmallFloat<F, Bits>> = true;
+
 static_assert(std::is_trivially_copyable_v<half> && sizeof(half) == 2 && alignof(half) == 2);
 static_assert(std::is_trivially_copyable_v<bfloat16> && sizeof(bfloat16) == 2);
 static_assert(std::is_trivially_copyable_v<float8_e4m3> && sizeof(float8_e4m3) == 1);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/dtype_map.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::backend::cpu {
@@ -75,17 +76,21 @@ dnnl::primitive_attr user_scratchpad() {
   return attr;
 }
 
+// oneDNN's type of each dtype this backend hands it. oneDNN 2.6 computes f16 only on CPUs with
+// AVX512-FP16, and fp8 not at all: those are emulated exactly on f32 copies (see the top), as
+// f64 runs on the plain loops at the end of this file.
+constexpr DTypeMapRow<mdt> kDnnlTypes[] = {
+    {DType::F64, kUnsupported},  {DType::F32, mdt::f32},          {DType::F16, kUnsupported},
+    {DType::BF16, mdt::bf16},    {DType::FP8_E4M3, kUnsupported}, {DType::FP8_E5M2, kUnsupported},
+    {DType::I64, kUnsupported},  {DType::I32, kUnsupported},      {DType::U8, kUnsupported},
+    {DType::Bool, kUnsupported},
+};
+static_assert(dtype_map_complete<kDnnlTypes>());
+
 mdt dnnl_type(DType d) {
-  switch (d) {
-    case DType::F32:
-      return mdt::f32;
-    case DType::BF16:
-      return mdt::bf16;
-    default:
-      break;
-  }
-  MT_ASSERT(false, "no oneDNN type for ", dtype_name(d));
-  return mdt::undef;
+  const std::optional<mdt> t = dtype_map_lookup(kDnnlTypes, d);
+  MT_ASSERT(t.has_value(), "no oneDNN type for ", dtype_name(d));
+  return t.value_or(mdt::undef);
 }
 
 // ---- primitive cache ----------------------------------------------------------------------------
@@ -248,11 +253,11 @@ Tensor prepare(CpuBackend& be, const Tensor& t, DType to, Format rounding) {
   return c;
 }
 
-// The dtype the oneDNN kernel computes in: bf16 natively, everything else (f32, f16, fp8) in f32.
+// The dtype the oneDNN kernel computes in: a dtype of kDnnlTypes natively (bf16: its values are
+// already on the fp32, tf32 and bf16 grids), everything else (f16, fp8, bf16 under a narrower
+// rounding) in f32.
 DType kernel_dtype(DType d, Format rounding) {
-  const bool bf16_grid = rounding == Format::FP32 || rounding == Format::TF32 ||
-                         rounding == Format::BF16;  // bf16 values are already on these grids
-  return d == DType::BF16 && bf16_grid ? DType::BF16 : DType::F32;
+  return dtype_map_lookup(kDnnlTypes, d) && takes_rounding(d, rounding) ? d : DType::F32;
 }
 
 // Whether oneDNN can write this output dtype directly for a kernel computing in `kd`.

@@ -5,313 +5,121 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/op_math.h"
 #include "mantissa/numerics/philox.h"
 
 namespace mantissa::backend::cpu {
 namespace {
 
-template <typename C>
-constexpr bool is_real_v = std::is_floating_point_v<C>;
+// The host side of op_math.h's math policy: the std:: functions (float or double overloads) and
+// plain products (this build has no FMA to fuse them into).
+struct HostMath {
+  template <typename C>
+  static C exp(C x) {
+    return std::exp(x);
+  }
+  template <typename C>
+  static C log(C x) {
+    return std::log(x);
+  }
+  template <typename C>
+  static C sqrt(C x) {
+    return std::sqrt(x);
+  }
+  template <typename C>
+  static C tanh(C x) {
+    return std::tanh(x);
+  }
+  template <typename C>
+  static C erf(C x) {
+    return std::erf(x);
+  }
+  template <typename C>
+  static C pow(C x, C y) {
+    return std::pow(x, y);
+  }
+  template <typename C>
+  static C mul_rn(C a, C b) {
+    return a * b;
+  }
+};
 
 template <typename C>
-C sigmoid_of(C x) {
-  return C(1) / (C(1) + std::exp(-x));
+op_math::UnaryArgs<C> unary_args(Scalars s) {
+  return {C(s.a), C(s.b), s.a == 2.0};
 }
 
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
-constexpr double kInvSqrt2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
+// One plain loop per (op, compute type), which the compiler vectorizes where the math allows.
+// Ops without an integer kernel (their row says F32) are never asked for one: the op layer
+// computes integer inputs of real functions in f32.
+template <UnaryOp op, typename C>
+void unary_loop(C* y, const C* x, int64_t n, const op_math::UnaryArgs<C> args) {
+  if constexpr (op_math::unary_runs_on<op, C>()) {
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = op_math::Unary<op>::template forward<HostMath>(x[i], args);
+  } else {
+    MT_ASSERT(false, "unary op ", unary_info(op).name, " has no kernel for this dtype");
+  }
+}
 
+template <UnaryOp op, typename C>
+void unary_backward_loop(C* gx, const C* g, const C* x, const C* y, int64_t n,
+                         const op_math::UnaryArgs<C> args) {
+  for (int64_t i = 0; i < n; ++i)
+    gx[i] = op_math::Unary<op>::template backward<HostMath>(g[i], x[i], y[i], args);
+}
+
+// Comparisons write 0/1 in the compute type; the store into the Bool output turns them to bool.
+// Written as a select: C(bool) of the call's result keeps GCC from vectorizing the float loops.
+template <BinaryOp op, typename C>
+void binary_loop(C* o, const C* a, const C* b, int64_t n) {
+  if constexpr (!op_math::binary_runs_on<op, C>()) {
+    MT_ASSERT(false, "binary op ", binary_info(op).name, " has no kernel for this dtype");
+  } else if constexpr (is_comparison(op)) {
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = op_math::Binary<op>::template apply<HostMath>(a[i], b[i]) ? C(1) : C(0);
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = op_math::Binary<op>::template apply<HostMath>(a[i], b[i]);
+  }
+}
+
+// The runtime op to its loop: one case per row of the op lists.
 template <typename C>
-void unary_loop(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
-  const C a = C(s.a), b = C(s.b);
+void run_unary(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
   switch (op) {
-    case UnaryOp::Neg:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = -x[i];
-      return;
-    case UnaryOp::Abs:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = x[i] < C(0) ? C(-x[i]) : x[i];
-      return;
-    case UnaryOp::Sign:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = C((C(0) < x[i]) - (x[i] < C(0)));
-      return;
-    case UnaryOp::Square:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = x[i] * x[i];
-      return;
-    case UnaryOp::AddScalar:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = x[i] + a;
-      return;
-    case UnaryOp::MulScalar:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = x[i] * a;
-      return;
-    case UnaryOp::RsubScalar:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = a - x[i];
-      return;
-    case UnaryOp::ClampScalar:
-      for (int64_t i = 0; i < n; ++i) {
-        const C v = x[i];
-        y[i] = v != v ? v : (v < a ? a : (v > b ? b : v));  // NaN stays NaN
-      }
-      return;
-    case UnaryOp::Relu:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = x[i] > C(0) ? x[i] : (x[i] != x[i] ? x[i] : C(0));
-      return;
-    default:
-      break;
+#define MT_UNARY_CASE(e, ...) \
+  case UnaryOp::e:            \
+    return unary_loop<UnaryOp::e, C>(y, x, n, unary_args<C>(s));
+    MT_FORALL_UNARY_OPS(MT_UNARY_CASE)
+#undef MT_UNARY_CASE
   }
-  if constexpr (is_real_v<C>) {
-    switch (op) {
-      case UnaryOp::Exp:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = std::exp(x[i]);
-        return;
-      case UnaryOp::Log:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = std::log(x[i]);
-        return;
-      case UnaryOp::Sqrt:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = std::sqrt(x[i]);
-        return;
-      case UnaryOp::Rsqrt:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = C(1) / std::sqrt(x[i]);
-        return;
-      case UnaryOp::Reciprocal:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = C(1) / x[i];
-        return;
-      case UnaryOp::Gelu:
-        for (int64_t i = 0; i < n; ++i) {
-          y[i] = C(0.5) * x[i] * (C(1) + std::erf(x[i] * C(kInvSqrt2)));
-        }
-        return;
-      case UnaryOp::GeluTanh:
-        for (int64_t i = 0; i < n; ++i) {
-          const C v = x[i];
-          y[i] = C(0.5) * v * (C(1) + std::tanh(C(kSqrt2OverPi) * (v + C(0.044715) * v * v * v)));
-        }
-        return;
-      case UnaryOp::Silu:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = x[i] * sigmoid_of(x[i]);
-        return;
-      case UnaryOp::Sigmoid:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = sigmoid_of(x[i]);
-        return;
-      case UnaryOp::Tanh:
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = std::tanh(x[i]);
-        return;
-      case UnaryOp::PowScalar:
-        if (s.a == 2.0) {
-          for (int64_t i = 0; i < n; ++i)
-            y[i] = x[i] * x[i];
-        } else {
-          for (int64_t i = 0; i < n; ++i)
-            y[i] = std::pow(x[i], a);
-        }
-        return;
-      default:
-        break;
-    }
-  }
-  MT_ASSERT(false, "unary op ", int(op), " has no kernel for this dtype");
+  MT_ASSERT(false, "unknown unary op ", int(op));
 }
 
 template <typename C>
-void unary_backward_loop(UnaryOp op, C* gx, const C* g, const C* x, const C* y, int64_t n,
-                         Scalars s) {
-  const C a = C(s.a), b = C(s.b);
+void run_unary_backward(UnaryOp op, C* gx, const C* g, const C* x, const C* y, int64_t n,
+                        Scalars s) {
   switch (op) {
-    case UnaryOp::Neg:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = -g[i];
-      return;
-    case UnaryOp::AddScalar:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = g[i];
-      return;
-    case UnaryOp::MulScalar:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = g[i] * a;
-      return;
-    case UnaryOp::RsubScalar:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = -g[i];
-      return;
-    case UnaryOp::Square:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = C(2) * g[i] * x[i];
-      return;
-    case UnaryOp::Sign:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = C(0);
-      return;
-    case UnaryOp::Abs:
-      for (int64_t i = 0; i < n; ++i)
-        gx[i] = g[i] * C((C(0) < x[i]) - (x[i] < C(0)));
-      return;
-    // Every operand is loaded before the select: a conditional load keeps the compiler from
-    // vectorizing, and a branch on the sign of x mispredicts half the time (measured 30x).
-    case UnaryOp::Relu:
-      for (int64_t i = 0; i < n; ++i) {
-        const C gv = g[i];
-        gx[i] = x[i] > C(0) ? gv : C(0);
-      }
-      return;
-    case UnaryOp::ClampScalar:
-      for (int64_t i = 0; i < n; ++i) {
-        const C gv = g[i], xv = x[i];
-        gx[i] = (xv >= a) & (xv <= b) ? gv : C(0);
-      }
-      return;
-    default:
-      break;
+#define MT_UNARY_BACKWARD_CASE(e, ...) \
+  case UnaryOp::e:                     \
+    return unary_backward_loop<UnaryOp::e, C>(gx, g, x, y, n, unary_args<C>(s));
+    MT_FORALL_UNARY_OPS(MT_UNARY_BACKWARD_CASE)
+#undef MT_UNARY_BACKWARD_CASE
   }
-  if constexpr (is_real_v<C>) {
-    switch (op) {
-      case UnaryOp::Exp:
-        for (int64_t i = 0; i < n; ++i)
-          gx[i] = g[i] * y[i];
-        return;
-      case UnaryOp::Log:
-        for (int64_t i = 0; i < n; ++i)
-          gx[i] = g[i] / x[i];
-        return;
-      case UnaryOp::Sqrt:
-        for (int64_t i = 0; i < n; ++i)
-          gx[i] = g[i] / (C(2) * y[i]);
-        return;
-      case UnaryOp::Rsqrt:
-        for (int64_t i = 0; i < n; ++i)
-          gx[i] = C(-0.5) * g[i] * y[i] * y[i] * y[i];
-        return;
-      case UnaryOp::Reciprocal:
-        for (int64_t i = 0; i < n; ++i)
-          gx[i] = -g[i] * y[i] * y[i];
-        return;
-      case UnaryOp::Gelu:
-        for (int64_t i = 0; i < n; ++i) {
-          const C v = x[i];
-          const C cdf = C(0.5) * (C(1) + std::erf(v * C(kInvSqrt2)));
-          const C pdf = C(kInvSqrt2Pi) * std::exp(C(-0.5) * v * v);
-          gx[i] = g[i] * (cdf + v * pdf);
-        }
-        return;
-      case UnaryOp::GeluTanh:
-        for (int64_t i = 0; i < n; ++i) {
-          const C v = x[i];
-          const C inner = C(kSqrt2OverPi) * (v + C(0.044715) * v * v * v);
-          const C t = std::tanh(inner);
-          const C dinner = C(kSqrt2OverPi) * (C(1) + C(3 * 0.044715) * v * v);
-          gx[i] = g[i] * (C(0.5) * (C(1) + t) + C(0.5) * v * (C(1) - t * t) * dinner);
-        }
-        return;
-      case UnaryOp::Silu:
-        for (int64_t i = 0; i < n; ++i) {
-          const C sg = sigmoid_of(x[i]);
-          gx[i] = g[i] * sg * (C(1) + x[i] * (C(1) - sg));
-        }
-        return;
-      case UnaryOp::Sigmoid:
-        for (int64_t i = 0; i < n; ++i)
-          gx[i] = g[i] * y[i] * (C(1) - y[i]);
-        return;
-      case UnaryOp::Tanh:
-        for (int64_t i = 0; i < n; ++i)
-          gx[i] = g[i] * (C(1) - y[i] * y[i]);
-        return;
-      case UnaryOp::PowScalar:
-        for (int64_t i = 0; i < n; ++i) {
-          gx[i] = a == C(0) ? C(0) : g[i] * a * std::pow(x[i], a - C(1));
-        }
-        return;
-      default:
-        break;
-    }
-  }
-  (void)b;
-  MT_ASSERT(false, "unary op ", int(op), " has no derivative kernel for this dtype");
+  MT_ASSERT(false, "unknown unary op ", int(op));
 }
 
 template <typename C>
-void binary_loop(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
+void run_binary(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
   switch (op) {
-    case BinaryOp::Add:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = a[i] + b[i];
-      return;
-    case BinaryOp::Sub:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = a[i] - b[i];
-      return;
-    case BinaryOp::Mul:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = a[i] * b[i];
-      return;
-    case BinaryOp::Div:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = a[i] / b[i];
-      return;
-    case BinaryOp::Maximum:
-      for (int64_t i = 0; i < n; ++i) {
-        const C x = a[i], y = b[i];
-        o[i] = (x != x) | (x > y) ? x : y;  // NaN propagates
-      }
-      return;
-    case BinaryOp::Minimum:
-      for (int64_t i = 0; i < n; ++i) {
-        const C x = a[i], y = b[i];
-        o[i] = (x != x) | (x < y) ? x : y;
-      }
-      return;
-    case BinaryOp::Eq:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = C(a[i] == b[i]);
-      return;
-    case BinaryOp::Ne:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = C(a[i] != b[i]);
-      return;
-    case BinaryOp::Lt:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = C(a[i] < b[i]);
-      return;
-    case BinaryOp::Le:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = C(a[i] <= b[i]);
-      return;
-    case BinaryOp::Gt:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = C(a[i] > b[i]);
-      return;
-    case BinaryOp::Ge:
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = C(a[i] >= b[i]);
-      return;
-    case BinaryOp::Pow:
-      if constexpr (is_real_v<C>) {
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = std::pow(a[i], b[i]);
-        return;
-      }
-      break;
+#define MT_BINARY_CASE(e, ...) \
+  case BinaryOp::e:            \
+    return binary_loop<BinaryOp::e, C>(o, a, b, n);
+    MT_FORALL_BINARY_OPS(MT_BINARY_CASE)
+#undef MT_BINARY_CASE
   }
-  MT_ASSERT(false, "binary op ", int(op), " has no kernel for this dtype");
-}
-
-bool is_comparison(BinaryOp op) {
-  return op >= BinaryOp::Eq;
+  MT_ASSERT(false, "unknown binary op ", int(op));
 }
 
 // Walks the elements of a strided tensor in row-major order: f(offset_in_elements, run_length,
@@ -482,7 +290,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
       MT_CHECK(false, "unary ops are not defined on bool tensors");
     } else {
       elementwise<T, C, T, 1>(out, {&x},
-                              [&](C* y, const C* a, int64_t n) { unary_loop<C>(op, y, a, n, s); });
+                              [&](C* y, const C* a, int64_t n) { run_unary<C>(op, y, a, n, s); });
     }
   });
 }
@@ -495,7 +303,7 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x,
     using C = compute_t<T>;
     elementwise<T, C, T, 3>(gx, {&grad, &x, &yy},
                             [&](C* o, const C* g, const C* xv, const C* yv, int64_t n) {
-                              unary_backward_loop<C>(op, o, g, xv, yv, n, s);
+                              run_unary_backward<C>(op, o, g, xv, yv, n, s);
                             });
   });
 }
@@ -506,40 +314,14 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
     using C = compute_t<T>;
     if constexpr (std::is_same_v<T, bool>) {
       MT_CHECK(is_comparison(op), "arithmetic is not defined on bool tensors");
+    }
+    if (is_comparison(op)) {
       elementwise<T, C, bool, 2>(out, {&a, &b}, [&](C* o, const C* x, const C* y, int64_t n) {
-        for (int64_t i = 0; i < n; ++i) {
-          const int xi = x[i], yi = y[i];
-          bool r = false;
-          switch (op) {
-            case BinaryOp::Eq:
-              r = xi == yi;
-              break;
-            case BinaryOp::Ne:
-              r = xi != yi;
-              break;
-            case BinaryOp::Lt:
-              r = xi < yi;
-              break;
-            case BinaryOp::Le:
-              r = xi <= yi;
-              break;
-            case BinaryOp::Gt:
-              r = xi > yi;
-              break;
-            default:
-              r = xi >= yi;
-              break;
-          }
-          o[i] = r;
-        }
+        run_binary<C>(op, o, x, y, n);
       });
-    } else if (is_comparison(op)) {
-      elementwise<T, C, bool, 2>(out, {&a, &b}, [&](C* o, const C* x, const C* y, int64_t n) {
-        binary_loop<C>(op, o, x, y, n);
-      });
-    } else {
+    } else if constexpr (!std::is_same_v<T, bool>) {
       elementwise<T, C, T, 2>(out, {&a, &b}, [&](C* o, const C* x, const C* y, int64_t n) {
-        binary_loop<C>(op, o, x, y, n);
+        run_binary<C>(op, o, x, y, n);
       });
     }
   });

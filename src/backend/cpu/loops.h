@@ -24,35 +24,13 @@ namespace mantissa::backend::cpu {
 inline constexpr int64_t kChunk = 2048;           // elements per chunk (fits L1 per buffer)
 inline constexpr int64_t kParallelGrain = 32768;  // below this, one thread
 
-// The compute type of a storage type: float for f32 and every half/fp8 type, double for f64,
-// the type itself for integers and bool.
+// The compute type of a storage type, from the dtype list's compute column: float for f32 and
+// every half/fp8 type, double for f64, the type itself for integers and bool.
 template <typename T>
-struct Compute {
-  using type = T;
-};
-template <>
-struct Compute<half> {
-  using type = float;
-};
-template <>
-struct Compute<bfloat16> {
-  using type = float;
-};
-template <>
-struct Compute<float8_e4m3> {
-  using type = float;
-};
-template <>
-struct Compute<float8_e5m2> {
-  using type = float;
-};
-template <typename T>
-using compute_t = typename Compute<T>::type;
+using compute_t = typename DTypeTraits<dtype_of_v<T>>::compute_type;
 
-template <typename T>
-inline constexpr bool is_small_float_v =
-    std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float8_e4m3> ||
-    std::is_same_v<T, float8_e5m2>;
+// is_small_float_v<T> (numerics/types.h): the storage types converted through round.h's
+// encoders and the vectorized converters, never by a C++ cast.
 
 template <typename T, typename C>
 inline C load_one(const T* p) {
@@ -244,7 +222,8 @@ class PhiloxStream {
   PhiloxBlock words_{};
 };
 
-// Calls f.template operator()<T>() with T the storage type of dtype.
+// Calls f.template operator()<T>() with T the storage type of dtype. The cases come from
+// MT_FORALL_DTYPES: a new dtype is dispatched without a line here.
 template <typename F>
 decltype(auto) dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
@@ -258,24 +237,18 @@ decltype(auto) dispatch_dtype(DType dtype, F&& f) {
   return f.template operator()<float>();
 }
 
-// Floating dtypes only (the ops that need real numbers).
+// Floating dtypes only (the ops that need real numbers): the list's rows of kind Float.
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::F64:
-      return f.template operator()<double>();
-    case DType::F32:
-      return f.template operator()<float>();
-    case DType::F16:
-      return f.template operator()<half>();
-    case DType::BF16:
-      return f.template operator()<bfloat16>();
-    case DType::FP8_E4M3:
-      return f.template operator()<float8_e4m3>();
-    case DType::FP8_E5M2:
-      return f.template operator()<float8_e5m2>();
-    default:
-      break;
+#define MT_DISPATCH_FLOAT_CASE(e, name, T, C, kind, ...) \
+  case DType::e:                                         \
+    if constexpr (DTypeKind::kind == DTypeKind::Float) { \
+      return f.template operator()<T>();                 \
+    }                                                    \
+    break;
+    MT_FORALL_DTYPES(MT_DISPATCH_FLOAT_CASE)
+#undef MT_DISPATCH_FLOAT_CASE
   }
   MT_CHECK(false, op, " needs a floating tensor, got ", dtype_name(dtype));
   return f.template operator()<float>();

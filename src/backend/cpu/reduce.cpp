@@ -43,7 +43,7 @@ A reduce_row(ReduceOp op, const C* x, int64_t n, int64_t correction, int64_t* in
     default:
       break;
   }
-  const bool want_max = op == ReduceOp::Max || op == ReduceOp::ArgMax;
+  const bool want_max = reduce_info(op).picks_max;
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i) {
     const C v = x[i], b = x[best];
@@ -122,9 +122,9 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> dims,
   std::vector<int64_t> perm;
   int64_t rows = 0, row_len = 0;
   split_dims(x, dims, perm, rows, row_len);
-  const bool is_arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
-  const bool wants_index =
-      is_arg || ((op == ReduceOp::Max || op == ReduceOp::Min) && indices && indices->defined());
+  const ReduceKind kind = reduce_info(op).kind;
+  const bool is_arg = kind == ReduceKind::Index;
+  const bool wants_index = is_arg || (kind == ReduceKind::Select && indices && indices->defined());
   MT_CHECK(row_len > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean, "cannot take the ",
            op == ReduceOp::Var ? "variance" : "max/min", " of an empty dimension of a ",
            x.describe());

@@ -22,6 +22,7 @@
 #include "backend/cuda/blas.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/dtype_map.h"
 #include "mantissa/core/error.h"
 
 #define MT_CUBLAS_CHECK(expr)                                                                     \
@@ -112,21 +113,20 @@ bool describe(const Tensor& t, int64_t nbatch, Operand& o) {
   return true;
 }
 
+// cuBLASLt's type of each dtype. fp8 GEMMs need per-tensor scale factors and fp8-specific
+// layouts this backend does not pass: they run on rounded f32 copies, as the integers would.
+constexpr DTypeMapRow<cudaDataType_t> kCublasTypes[] = {
+    {DType::F64, CUDA_R_64F},    {DType::F32, CUDA_R_32F},        {DType::F16, CUDA_R_16F},
+    {DType::BF16, CUDA_R_16BF},  {DType::FP8_E4M3, kUnsupported}, {DType::FP8_E5M2, kUnsupported},
+    {DType::I64, kUnsupported},  {DType::I32, kUnsupported},      {DType::U8, kUnsupported},
+    {DType::Bool, kUnsupported},
+};
+static_assert(dtype_map_complete<kCublasTypes>());
+
 cudaDataType_t cuda_type(DType d) {
-  switch (d) {
-    case DType::F64:
-      return CUDA_R_64F;
-    case DType::F32:
-      return CUDA_R_32F;
-    case DType::F16:
-      return CUDA_R_16F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    default:
-      break;
-  }
-  MT_ASSERT(false, "no cuBLASLt type for ", dtype_name(d));
-  return CUDA_R_32F;
+  const std::optional<cudaDataType_t> t = dtype_map_lookup(kCublasTypes, d);
+  MT_ASSERT(t.has_value(), "no cuBLASLt type for ", dtype_name(d));
+  return *t;
 }
 
 // The largest power of two (at most 256) dividing the address: cuBLASLt's heuristic assumes
@@ -231,7 +231,7 @@ bool run(const Gemm& g, int device) {
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
-    if (g.io_type == DType::F16 || g.io_type == DType::BF16) {
+    if (dtype_size(g.io_type) < dtype_size(DType::F32)) {
       // Split-K algorithms reducing "in place" or in the output type store fp16/bf16 partial
       // sums: the output would be rounded more than once. Only unsplit or fp32-reduced ones
       // (PyTorch's default for half GEMMs does the same).
@@ -274,18 +274,7 @@ Tensor converted(CudaBackend& be, const Tensor& t, DType dtype) {
 
 // Whether cuBLASLt takes this dtype and rounding directly (else: widened, rounded, strict f32).
 bool native(DType d, Format rounding) {
-  switch (d) {
-    case DType::F64:
-      return true;  // the f64 product ignores input_rounding, as on the CPU
-    case DType::F32:
-      return rounding == Format::FP32 || rounding == Format::TF32;
-    case DType::F16:  // values already on the fp32 / tf32 / own grid
-      return rounding == Format::FP32 || rounding == Format::TF32 || rounding == Format::FP16;
-    case DType::BF16:
-      return rounding == Format::FP32 || rounding == Format::TF32 || rounding == Format::BF16;
-    default:
-      return false;
-  }
+  return dtype_map_lookup(kCublasTypes, d).has_value() && takes_rounding(d, rounding);
 }
 
 cublasComputeType_t compute_type(DType d, Format rounding) {
@@ -406,7 +395,8 @@ bool matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, Tens
   const DType dt = out.dtype();
   const int64_t M = out.size(1), N = out.size(2), K = a.size(2);
   if (out.size(0) != 1 || K == 0 || out.numel() == 0) return false;
-  if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16) return false;
+  // cuBLASLt's GELU epilogues: every type of its map but f64.
+  if (dt == DType::F64 || !dtype_map_lookup(kCublasTypes, dt)) return false;
   if (a.dtype() != dt || !native(dt, options.input_rounding)) return false;
   if (pre_gelu) {
     MT_CHECK(pre_gelu->shape() == out.shape() && pre_gelu->dtype() == dt &&

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/dtype_map.h"
 #include "mantissa/core/error.h"
 
 #define MT_CUDNN_CHECK(expr)                                                                \
@@ -69,21 +70,20 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// cuDNN's type of each dtype; the others run on rounded f32 copies (see native below).
+constexpr DTypeMapRow<cudnnDataType_t> kCudnnTypes[] = {
+    {DType::F64, CUDNN_DATA_DOUBLE}, {DType::F32, CUDNN_DATA_FLOAT},
+    {DType::F16, CUDNN_DATA_HALF},   {DType::BF16, CUDNN_DATA_BFLOAT16},
+    {DType::FP8_E4M3, kUnsupported}, {DType::FP8_E5M2, kUnsupported},
+    {DType::I64, kUnsupported},      {DType::I32, kUnsupported},
+    {DType::U8, kUnsupported},       {DType::Bool, kUnsupported},
+};
+static_assert(dtype_map_complete<kCudnnTypes>());
+
 cudnnDataType_t cudnn_type(DType d) {
-  switch (d) {
-    case DType::F64:
-      return CUDNN_DATA_DOUBLE;
-    case DType::F32:
-      return CUDNN_DATA_FLOAT;
-    case DType::F16:
-      return CUDNN_DATA_HALF;
-    case DType::BF16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      break;
-  }
-  MT_ASSERT(false, "no cuDNN type for ", dtype_name(d));
-  return CUDNN_DATA_FLOAT;
+  const std::optional<cudnnDataType_t> t = dtype_map_lookup(kCudnnTypes, d);
+  MT_ASSERT(t.has_value(), "no cuDNN type for ", dtype_name(d));
+  return *t;
 }
 
 struct TensorDesc {
@@ -137,7 +137,8 @@ struct ConvDesc {
 // The math cuDNN may use: tensor cores for halves and for f32 under TF32, FMA (strict) for f32
 // otherwise; f64 as cuDNN sees fit (its tensor-core paths are full f64).
 cudnnMathType_t wanted_math(DType d, Format rounding) {
-  if (d == DType::F16 || d == DType::BF16) return CUDNN_TENSOR_OP_MATH;
+  const bool narrow = dtype_map_lookup(kCudnnTypes, d) && dtype_size(d) < dtype_size(DType::F32);
+  if (narrow) return CUDNN_TENSOR_OP_MATH;
   if (d == DType::F32) return rounding == Format::TF32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
   return CUDNN_DEFAULT_MATH;
 }
@@ -257,18 +258,7 @@ Tensor contiguous_copy(CudaBackend& be, const Tensor& t, DType dtype) {
 
 // Whether cuDNN computes this dtype and rounding as the CPU does (else: rounded f32 copies).
 bool native(DType d, Format rounding) {
-  switch (d) {
-    case DType::F64:
-      return true;  // f64 ignores input_rounding, as on the CPU
-    case DType::F32:
-      return rounding == Format::FP32 || rounding == Format::TF32;
-    case DType::F16:
-      return rounding == Format::FP32 || rounding == Format::TF32 || rounding == Format::FP16;
-    case DType::BF16:
-      return rounding == Format::FP32 || rounding == Format::TF32 || rounding == Format::BF16;
-    default:
-      return false;
-  }
+  return dtype_map_lookup(kCudnnTypes, d).has_value() && takes_rounding(d, rounding);
 }
 
 // An f32 copy of t rounded onto `rounding`'s grid (for the emulated dtypes).

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
+#include "backend/op_math.h"
 #include "backend/rounded_copy.h"
 
 namespace mantissa::backend::cuda {
@@ -17,37 +18,11 @@ namespace {
 
 // ---- storage helpers ----------------------------------------------------------------------------
 
-template <typename S>
-inline constexpr bool is_narrow_v =
-    std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16> ||
-    std::is_same_v<S, float8_e4m3> || std::is_same_v<S, float8_e5m2>;
-
-// The format a float storage type holds. Kernels take it as a template constant: round.h's
-// format table is host data, readable on the device only in constant expressions.
-template <typename S>
-constexpr Format format_of() {
-  if constexpr (std::is_same_v<S, __half>) {
-    return Format::FP16;
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    return Format::BF16;
-  } else if constexpr (std::is_same_v<S, float>) {
-    return Format::FP32;
-  } else {
-    return S::format;
-  }
-}
-
 // A value of storage type S from a format's bit pattern (as encode() returns it).
 template <typename S>
 __device__ __forceinline__ S from_bits(uint32_t bits) {
-  if constexpr (std::is_same_v<S, __half>) {
-    __half_raw r;
-    r.x = static_cast<unsigned short>(bits);
-    return __half(r);
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    __nv_bfloat16_raw r;
-    r.x = static_cast<unsigned short>(bits);
-    return __nv_bfloat16(r);
+  if constexpr (is_native_float_v<S>) {
+    return NativeFloat<S>::from_bits(bits);
   } else if constexpr (std::is_same_v<S, float>) {
     return __uint_as_float(bits);
   } else {
@@ -100,98 +75,59 @@ bool is_aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-template <typename C>
-__device__ __forceinline__ C sigmoid_of(C x) {
-  return C(1) / (C(1) + m_exp(-x));
-}
-
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
-constexpr double kInvSqrt2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
-
-// ---- op functors (the CPU's loops, one element at a time) ---------------------------------------
-
-bool integer_unary(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Neg:
-    case UnaryOp::Abs:
-    case UnaryOp::Sign:
-    case UnaryOp::Square:
-    case UnaryOp::AddScalar:
-    case UnaryOp::MulScalar:
-    case UnaryOp::RsubScalar:
-    case UnaryOp::ClampScalar:
-    case UnaryOp::Relu:
-      return true;
-    default:
-      return false;
+// The device side of op_math.h's math policy: the float or double device functions (as the
+// CPU's std:: overloads pick them) and a product nvcc may not fuse into a following addition.
+struct DeviceMath {
+  template <typename C>
+  __device__ __forceinline__ static C exp(C x) {
+    return m_exp(x);
   }
-}
+  template <typename C>
+  __device__ __forceinline__ static C log(C x) {
+    return m_log(x);
+  }
+  template <typename C>
+  __device__ __forceinline__ static C sqrt(C x) {
+    return m_sqrt(x);
+  }
+  template <typename C>
+  __device__ __forceinline__ static C tanh(C x) {
+    return m_tanh(x);
+  }
+  template <typename C>
+  __device__ __forceinline__ static C erf(C x) {
+    return m_erf(x);
+  }
+  template <typename C>
+  __device__ __forceinline__ static C pow(C x, C y) {
+    return m_pow(x, y);
+  }
+  template <typename C>
+  __device__ __forceinline__ static C mul_rn(C a, C b) {
+    return cuda::mul_rn(a, b);
+  }
+};
+
+// ---- op functors: op_math.h's math, one element at a time -----------------------------------
+// The op is a runtime value (one kernel per dtype serves every op); the switches over it are
+// generated from the op lists. An op without a kernel for C (OnIntegers::F32 on an integer
+// dtype) is refused on the host before the launch.
 
 template <typename C>
 struct UnaryFn {
   UnaryOp op;
-  C a, b;
-  bool square;  // PowScalar with exponent exactly 2: x * x, as the CPU
+  op_math::UnaryArgs<C> args;
 
   __device__ C operator()(C x) const {
     switch (op) {
-      case UnaryOp::Neg:
-        return -x;
-      case UnaryOp::Abs:
-        if constexpr (std::is_unsigned_v<C>) {
-          return x;
-        } else {
-          return x < C(0) ? C(-x) : x;
-        }
-      case UnaryOp::Sign:
-        if constexpr (std::is_unsigned_v<C>) {
-          return C(x != C(0));
-        } else {
-          return C((C(0) < x) - (x < C(0)));
-        }
-      case UnaryOp::Square:
-        return x * x;
-      case UnaryOp::AddScalar:
-        return x + a;
-      case UnaryOp::MulScalar:
-        return x * a;
-      case UnaryOp::RsubScalar:
-        return a - x;
-      case UnaryOp::ClampScalar:
-        return x != x ? x : (x < a ? a : (x > b ? b : x));  // NaN stays NaN
-      case UnaryOp::Relu:
-        return x > C(0) ? x : (x != x ? x : C(0));
-      default:
-        break;
-    }
-    if constexpr (std::is_floating_point_v<C>) {
-      switch (op) {
-        case UnaryOp::Exp:
-          return m_exp(x);
-        case UnaryOp::Log:
-          return m_log(x);
-        case UnaryOp::Sqrt:
-          return m_sqrt(x);
-        case UnaryOp::Rsqrt:
-          return C(1) / m_sqrt(x);
-        case UnaryOp::Reciprocal:
-          return C(1) / x;
-        case UnaryOp::Gelu:
-          return C(0.5) * x * (C(1) + m_erf(x * C(kInvSqrt2)));
-        case UnaryOp::GeluTanh:
-          return C(0.5) * x * (C(1) + m_tanh(C(kSqrt2OverPi) * (x + C(0.044715) * x * x * x)));
-        case UnaryOp::Silu:
-          return x * sigmoid_of(x);
-        case UnaryOp::Sigmoid:
-          return sigmoid_of(x);
-        case UnaryOp::Tanh:
-          return m_tanh(x);
-        case UnaryOp::PowScalar:
-          return square ? x * x : m_pow(x, a);
-        default:
-          break;
-      }
+#define MT_UNARY_FN_CASE(e, ...)                                                \
+  case UnaryOp::e:                                                              \
+    if constexpr (op_math::unary_runs_on<UnaryOp::e, C>()) {                    \
+      return op_math::Unary<UnaryOp::e>::template forward<DeviceMath>(x, args); \
+    }                                                                           \
+    break;
+      MT_FORALL_UNARY_OPS(MT_UNARY_FN_CASE)
+#undef MT_UNARY_FN_CASE
     }
     return x;  // unreachable: the host checked op against the dtype
   }
@@ -200,61 +136,15 @@ struct UnaryFn {
 template <typename C>
 struct UnaryBackwardFn {
   UnaryOp op;
-  C a, b;
+  op_math::UnaryArgs<C> args;
 
   __device__ C operator()(C g, C x, C y) const {
     switch (op) {
-      case UnaryOp::Neg:
-        return -g;
-      case UnaryOp::AddScalar:
-        return g;
-      case UnaryOp::MulScalar:
-        return g * a;
-      case UnaryOp::RsubScalar:
-        return -g;
-      case UnaryOp::Square:
-        return C(2) * g * x;
-      case UnaryOp::Sign:
-        return C(0);
-      case UnaryOp::Abs:
-        return g * C((C(0) < x) - (x < C(0)));
-      case UnaryOp::Relu:
-        return x > C(0) ? g : C(0);
-      case UnaryOp::ClampScalar:
-        return (x >= a) & (x <= b) ? g : C(0);
-      case UnaryOp::Exp:
-        return g * y;
-      case UnaryOp::Log:
-        return g / x;
-      case UnaryOp::Sqrt:
-        return g / (C(2) * y);
-      case UnaryOp::Rsqrt:
-        return C(-0.5) * g * y * y * y;
-      case UnaryOp::Reciprocal:
-        return -g * y * y;
-      case UnaryOp::Gelu: {
-        const C cdf = C(0.5) * (C(1) + m_erf(x * C(kInvSqrt2)));
-        const C pdf = C(kInvSqrt2Pi) * m_exp(C(-0.5) * x * x);
-        return g * (cdf + x * pdf);
-      }
-      case UnaryOp::GeluTanh: {
-        const C inner = C(kSqrt2OverPi) * (x + C(0.044715) * x * x * x);
-        const C t = m_tanh(inner);
-        const C dinner = C(kSqrt2OverPi) * (C(1) + C(3 * 0.044715) * x * x);
-        return g * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dinner);
-      }
-      case UnaryOp::Silu: {
-        const C sg = sigmoid_of(x);
-        return g * sg * (C(1) + x * (C(1) - sg));
-      }
-      case UnaryOp::Sigmoid:
-        return g * y * (C(1) - y);
-      case UnaryOp::Tanh:
-        // y * y rounded before the subtraction, as the CPU does: nvcc would contract 1 - y * y
-        // into one fma, which differs most where it matters (|y| near 1, heavy cancellation).
-        return g * (C(1) - mul_rn(y, y));
-      case UnaryOp::PowScalar:
-        return a == C(0) ? C(0) : g * a * m_pow(x, a - C(1));
+#define MT_UNARY_BACKWARD_FN_CASE(e, ...) \
+  case UnaryOp::e:                        \
+    return op_math::Unary<UnaryOp::e>::template backward<DeviceMath>(g, x, y, args);
+      MT_FORALL_UNARY_OPS(MT_UNARY_BACKWARD_FN_CASE)
+#undef MT_UNARY_BACKWARD_FN_CASE
     }
     return g;  // unreachable
   }
@@ -266,23 +156,14 @@ struct BinaryFn {
 
   __device__ C operator()(C x, C y) const {
     switch (op) {
-      case BinaryOp::Add:
-        return x + y;
-      case BinaryOp::Sub:
-        return x - y;
-      case BinaryOp::Mul:
-        return x * y;
-      case BinaryOp::Div:
-        return x / y;
-      case BinaryOp::Maximum:
-        return (x != x) | (x > y) ? x : y;  // NaN propagates
-      case BinaryOp::Minimum:
-        return (x != x) | (x < y) ? x : y;
-      case BinaryOp::Pow:
-        if constexpr (std::is_floating_point_v<C>) return m_pow(x, y);
-        break;
-      default:
-        break;
+#define MT_BINARY_FN_CASE(e, ...)                                                             \
+  case BinaryOp::e:                                                                           \
+    if constexpr (!is_comparison(BinaryOp::e) && op_math::binary_runs_on<BinaryOp::e, C>()) { \
+      return op_math::Binary<BinaryOp::e>::template apply<DeviceMath>(x, y);                  \
+    }                                                                                         \
+    break;
+      MT_FORALL_BINARY_OPS(MT_BINARY_FN_CASE)
+#undef MT_BINARY_FN_CASE
     }
     return x;  // unreachable: comparisons go to CompareFn, integer pow is refused on the host
   }
@@ -294,19 +175,16 @@ struct CompareFn {
 
   __device__ bool operator()(C x, C y) const {
     switch (op) {
-      case BinaryOp::Eq:
-        return x == y;
-      case BinaryOp::Ne:
-        return x != y;
-      case BinaryOp::Lt:
-        return x < y;
-      case BinaryOp::Le:
-        return x <= y;
-      case BinaryOp::Gt:
-        return x > y;
-      default:
-        return x >= y;
+#define MT_COMPARE_FN_CASE(e, ...)                                           \
+  case BinaryOp::e:                                                          \
+    if constexpr (is_comparison(BinaryOp::e)) {                              \
+      return op_math::Binary<BinaryOp::e>::template apply<DeviceMath>(x, y); \
+    }                                                                        \
+    break;
+      MT_FORALL_BINARY_OPS(MT_COMPARE_FN_CASE)
+#undef MT_COMPARE_FN_CASE
     }
+    return false;  // unreachable: arithmetic goes to BinaryFn
   }
 };
 
@@ -663,12 +541,13 @@ void CudaBackend::round_to_format(Tensor& t, Format format) {
 void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
   DeviceGuard guard(device_);
   MT_CHECK(x.dtype() != DType::Bool, "unary ops are not defined on bool tensors");
-  MT_CHECK(x.is_floating_point() || integer_unary(op), "unary op ", int(op), " is not defined on ",
-           dtype_name(x.dtype()), " tensors; cast to a floating dtype");
+  MT_CHECK(x.is_floating_point() || unary_info(op).integers != OnIntegers::F32, "unary op ",
+           int(op), " is not defined on ", dtype_name(x.dtype()),
+           " tensors; cast to a floating dtype");
   dispatch_all(x.dtype(), "unary", [&]<typename S>(Tag<S>) {
     using C = compute_t<S>;
     if constexpr (!std::is_same_v<S, bool>) {
-      const UnaryFn<C> fn{op, C(s.a), C(s.b), s.a == 2.0};
+      const UnaryFn<C> fn{op, {C(s.a), C(s.b), s.a == 2.0}};
       run_map<S, S, 1>({&x}, out, fn);
     }
   });
@@ -681,7 +560,7 @@ void CudaBackend::unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x
   const Tensor& yy = y.defined() ? y : x;
   dispatch_float(x.dtype(), "a derivative", [&]<typename S>(Tag<S>) {
     using C = compute_t<S>;
-    const UnaryBackwardFn<C> fn{op, C(s.a), C(s.b)};
+    const UnaryBackwardFn<C> fn{op, {C(s.a), C(s.b), s.a == 2.0}};
     run_map<S, S, 3>({&grad, &x, &yy}, gx, fn);
   });
 }
@@ -689,10 +568,11 @@ void CudaBackend::unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   DeviceGuard guard(device_);
   MT_ASSERT(a.dtype() == b.dtype(), "binary kernel inputs must share a dtype");
-  const bool comparison = op >= BinaryOp::Eq;
+  const bool comparison = is_comparison(op);
   MT_CHECK(comparison || a.dtype() != DType::Bool, "arithmetic is not defined on bool tensors");
-  MT_CHECK(op != BinaryOp::Pow || a.is_floating_point(), "pow is not defined on ",
-           dtype_name(a.dtype()), " tensors; cast to a floating dtype");
+  MT_CHECK(binary_info(op).integers != OnIntegers::F32 || a.is_floating_point(),
+           binary_info(op).name, " is not defined on ", dtype_name(a.dtype()),
+           " tensors; cast to a floating dtype");
   dispatch_all(a.dtype(), "binary", [&]<typename S>(Tag<S>) {
     using C = compute_t<S>;
     if (comparison) {

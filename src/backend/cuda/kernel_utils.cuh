@@ -21,18 +21,13 @@
 namespace mantissa::backend::cuda {
 
 // ---- storage and compute types --------------------------------------------------------------
-// f16/bf16 live as CUDA's own types (hardware conversions, RNE, bit-identical to round.h for
-// every non-NaN value); fp8 as Mantissa's (round.h's constexpr encode/decode, called on the
-// device through --expt-relaxed-constexpr).
+// The host storage type of each dtype (MT_FORALL_DTYPES) serves on the device too — Mantissa's
+// fp8 structs through round.h's constexpr encode/decode (--expt-relaxed-constexpr) — except
+// where CUDA has its own type with hardware conversions (RNE, bit-identical to round.h for every
+// non-NaN value): f16 and bf16. Such a type comes with its conversions in NativeFloat below.
 template <DType D>
-struct DeviceStorage;
-template <>
-struct DeviceStorage<DType::F64> {
-  using type = double;
-};
-template <>
-struct DeviceStorage<DType::F32> {
-  using type = float;
+struct DeviceStorage {
+  using type = typename DTypeTraits<D>::type;
 };
 template <>
 struct DeviceStorage<DType::F16> {
@@ -42,30 +37,59 @@ template <>
 struct DeviceStorage<DType::BF16> {
   using type = __nv_bfloat16;
 };
+
+// The conversions of CUDA's own float types: to float, from float (RNE), from a format's bits.
+template <typename S>
+struct NativeFloat;
 template <>
-struct DeviceStorage<DType::FP8_E4M3> {
-  using type = float8_e4m3;
+struct NativeFloat<__half> {
+  __device__ __forceinline__ static float to_float(__half v) { return __half2float(v); }
+  __device__ __forceinline__ static __half from_float(float v) { return __float2half_rn(v); }
+  __device__ __forceinline__ static __half from_bits(uint32_t bits) {
+    __half_raw r;
+    r.x = static_cast<unsigned short>(bits);
+    return __half(r);
+  }
 };
 template <>
-struct DeviceStorage<DType::FP8_E5M2> {
-  using type = float8_e5m2;
+struct NativeFloat<__nv_bfloat16> {
+  __device__ __forceinline__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ __forceinline__ static __nv_bfloat16 from_float(float v) {
+    return __float2bfloat16_rn(v);
+  }
+  __device__ __forceinline__ static __nv_bfloat16 from_bits(uint32_t bits) {
+    __nv_bfloat16_raw r;
+    r.x = static_cast<unsigned short>(bits);
+    return __nv_bfloat16(r);
+  }
 };
-template <>
-struct DeviceStorage<DType::I64> {
-  using type = int64_t;
+template <typename S>
+inline constexpr bool is_native_float_v = requires {
+  sizeof(NativeFloat<S>);
 };
-template <>
-struct DeviceStorage<DType::I32> {
-  using type = int32_t;
-};
-template <>
-struct DeviceStorage<DType::U8> {
-  using type = uint8_t;
-};
-template <>
-struct DeviceStorage<DType::Bool> {
-  using type = bool;
-};
+
+// The dtype of a device storage type (each is the storage of exactly one dtype).
+template <typename S>
+struct DeviceDType;
+#define MT_DEVICE_DTYPE(e, ...)                       \
+  template <>                                         \
+  struct DeviceDType<DeviceStorage<DType::e>::type> { \
+    static constexpr DType value = DType::e;          \
+  };
+MT_FORALL_DTYPES(MT_DEVICE_DTYPE)
+#undef MT_DEVICE_DTYPE
+
+// A float stored narrower than its compute type (f16, bf16, fp8): one rounding on every store.
+template <typename S>
+inline constexpr bool is_narrow_v = is_native_float_v<S> || is_small_float_v<S>;
+
+// The format a float storage type holds (the dtype list's format column). Kernels take it as a
+// template constant: round.h's format table is host data, readable on the device only in
+// constant expressions.
+template <typename S>
+constexpr Format format_of() {
+  return *dtype_format(DeviceDType<S>::value);
+}
 
 // The type arithmetic happens in: double for double, float for every other float, the integer
 // itself otherwise.
@@ -75,11 +99,9 @@ using compute_t = std::conditional_t<std::is_same_v<S, double>, double,
 
 template <typename S>
 __device__ __forceinline__ compute_t<S> load(const S* p) {
-  if constexpr (std::is_same_v<S, __half>) {
-    return __half2float(*p);
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    return __bfloat162float(*p);
-  } else if constexpr (std::is_same_v<S, float8_e4m3> || std::is_same_v<S, float8_e5m2>) {
+  if constexpr (is_native_float_v<S>) {
+    return NativeFloat<S>::to_float(*p);
+  } else if constexpr (is_small_float_v<S>) {
     return static_cast<float>(*p);
   } else {
     return *p;
@@ -95,11 +117,9 @@ __device__ __forceinline__ T load_as(const S* p) {
 // One rounding, to nearest even (integers: C++ conversion, as the CPU backend's copy).
 template <typename S, typename T>
 __device__ __forceinline__ void store(S* p, T v) {
-  if constexpr (std::is_same_v<S, __half>) {
-    *p = __float2half_rn(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    *p = __float2bfloat16_rn(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<S, float8_e4m3> || std::is_same_v<S, float8_e5m2>) {
+  if constexpr (is_native_float_v<S>) {
+    *p = NativeFloat<S>::from_float(static_cast<float>(v));
+  } else if constexpr (is_small_float_v<S>) {
     *p = S(static_cast<float>(v));
   } else if constexpr (std::is_same_v<S, bool>) {
     *p = v != T(0);
@@ -109,7 +129,8 @@ __device__ __forceinline__ void store(S* p, T v) {
 }
 
 // ---- dtype dispatch ---------------------------------------------------------------------------
-// f(Tag<S>{}) with S the device storage type of `dtype`; errors name the op for other dtypes.
+// f(Tag<S>{}) with S the device storage type of `dtype`; errors name the op for other dtypes. The
+// cases come from MT_FORALL_DTYPES: a new dtype is dispatched without a line here.
 template <typename S>
 struct Tag {
   using type = S;
@@ -118,23 +139,14 @@ struct Tag {
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::F64:
-      return f(Tag<double>{});
-    case DType::F32:
-      return f(Tag<float>{});
-    case DType::F16:
-      return f(Tag<__half>{});
-    case DType::BF16:
-      return f(Tag<__nv_bfloat16>{});
-    case DType::FP8_E4M3:
-      return f(Tag<float8_e4m3>{});
-    case DType::FP8_E5M2:
-      return f(Tag<float8_e5m2>{});
-    case DType::I64:
-    case DType::I32:
-    case DType::U8:
-    case DType::Bool:
-      break;
+#define MT_DISPATCH_FLOAT_CASE(e, name, T, C, kind, ...) \
+  case DType::e:                                         \
+    if constexpr (DTypeKind::kind == DTypeKind::Float) { \
+      return f(Tag<DeviceStorage<DType::e>::type>{});    \
+    }                                                    \
+    break;
+    MT_FORALL_DTYPES(MT_DISPATCH_FLOAT_CASE)
+#undef MT_DISPATCH_FLOAT_CASE
   }
   // Not dtype_name(dtype): after the switch gcc cannot see dtype is in range and warns about
   // reading past the dtype table (-Warray-bounds).
@@ -146,17 +158,14 @@ decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
 template <typename F>
 decltype(auto) dispatch_all(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::I64:
-      return f(Tag<int64_t>{});
-    case DType::I32:
-      return f(Tag<int32_t>{});
-    case DType::U8:
-      return f(Tag<uint8_t>{});
-    case DType::Bool:
-      return f(Tag<bool>{});
-    default:
-      return dispatch_float(dtype, op, std::forward<F>(f));
+#define MT_DISPATCH_CASE(e, ...) \
+  case DType::e:                 \
+    return f(Tag<DeviceStorage<DType::e>::type>{});
+    MT_FORALL_DTYPES(MT_DISPATCH_CASE)
+#undef MT_DISPATCH_CASE
   }
+  MT_ASSERT(false, op, ": unknown dtype ", static_cast<int>(dtype));
+  return f(Tag<float>{});  // unreachable
 }
 
 // An unsigned integer of a dtype's size: copying, filling and selecting move bits unchanged.

@@ -160,8 +160,8 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> dims
                          Tensor* indices, int64_t correction) {
   const DeviceGuard guard(device_);
   const ReducePlan p = plan_reduce(x.shape(), x.strides(), dims);
-  const bool is_arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
-  const bool is_extreme = is_arg || op == ReduceOp::Max || op == ReduceOp::Min;
+  const bool is_arg = reduce_info(op).kind == ReduceKind::Index;
+  const bool is_extreme = reduce_info(op).kind != ReduceKind::Accumulate;
   MT_CHECK(p.n_red > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean, "cannot take the ",
            op == ReduceOp::Var ? "variance" : "max/min", " of an empty dimension of a ",
            x.describe());
@@ -193,9 +193,9 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> dims
       if constexpr (!std::is_same_v<S, bool>) {
         using C = compute_t<S>;
         const size_t smem = size_t(p.block_x) * p.block_y * sizeof(Extreme<C>);
-        extreme_kernel<S><<<grid, block, smem, stream>>>(
-            device_ptr<const S>(x), is_arg ? nullptr : device_ptr<S>(out), idx, p,
-            op == ReduceOp::Max || op == ReduceOp::ArgMax);
+        extreme_kernel<S><<<grid, block, smem, stream>>>(device_ptr<const S>(x),
+                                                         is_arg ? nullptr : device_ptr<S>(out), idx,
+                                                         p, reduce_info(op).picks_max);
         MT_CUDA_CHECK_LAUNCH();
       }
     });
