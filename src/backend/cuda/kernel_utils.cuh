@@ -155,6 +155,23 @@ decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   return f(Tag<float>{});  // unreachable
 }
 
+// The same on the device, for a dtype known only there (a multi-tensor launch's per-tensor
+// dtypes): f(Tag<S>{}) for a float dtype, nothing for the others (the host's checks ruled them
+// out).
+template <typename F>
+__device__ __forceinline__ void device_dispatch_float(DType dtype, F&& f) {
+  switch (dtype) {
+#define MT_DEVICE_DISPATCH_CASE(e, name, T, C, kind, ...) \
+  case DType::e:                                          \
+    if constexpr (DTypeKind::kind == DTypeKind::Float) {  \
+      f(Tag<DeviceStorage<DType::e>::type>{});            \
+    }                                                     \
+    break;
+    MT_FORALL_DTYPES(MT_DEVICE_DISPATCH_CASE)
+#undef MT_DEVICE_DISPATCH_CASE
+  }
+}
+
 template <typename F>
 decltype(auto) dispatch_all(DType dtype, const char* op, F&& f) {
   switch (dtype) {

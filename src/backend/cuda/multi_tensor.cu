@@ -111,64 +111,25 @@ int64_t total_chunks(std::span<const Tensor> tensors) {
 }
 
 // ---- loads and stores by runtime dtype (one tensor's dtype is uniform over a block) ----------
+// The cases come from the dtype list (device_dispatch_float): a new float dtype needs no line
+// here.
 template <typename C>
 __device__ __forceinline__ C load_c(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::F64:
-      return C(static_cast<const double*>(p)[i]);  // to float: RNE, as the CPU's cast
-    case DType::F32:
-      return C(static_cast<const float*>(p)[i]);
-    case DType::F16:
-      return C(load(static_cast<const __half*>(p) + i));
-    case DType::BF16:
-      return C(load(static_cast<const __nv_bfloat16*>(p) + i));
-    case DType::FP8_E4M3:
-      return C(load(static_cast<const float8_e4m3*>(p) + i));
-    case DType::FP8_E5M2:
-      return C(load(static_cast<const float8_e5m2*>(p) + i));
-    default:
-      return C(0);
-  }
+  C v = C(0);
+  device_dispatch_float(dtype, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    v = C(load(static_cast<const S*>(p) + i));  // f64 to float: RNE, as the CPU's cast
+  });
+  return v;
 }
 
 // Stores v (the compute type) into element i of a float tensor, rounding to nearest even.
 template <typename C>
 __device__ __forceinline__ void store_c(void* p, DType dtype, int64_t i, C v) {
-  switch (dtype) {
-    case DType::F64:
-      store(static_cast<double*>(p) + i, v);
-      break;
-    case DType::F32:
-      store(static_cast<float*>(p) + i, v);
-      break;
-    case DType::F16:
-      store(static_cast<__half*>(p) + i, v);
-      break;
-    case DType::BF16:
-      store(static_cast<__nv_bfloat16*>(p) + i, v);
-      break;
-    case DType::FP8_E4M3:
-      store(static_cast<float8_e4m3*>(p) + i, v);
-      break;
-    case DType::FP8_E5M2:
-      store(static_cast<float8_e5m2*>(p) + i, v);
-      break;
-    default:
-      break;
-  }
-}
-
-__device__ __forceinline__ Format narrow_format(DType dtype) {
-  switch (dtype) {
-    case DType::F16:
-      return Format::FP16;
-    case DType::BF16:
-      return Format::BF16;
-    case DType::FP8_E4M3:
-      return Format::FP8_E4M3;
-    default:
-      return Format::FP8_E5M2;
-  }
+  device_dispatch_float(dtype, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    store(static_cast<S*>(p) + i, v);
+  });
 }
 
 // How an optimizer step writes parameters (MultiTensorOptions).
@@ -183,18 +144,22 @@ template <typename C>
 __device__ __forceinline__ void store_param(const TensorArg& a, int64_t j, C v,
                                             const StoreRounding& r, int64_t step) {
   if (a.master != nullptr) a.master[j] = float(v);
-  if (a.dtype == DType::F32 || a.dtype == DType::F64 || !r.stochastic) {
-    store_c<C>(a.data, a.dtype, j, v);
-    return;
-  }
-  const uint32_t rnd = random_bits(r.seed, uint64_t(step), (a.id << 40) + uint64_t(j));
-  const uint32_t bits =
-      encode(narrow_format(a.dtype), float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
-  if (a.dtype == DType::F16 || a.dtype == DType::BF16) {
-    static_cast<uint16_t*>(a.data)[j] = uint16_t(bits);
-  } else {
-    static_cast<uint8_t*>(a.data)[j] = uint8_t(bits);
-  }
+  device_dispatch_float(a.dtype, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    if constexpr (is_narrow_v<S>) {
+      if (r.stochastic) {
+        // The format from the dtype list, as a constant: no default a new dtype falls into.
+        const uint32_t rnd = random_bits(r.seed, uint64_t(step), (a.id << 40) + uint64_t(j));
+        const uint32_t bits =
+            encode(format_of<S>(), float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
+        using Bits = std::conditional_t<sizeof(S) == 2, uint16_t, uint8_t>;
+        static_assert(sizeof(S) == sizeof(Bits), "a narrow float of 1 or 2 bytes");
+        static_cast<Bits*>(a.data)[j] = Bits(bits);
+        return;
+      }
+    }
+    store(static_cast<S*>(a.data) + j, v);  // exact for f32/f64, else to nearest even
+  });
 }
 
 // The value an update starts from: the master when there is one, else the parameter.
