@@ -573,13 +573,12 @@ SGDOptions SGD::options(size_t group) const {
 
 void SGD::run_group(size_t group, GroupStep& b) {
   const SGDOptions o = options(group);
-  backend::SgdStep h;
-  h.lr = o.lr;
-  h.momentum = o.momentum;
-  h.dampening = o.dampening;
-  h.weight_decay = o.weight_decay;
-  h.nesterov = o.nesterov;
-  h.options = b.options;
+  const backend::SgdStep h{.lr = o.lr,
+                           .momentum = o.momentum,
+                           .dampening = o.dampening,
+                           .weight_decay = o.weight_decay,
+                           .nesterov = o.nesterov,
+                           .options = b.options};
   std::span<Tensor> bufs;
   if (o.momentum != 0) bufs = b.states[0];
   backend::backend_for(b.params[0].device()).sgd_step(b.params, b.grads, bufs, h);
@@ -615,13 +614,12 @@ AdamWOptions AdamW::options(size_t group) const {
 
 void AdamW::run_group(size_t group, GroupStep& b) {
   const AdamWOptions o = options(group);
-  backend::AdamWStep h;
-  h.lr = o.lr;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.eps = o.eps;
-  h.weight_decay = o.weight_decay;
-  h.options = b.options;
+  const backend::AdamWStep h{.lr = o.lr,
+                             .beta1 = o.beta1,
+                             .beta2 = o.beta2,
+                             .eps = o.eps,
+                             .weight_decay = o.weight_decay,
+                             .options = b.options};
   backend::backend_for(b.params[0].device())
       .adamw_step(b.params, b.grads, b.states[0], b.states[1], h);
 }
