@@ -1,4 +1,4 @@
-// The autocast table (DESIGN.md §7: a table, not scattered ifs): every op autocast knows and
+// The autocast table (docs/design.md §7: a table, not scattered ifs): every op autocast knows and
 // what it does with the op's inputs. Follows PyTorch's autocast_mode.cpp:
 //   lower precision: the GEMM/convolution ops that tensor cores (and oneDNN bf16) speed up and
 //                    whose fp32 accumulation keeps them accurate;

@@ -57,8 +57,8 @@ struct Pool2dParams {
 };
 
 // ---- multi-tensor optimizer kernels ------------------------------------------------------------
-// One call updates every parameter of one parameter group in one pass (DESIGN.md §5): element i
-// of each span belongs to tensor i. Parameters may mix float dtypes; each is loaded in its
+// One call updates every parameter of one parameter group in one pass (docs/design.md §5): element
+// i of each span belongs to tensor i. Parameters may mix float dtypes; each is loaded in its
 // storage dtype, updated in fp32 (f64 for f64) and rounded once on store (RNE). Optimizer state
 // (momentum, exp_avg, exp_avg_sq) is kept in optimizer_state_dtype(param): F32 for f32/half/fp8
 // parameters, F64 for f64. Gradients may be any float dtype. Every tensor is contiguous and on
@@ -71,7 +71,7 @@ struct Pool2dParams {
 // written, not read, so they may hold anything). A skipped call (found_inf set) leaves them as
 // they are, so AdamW's bias correction never counts a skipped step.
 //
-// The mixed-precision recipe (DESIGN.md §4) lives in MultiTensorOptions:
+// The mixed-precision recipe (docs/design.md §4) lives in MultiTensorOptions:
 // - fp32 master weights: when `masters` is not empty it has one entry per parameter; a defined
 //   masters[i] (F32, contiguous, the parameter's shape, for a parameter stored narrower than
 //   f32) is what the update reads and writes, and the parameter then receives the updated

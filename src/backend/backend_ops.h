@@ -1,4 +1,4 @@
-// Internal: the kernels a device backend provides, one table (DESIGN.md §7: one table per
+// Internal: the kernels a device backend provides, one table (docs/design.md §7: one table per
 // concept), grouped in families. Each row is _(Family, return type, name, (parameters),
 // (arguments)) with its contract in the comment above it. The table declares the Backend
 // interface (backend.h), the overrides of a backend that implements every op (the CPU and CUDA
@@ -13,7 +13,7 @@
 
 // clang-format off
 #define MT_FORALL_BACKEND_OPS(_)                                                                  \
-  /* ---- data movement (copy and fill, which every backend has, are in backend.h) ---------- */\
+  /* ---- data movement (copy and fill, which every backend has, are in backend.h) ---------- */  \
   /* Uniform in [a, b) or normal(a, b), from Philox(seed) element by element. */                  \
   _(Data, void, uniform,                                                                          \
     (Tensor& dst, double a, double b, uint64_t seed, uint64_t offset),                            \
@@ -23,8 +23,8 @@
     (dst, mean, stddev, seed, offset))                                                            \
   /* Round every value of a float tensor onto `format`'s grid, in place. */                       \
   _(Data, void, round_to_format, (Tensor& t, Format format), (t, format))                         \
-  /* dst = src converted with a rounding mode (any strides on both sides, any dtypes): element i */\
-  /* of the flattened (row-major) src draws its stochastic bits at stream position */             \
+  /* dst = src converted with a rounding mode (any strides on both sides, any dtypes): element */ \
+  /* i of the flattened (row-major) src draws its stochastic bits at stream position */           \
   /* rounding.index + i, so the result does not depend on how the work is split. Widening and */  \
   /* same-dtype copies are exact; stores into integer dtypes truncate as copy() does. */          \
   _(Data, void, copy_rounded,                                                                     \
@@ -93,10 +93,10 @@
     (const Tensor& grad_out, Tensor& grad_x),                                                     \
     (grad_out, grad_x))                                                                           \
   /* ---- normalization (statistics in fp32; mean/rstd are F32, or F64 for f64 inputs) -------- */\
-  /* x viewed as (N, C, S): per-channel statistics over N and S. Training (N * S > 1: the */     \
-  /* running variance is the unbiased one, as PyTorch's): batch statistics, */   \
-  /* written to save_mean/save_rstd, running stats updated with momentum (if defined). */         \
-  /* Eval: running stats used. */                                                                 \
+  /* x viewed as (N, C, S): per-channel statistics over N and S. Training (N * S > 1: the */      \
+  /* running variance is the unbiased one, as PyTorch's): batch statistics, written to */         \
+  /* save_mean/save_rstd, running stats updated with momentum (if defined). Eval: running stats */\
+  /* used. */                                                                                     \
   _(Normalization, void, batch_norm,                                                              \
     (const Tensor& x, const Tensor* weight, const Tensor* bias, Tensor* running_mean, Tensor*     \
     running_var, bool training, double momentum, double eps, Tensor& out, Tensor& save_mean,      \
@@ -122,13 +122,15 @@
   _(Softmax, void, softmax_backward,                                                              \
     (const Tensor& grad_y, const Tensor& y, int dim, bool log, Tensor& grad_x),                   \
     (grad_y, y, dim, log, grad_x))                                                                \
-  /* Per-sample loss of logits (N, C) against I64 targets (N): label-smoothed NLL of log_softmax. */\
-  /* Writes loss (N) in F32 (F64 for f64) — 0 where target == ignore_index — and log-probs. */    \
+  /* Per-sample loss of logits (N, C) against I64 targets (N): label-smoothed NLL of */           \
+  /* log_softmax. Writes loss (N) in F32 (F64 for f64) — 0 where target == ignore_index — and */  \
+  /* log-probs. */                                                                                \
   _(Softmax, void, cross_entropy,                                                                 \
     (const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,    \
     Tensor& loss, Tensor& log_probs),                                                             \
     (logits, target, ignore_index, label_smoothing, loss, log_probs))                             \
-  /* grad_logits = scale_n * (softmax - smoothed one-hot), scale_n = grad_loss[n] (0 if ignored). */\
+  /* grad_logits = scale_n * (softmax - smoothed one-hot), scale_n = grad_loss[n] (0 if */        \
+  /* ignored). */                                                                                 \
   _(Softmax, void, cross_entropy_backward,                                                        \
     (const Tensor& grad_loss, const Tensor& log_probs, const Tensor& target, int64_t              \
     ignore_index, double label_smoothing, Tensor& grad_logits),                                   \
@@ -170,9 +172,9 @@
     (std::span<Tensor> params, std::span<const Tensor> grads, std::span<Tensor> exp_avgs,         \
     std::span<Tensor> exp_avg_sqs, const AdamWStep& hyper),                                       \
     (params, grads, exp_avgs, exp_avg_sqs, hyper))                                                \
-  /* out (one element, F64) = the norm_type-norm of all elements of all tensors together: */      \
-  /* (sum |x|^p)^(1/p) for p > 0, max |x| for p = inf (NaN propagates). Accumulates in fp32 */    \
-  /* per chunk (f64 for f64), chunks combined in f64 in a fixed order. */                         \
+  /* out (one element, F64) = the norm_type-norm of all elements of all tensors together: (sum */ \
+  /* |x|^p)^(1/p) for p > 0, max |x| for p = inf (NaN propagates). Accumulates in fp32 per */     \
+  /* chunk (f64 for f64), chunks combined in f64 in a fixed order. */                             \
   _(MultiTensor, void, multi_tensor_norm,                                                         \
     (std::span<const Tensor> tensors, double norm_type, Tensor& out),                             \
     (tensors, norm_type, out))                                                                    \
@@ -182,32 +184,34 @@
   _(MultiTensor, void, multi_tensor_scale,                                                        \
     (std::span<Tensor> tensors, const Tensor& factor),                                            \
     (tensors, factor))                                                                            \
-  /* The loss scaler's fused pass (DESIGN.md §4): every gradient *= inv_scale in place (loaded in */\
-  /* its dtype, multiplied in the compute type, fp32 for f32/half, one rounding on store; left */ \
-  /* untouched when inv_scale == 1) and, in the same pass, a check for inf/NaN, as PyTorch's */   \
-  /* _amp_foreach_non_finite_check_and_unscale_ (the values are written even when non-finite ones */\
-  /* are found). Returns whether any element of any tensor is inf or NaN. found_inf, when given, */\
-  /* is a one-element F32 tensor on this device that is set to 1 when this call found one and */  \
-  /* otherwise left as it is, so that calls accumulate into it: a device backend can keep the */  \
-  /* flag there (the optimizer kernels read it and no-op) and only a host that must decide reads */\
-  /* it back: when found_inf is given, a device backend may leave the answer in the flag and */   \
-  /* return false without waiting (the CUDA backend does); without it, the return value is exact */\
-  /* and a device backend waits for it. Every tensor is floating, contiguous and on this device. */\
+  /* The loss scaler's fused pass (docs/design.md §4): every gradient *= inv_scale in place */    \
+  /* (loaded in its dtype, multiplied in the compute type, fp32 for f32/half, one rounding on */  \
+  /* store; left untouched when inv_scale == 1) and, in the same pass, a check for inf/NaN, as */ \
+  /* PyTorch's _amp_foreach_non_finite_check_and_unscale_ (the values are written even when */    \
+  /* non-finite ones are found). Returns whether any element of any tensor is inf or NaN. */      \
+  /* found_inf, when given, is a one-element F32 tensor on this device that is set to 1 when */   \
+  /* this call found one and otherwise left as it is, so that calls accumulate into it: a */      \
+  /* device backend can keep the flag there (the optimizer kernels read it and no-op) and only */ \
+  /* a host that must decide reads it back: when found_inf is given, a device backend may leave */\
+  /* the answer in the flag and return false without waiting (the CUDA backend does); without */  \
+  /* it, the return value is exact and a device backend waits for it. Every tensor is floating, */\
+  /* contiguous and on this device. */                                                            \
   _(MultiTensor, bool, unscale_and_check,                                                         \
     (std::span<Tensor> grads, double inv_scale, Tensor* found_inf),                               \
     (grads, inv_scale, found_inf))                                                                \
   /* The same with the factor taken where the scale lives: inv_scale = 1 / scale_state[0] (the */ \
-  /* F64 state of update_scale) rounded to fp32, as PyTorch's */                                  \
-  /* inv_scale = scale.double().reciprocal().float(); found_inf (one F32 element) is set to 1 when */\
-  /* a gradient holds inf/NaN. Never waits: how GradScaler unscales on every device. */           \
+  /* F64 state of update_scale) rounded to fp32, as PyTorch's inv_scale = */                      \
+  /* scale.double().reciprocal().float(); found_inf (one F32 element) is set to 1 when a */       \
+  /* gradient holds inf/NaN. Never waits: how GradScaler unscales on every device. */             \
   _(MultiTensor, void, unscale_with_state,                                                        \
     (std::span<Tensor> grads, const Tensor& scale_state, Tensor& found_inf),                      \
     (grads, scale_state, found_inf))                                                              \
   /* The dynamic loss scale's update where the scale lives (PyTorch's _amp_update_scale_, plus */ \
-  /* hysteresis and the min/max clamp of GradScalerOptions): state is an F64 tensor of 4 elements */\
-  /* on this device {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}; found_inf */\
-  /* the one-element F32 flag of unscale_and_check. Follows next_scale_state (step_math.h, the */ \
-  /* one definition every backend runs), so trajectories agree across devices. */                 \
+  /* hysteresis and the min/max clamp of GradScalerOptions): state is an F64 tensor of 4 */       \
+  /* elements on this device {scale, growth_tracker, hysteresis_tracker, min_scale_overflows}; */ \
+  /* found_inf the one-element F32 flag of unscale_and_check. Follows next_scale_state */         \
+  /* (step_math.h, the one definition every backend runs), so trajectories agree across */        \
+  /* devices. */                                                                                  \
   _(MultiTensor, void, update_scale,                                                              \
     (Tensor& state, const Tensor& found_inf, const ScaleUpdate& rule),                            \
     (state, found_inf, rule))

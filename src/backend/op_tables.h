@@ -1,7 +1,7 @@
 // Internal: the elementwise and reduction ops the backends provide, one X-macro list per concept
-// (DESIGN.md §7, like MT_FORALL_DTYPES and the autocast table). Each row holds what the op layer
-// and the dispatchers need to know about an op; its math is defined once, for both backends, in
-// backend/op_math.h (Unary<op>, Binary<op>), and the dispatch switches are generated from these
+// (docs/design.md §7, like MT_FORALL_DTYPES and the autocast table). Each row holds what the op
+// layer and the dispatchers need to know about an op; its math is defined once, for both backends,
+// in backend/op_math.h (Unary<op>, Binary<op>), and the dispatch switches are generated from these
 // lists, so a new op is one row here plus its math (plus its public function in tensor/ops.h),
 // and a row without math fails to compile, naming the op.
 //

@@ -215,8 +215,7 @@ Entry parse_entry(const std::string& name, const Json& info, const std::string& 
 
 }  // namespace
 
-void save_safetensors(const std::string& path,
-                      const NamedTensors& tensors,
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) {

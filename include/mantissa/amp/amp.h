@@ -1,5 +1,5 @@
 // Opt levels: the whole mixed-precision recipe set up in one call, with NVIDIA Apex's meaning
-// (DESIGN.md §4), for fp16 and for bf16.
+// (docs/design.md §4), for fp16 and for bf16.
 //
 //   level  model weights                    forward                  master   loss scale
 //   O0     fp32                             fp32                     -        none

@@ -1,12 +1,12 @@
-// Dynamic loss scaling (DESIGN.md §4, step 3-4): torch.amp.GradScaler's state machine, plus
+// Dynamic loss scaling (docs/design.md §4, step 3-4): torch.amp.GradScaler's state machine, plus
 // DeepSpeed's hysteresis, a min/max clamp, a static mode and a disabled mode (bf16).
 //
 // One iteration, as PyTorch:
 //
 //   scaler.scale(loss).backward();       // gradients are S * dL/dw
 //   scaler.unscale_(opt);                // optional: only to touch the true gradients, e.g.
-//   optim::clip_grad_norm(params, 1.0);  //   clipping (DESIGN.md §4.5) between unscale_ and step
-//   amp::StepResult r = scaler.step(opt);  // unscales if not done yet; skips on inf/NaN
+//   optim::clip_grad_norm(params, 1.0);  //   clipping (docs/design.md §4.5) between unscale_ and
+//   step amp::StepResult r = scaler.step(opt);  // unscales if not done yet; skips on inf/NaN
 //   scaler.update();                     // adjusts S from this iteration's overflows
 //   ... r.skipped() ...                  // when the host needs to know (a wait on a GPU)
 //

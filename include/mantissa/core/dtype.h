@@ -1,4 +1,4 @@
-// The one list of tensor element types (DESIGN.md §7). Everything that enumerates dtypes —
+// The one list of tensor element types (docs/design.md §7). Everything that enumerates dtypes —
 // names, sizes, promotion, formats, dispatch on both backends, checkpoint tags, the library type
 // maps (src/backend/dtype_map.h) — expands this list or reads the table made from it, so adding a
 // dtype is one line here plus its conversion kernels (numerics/), and a library map that lacks

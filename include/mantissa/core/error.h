@@ -1,4 +1,4 @@
-// Two tiers of errors (DESIGN.md §7):
+// Two tiers of errors (docs/design.md §7):
 //   MT_CHECK(cond, msg...)  — a user's mistake: throws mantissa::Error whose message says what
 //                             was wrong and what to do, with the file:line that caught it.
 //   MT_ASSERT(cond, msg...) — an internal invariant: also throws (never aborts a training run

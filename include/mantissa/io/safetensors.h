@@ -21,8 +21,7 @@ namespace mantissa {
 // `path`. Atomic: the bytes go to a temporary file in the same directory, which is synced and
 // then renamed over `path`, so a failure (full disk, bad tensor, crash) leaves any earlier file
 // at `path` intact. Names must be unique and not "__metadata__".
-void save_safetensors(const std::string& path,
-                      const NamedTensors& tensors,
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 struct SafetensorsFile {

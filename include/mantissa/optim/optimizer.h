@@ -1,5 +1,5 @@
 // Optimizers: SGD and AdamW with PyTorch's exact update rules, each step ONE fused pass over the
-// parameters of each parameter group (a single multi-tensor backend call per group, DESIGN.md
+// parameters of each parameter group (a single multi-tensor backend call per group, docs/design.md
 // §5), whatever their number and dtype.
 //
 // Parameters are loaded in their storage dtype (f32, bf16, f16, f64), updated in fp32 (f64 for
@@ -23,7 +23,7 @@
 // step the loss scaler skips on the device (skip_next_step_if) does not count, without the host
 // waiting to find out.
 //
-// Mixed precision (DESIGN.md §4), inside the same fused kernels: with set_master_weights(true)
+// Mixed precision (docs/design.md §4), inside the same fused kernels: with set_master_weights(true)
 // the optimizer keeps an fp32 master copy of every parameter stored narrower than f32 (f16, bf16,
 // fp8); the update reads and writes the master in fp32 and the parameter receives the result
 // rounded once. set_store_rounding() picks how updated values are rounded into narrow

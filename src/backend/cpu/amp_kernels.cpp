@@ -1,10 +1,10 @@
-// CPU kernels of the mixed-precision recipe (DESIGN.md §4): the loss scaler's fused unscale and
-// inf/NaN check, and the scale update of a scaler state kept in a tensor (update_scale). One call
-// is one pass over all gradients: the work is cut into (tensor, chunk) items of kChunk elements,
-// numbered across tensors and spread over one OpenMP parallel region. An item loads its chunk into
-// a compute-type buffer (fp32 for f32 and half types, f64 for f64), notes whether any element is
-// inf or NaN, multiplies by inv_scale and rounds once on store. Per-item flags are combined after
-// the region, so the result does not depend on the thread count.
+// CPU kernels of the mixed-precision recipe (docs/design.md §4): the loss scaler's fused unscale
+// and inf/NaN check, and the scale update of a scaler state kept in a tensor (update_scale). One
+// call is one pass over all gradients: the work is cut into (tensor, chunk) items of kChunk
+// elements, numbered across tensors and spread over one OpenMP parallel region. An item loads its
+// chunk into a compute-type buffer (fp32 for f32 and half types, f64 for f64), notes whether any
+// element is inf or NaN, multiplies by inv_scale and rounds once on store. Per-item flags are
+// combined after the region, so the result does not depend on the thread count.
 #include <algorithm>
 #include <atomic>
 #include <cmath>

@@ -1,4 +1,4 @@
-// Multi-tensor work plans (DESIGN.md §5): one kernel call over many tensors is cut into
+// Multi-tensor work plans (docs/design.md §5): one kernel call over many tensors is cut into
 // (tensor, chunk) items of kChunk elements, numbered across the tensors, and the items are spread
 // over one OpenMP parallel region. Used by the fused optimizer steps, the gradient norm and the
 // loss scaler's unscale-and-check.

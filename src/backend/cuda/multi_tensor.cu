@@ -1,4 +1,4 @@
-// CUDA multi-tensor kernels (DESIGN.md §5): the fused optimizer steps (SGD, AdamW), the global
+// CUDA multi-tensor kernels (docs/design.md §5): the fused optimizer steps (SGD, AdamW), the global
 // norm and the in-place scale of clipping, the loss scaler's fused unscale + inf/NaN check and
 // its scale update. Each call is one kernel over all its tensors: the host cuts every tensor
 // into chunks of kChunk elements and passes the (tensor, chunk) table with the tensors'
