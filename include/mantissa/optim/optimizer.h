@@ -47,20 +47,20 @@ namespace mantissa::optim {
 // options. Each optimizer accepts the fields it has (SGD: lr, weight_decay, momentum, dampening,
 // nesterov; AdamW: lr, weight_decay, beta1, beta2, eps) and refuses a group that sets another.
 struct GroupOptions {
-  std::optional<double> lr;
-  std::optional<double> weight_decay;
-  std::optional<double> momentum;
-  std::optional<double> dampening;
-  std::optional<bool> nesterov;
-  std::optional<double> beta1;
-  std::optional<double> beta2;
-  std::optional<double> eps;
+  std::optional<double> lr = {};
+  std::optional<double> weight_decay = {};
+  std::optional<double> momentum = {};
+  std::optional<double> dampening = {};
+  std::optional<bool> nesterov = {};
+  std::optional<double> beta1 = {};
+  std::optional<double> beta2 = {};
+  std::optional<double> eps = {};
 };
 
 struct ParamGroup {
-  std::vector<Tensor> params;
-  GroupOptions options;
-  std::string name;  // for messages and logs, e.g. "decay", "no_decay"
+  std::vector<Tensor> params = {};
+  GroupOptions options = {};
+  std::string name = {};  // for messages and logs, e.g. "decay", "no_decay"
 };
 
 // nanoGPT's and Hugging Face Trainer's split: parameters of two or more dims (weights of linear
