@@ -18,6 +18,15 @@ namespace mantissa::train {
   _(data_dir)                     \
   _(synthetic_size)               \
   _(dropout)                      \
+  _(data_path)                    \
+  _(val_path)                     \
+  _(tokenizer)                    \
+  _(seq_len)                      \
+  _(vocab_size)                   \
+  _(eval_every)                   \
+  _(eval_batches)                 \
+  _(grad_accum)                   \
+  _(checkpoint_activations)       \
   _(epochs)                       \
   _(max_steps)                    \
   _(batch_size)                   \
@@ -27,6 +36,7 @@ namespace mantissa::train {
   _(momentum)                     \
   _(nesterov)                     \
   _(weight_decay)                 \
+  _(decay)                        \
   _(beta1)                        \
   _(beta2)                        \
   _(eps)                          \
@@ -38,6 +48,7 @@ namespace mantissa::train {
   _(precision)                    \
   _(opt_level)                    \
   _(loss_scale)                   \
+  _(init_scale)                   \
   _(rounding)                     \
   _(underflow_every)              \
   _(device)                       \
@@ -88,8 +99,22 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
 }
 
 void TrainConfig::validate() const {
-  MT_CHECK(data == "fashion-mnist" || data == "synthetic", "unknown dataset '", data,
-           "'; use fashion-mnist or synthetic");
+  MT_CHECK(
+      data == "fashion-mnist" || data == "synthetic" || data == "text" || data == "synthetic-text",
+      "unknown dataset '", data,
+      "'; use fashion-mnist or synthetic (images), text or synthetic-text (token models)");
+  MT_CHECK(data != "text" || !data_path.empty(),
+           "--data text needs --data-path: the directory `mantissa tokenize --out DIR` wrote, or "
+           "a token shard");
+  MT_CHECK(seq_len > 0, "--seq-len must be positive, got ", seq_len);
+  MT_CHECK(vocab_size >= 0, "--vocab-size must be non-negative, got ", vocab_size);
+  MT_CHECK(eval_every >= 0, "--eval-every must be 0 (each epoch) or positive, got ", eval_every);
+  MT_CHECK(eval_batches >= 0, "--eval-batches must be 0 (all) or positive, got ", eval_batches);
+  MT_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
+  MT_CHECK(grad_accum == 1 || underflow_every == 0,
+           "--underflow-every measures single-batch steps; drop it or --grad-accum");
+  MT_CHECK(decay == "auto" || decay == "all" || decay == "weights", "unknown --decay '", decay,
+           "'; use all, weights (no decay on biases, norms and embeddings) or auto");
   MT_CHECK(epochs > 0 || max_steps > 0, "give a positive --epochs or --steps");
   MT_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
   MT_CHECK(eval_batch_size > 0, "the eval batch size must be positive, got ", eval_batch_size);
@@ -147,6 +172,13 @@ void TrainConfig::validate() const {
       "so it needs --precision fp16 at O1 (fp32 weights)");
   MT_CHECK(loss_scale == "dynamic" || half || precision == "auto", "--loss-scale ", loss_scale,
            " applies to --precision fp16 or bf16, not ", precision);
+  MT_CHECK(std::isfinite(init_scale) && init_scale > 0 && float(init_scale) > 0 &&
+               std::isfinite(float(init_scale)),
+           "--init-scale must be positive and finite in fp32, got ", init_scale);
+  MT_CHECK(init_scale == 65536.0 ||
+               (loss_scale == "dynamic" && (precision == "fp16" || precision == "auto")),
+           "--init-scale starts dynamic loss scaling, which --precision fp16 uses; with ",
+           precision, " and --loss-scale ", loss_scale, " there is none");
   if (loss_scale != "dynamic") {
     char* end = nullptr;
     const double v = std::strtod(loss_scale.c_str(), &end);

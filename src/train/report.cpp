@@ -82,18 +82,18 @@ void Progress::update(const StepStats& s) {
     if (filled < kWidth) bar += '>';
     bar.resize(kWidth, ' ');
     std::fprintf(stderr,
-                 "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  acc %.2f%%  %.0f samples/s  "
+                 "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  acc %.2f%%  %.0f %s/s  "
                  "lr %.3g%s  ETA %s",
                  (long long)s.epoch, (long long)s.epochs, bar.c_str(), (long long)s.batch,
-                 (long long)s.batches, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr,
+                 (long long)s.batches, s.loss, 100 * s.accuracy, s.samples_per_s, s.unit, s.lr,
                  scale_text(s).c_str(), format_duration(s.eta_s).c_str());
     std::fflush(stderr);
   } else if (s.step % every_ == 0 || s.batch == s.batches) {
     std::fprintf(stderr,
-                 "epoch %lld/%lld batch %lld/%lld step %lld: loss %.4f acc %.2f%% %.0f samples/s "
+                 "epoch %lld/%lld batch %lld/%lld step %lld: loss %.4f acc %.2f%% %.0f %s/s "
                  "lr %.3g%s ETA %s\n",
                  (long long)s.epoch, (long long)s.epochs, (long long)s.batch, (long long)s.batches,
-                 (long long)s.step, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr,
+                 (long long)s.step, s.loss, 100 * s.accuracy, s.samples_per_s, s.unit, s.lr,
                  scale_text(s).c_str(), format_duration(s.eta_s).c_str());
   }
 }

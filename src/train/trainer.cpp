@@ -1,9 +1,12 @@
 #include "mantissa/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +19,8 @@
 #include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/images.h"
+#include "mantissa/data/sampler.h"
+#include "mantissa/data/tokens.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/clip.h"
 #include "mantissa/tensor/ops.h"
@@ -36,12 +41,77 @@ nlohmann::ordered_json record(const char* kind) {
   return j;
 }
 
+// A language model's logits (B, T, V) and targets (B, T) as the (N, V) and (N) of a
+// classifier: every token is one target.
+Tensor flat_logits(const Tensor& logits) {
+  return logits.dim() == 3 ? logits.reshape({-1, logits.size(-1)}) : logits;
+}
+Tensor flat_targets(const Tensor& y) {
+  return y.dim() == 2 ? y.reshape({-1}) : y;
+}
+
+// The cross-entropy of a batch (mean or sum over its targets), fp32 for half logits.
+Tensor loss_of(const Tensor& logits, const Tensor& y, Reduction reduction = Reduction::Mean) {
+  CrossEntropyOptions ce;
+  ce.reduction = reduction;
+  return cross_entropy(flat_logits(logits), flat_targets(y), ce);
+}
+
 // Adds the batch's correct predictions to *acc (an I64 scalar on the logits' device), without
 // reading anything back.
 void count_correct(const Tensor& logits, const Tensor& y, Tensor* acc) {
   NoGrad ng;
-  const Tensor c = sum(eq(argmax(logits, 1), y));
+  const Tensor c = sum(eq(argmax(flat_logits(logits), 1), flat_targets(y)));
   *acc = acc->defined() ? add(*acc, c) : c;
+}
+
+// The token streams of --data text: DIR/train.bin and DIR/val.bin (`mantissa tokenize --out
+// DIR`), or a training shard with --val-path, or a lone shard whose last 5% is held out.
+std::pair<data::TokenDataset, data::TokenDataset> load_text_data(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  const fs::path path(c.data_path);
+  MT_CHECK(fs::exists(path), "--data-path '", c.data_path,
+           "' does not exist; make one with `mantissa tokenize --out DIR` and pass DIR");
+  fs::path train = path, val = c.val_path;
+  if (fs::is_directory(path)) {
+    train = path / "train.bin";
+    MT_CHECK(fs::exists(train), "--data-path '", c.data_path,
+             "' has no train.bin; it should be a directory written by `mantissa tokenize --out "
+             "DIR`, or a token shard");
+    if (val.empty() && fs::exists(path / "val.bin")) val = path / "val.bin";
+  }
+  data::TokenDataset tr = data::load_tokens(train.string());
+  if (val.empty()) return data::split_tokens(tr, 0.05);
+  MT_CHECK(fs::exists(val), "--val-path '", val.string(), "' does not exist");
+  data::TokenDataset va = data::load_tokens(val.string());
+  const int64_t vocab = std::max(tr.vocab_size, va.vocab_size);
+  tr.vocab_size = va.vocab_size = vocab;
+  return {std::move(tr), std::move(va)};
+}
+
+// The parameters of modules that hold embeddings or normalization weights: no weight decay
+// with --decay weights (with every bias).
+std::vector<optim::ParamGroup> decay_groups(nn::Module& model, double weight_decay) {
+  std::vector<const TensorImpl*> exempt;
+  for (auto& [path, m] : model.named_modules()) {
+    const std::string& type = m->name();
+    if (type == "Embedding" || type == "LayerNorm" || type.rfind("BatchNorm", 0) == 0) {
+      for (const auto& [name, t] : m->named_parameters())
+        exempt.push_back(t.impl());
+    }
+  }
+  optim::ParamGroup decay{.params = {}, .options = {.weight_decay = weight_decay}, .name = "decay"};
+  optim::ParamGroup none{.params = {}, .options = {.weight_decay = 0.0}, .name = "no_decay"};
+  for (const auto& [name, p] : model.named_parameters()) {
+    const bool skip =
+        p.dim() < 2 || std::find(exempt.begin(), exempt.end(), p.impl()) != exempt.end();
+    (skip ? none : decay).params.push_back(p);
+  }
+  std::vector<optim::ParamGroup> groups;
+  for (optim::ParamGroup* g : {&decay, &none}) {
+    if (!g->params.empty()) groups.push_back(std::move(*g));
+  }
+  return groups;
 }
 
 int64_t read_count(const Tensor& acc) {
@@ -82,6 +152,8 @@ amp::Amp initialize_precision(nn::Module& model, optim::Optimizer& opt, const Tr
     ao.rounding_seed = c.seed;
   }
   if (c.loss_scale != "dynamic") ao.loss_scale = std::stod(c.loss_scale);
+  ao.scaler.init_scale = c.init_scale;
+  ao.scaler.max_scale = std::max(ao.scaler.max_scale, c.init_scale);
   return amp::initialize(model, opt, level, half, ao);
 }
 
@@ -114,44 +186,43 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
 Trainer::~Trainer() = default;
 
 void Trainer::build() {
-  if (config_.data == "fashion-mnist") {
-    train_set_ = data::load_fashion_mnist(config_.data_dir, true);
-    test_set_ = data::load_fashion_mnist(config_.data_dir, false);
-  } else {
-    // One draw (the class patterns depend on the seed), split 5:1 into train and test.
-    const int64_t n_train = config_.synthetic_size;
-    const int64_t n_test = std::max<int64_t>(n_train / 5, 1);
-    const data::ImageDataset all =
-        data::synthetic_images(n_train + n_test, 1, 28, 10, config_.seed);
-    train_set_ = all.slice(0, n_train);
-    test_set_ = all.slice(n_train, n_test);
-  }
   const std::vector<std::string> names = nn::model_names();
-  MT_CHECK(std::find(names.begin(), names.end(), config_.model) != names.end() &&
-               nn::model_input(config_.model) == nn::ModelInput::Image,
-           "model '", config_.model,
-           "' does not train on images here; image models are mlp, "
-           "cnn, resnet, vit and lstm_classifier (see 'mantissa train --help')");
+  MT_CHECK(std::find(names.begin(), names.end(), config_.model) != names.end(), "unknown model '",
+           config_.model, "'; the models are: ", [&] {
+             std::string list;
+             for (const std::string& n : names)
+               list += (list.empty() ? "" : ", ") + n;
+             return list;
+           }());
+  language_model_ = nn::model_input(config_.model) == nn::ModelInput::Tokens;
   nn::ModelConfig mc;
-  mc.num_classes = train_set_.num_classes();
-  mc.in_channels = train_set_.channels();
-  mc.image_size = train_set_.height();
   mc.dropout = config_.dropout;
   mc.seed = config_.seed;
+  if (language_model_) {
+    build_tokens(mc);
+  } else {
+    build_images(mc);
+  }
   manual_seed(config_.seed);
   model_ = nn::make_model(config_.model, mc);
   // Before the optimizer and amp::initialize: their state (momenta, fp32 masters, the scaler's
   // flag) is made where the parameters are.
   model_->to(device_);
 
-  std::vector<Tensor> params = model_->parameters();
+  // Parameter groups: every parameter decays, or (--decay weights, the default for token
+  // models) only weights of two or more dims outside embeddings and norms.
+  const bool weights_only =
+      config_.decay == "weights" || (config_.decay == "auto" && language_model_);
+  std::vector<optim::ParamGroup> groups =
+      weights_only ? decay_groups(*model_, config_.weight_decay)
+                   : std::vector<optim::ParamGroup>{{.params = model_->parameters()}};
   if (config_.optimizer == "sgd") {
     optim::SGDOptions o;
     o.lr = config_.lr;
     o.momentum = config_.momentum;
     o.weight_decay = config_.weight_decay;
     o.nesterov = config_.nesterov;
-    optimizer_ = std::make_unique<optim::SGD>(params, o);
+    optimizer_ = std::make_unique<optim::SGD>(std::move(groups), o);
   } else {
     optim::AdamWOptions o;
     o.lr = config_.lr;
@@ -159,15 +230,28 @@ void Trainer::build() {
     o.beta2 = config_.beta2;
     o.eps = config_.eps;
     o.weight_decay = config_.weight_decay;
-    optimizer_ = std::make_unique<optim::AdamW>(params, o);
+    optimizer_ = std::make_unique<optim::AdamW>(std::move(groups), o);
   }
 
+  // A loader batch is one optimizer step: grad_accum micro-batches of batch_size, so that an
+  // accumulated step sees exactly the examples of one batch of batch_size * grad_accum.
+  const int64_t step_batch = config_.batch_size * config_.grad_accum;
   data::LoaderOptions lo;
-  lo.batch_size = config_.batch_size;
+  lo.batch_size = step_batch;
   lo.shuffle = true;
   lo.seed = config_.seed;
   lo.num_workers = config_.workers;
-  loader_ = std::make_unique<data::DevicePrefetcher>(train_set_, lo, device_);
+  if (language_model_) {
+    // Random windows with replacement (lm_batch's layout: batch k draws its windows from Philox
+    // stream k); an "epoch" is as many windows as the stream has tokens.
+    const auto& windows = static_cast<const data::TokenWindows&>(*train_data_);
+    const int64_t per_epoch =
+        std::max<int64_t>(1, windows.tokens().size() / (step_batch * config_.seq_len));
+    lo.sampler = std::make_shared<data::ReplacementSampler>(windows.size(), per_epoch * step_batch,
+                                                            config_.seed, step_batch);
+    lo.num_workers = 0;  // a batch is B * T int64 copies
+  }
+  loader_ = std::make_unique<data::DevicePrefetcher>(train_data_, lo, device_);
 
   optim::ScheduleOptions so;
   so.lr = config_.lr;
@@ -182,6 +266,65 @@ void Trainer::build() {
       std::make_unique<optim::LRSchedule>(optim::LRSchedule::from_name(config_.schedule, so));
 
   amp_ = std::make_unique<amp::Amp>(initialize_precision(*model_, *optimizer_, config_));
+}
+
+void Trainer::build_images(nn::ModelConfig& mc) {
+  MT_CHECK(config_.data == "fashion-mnist" || config_.data == "synthetic", "model '", config_.model,
+           "' trains on images: use --data fashion-mnist or synthetic, not '", config_.data, "'");
+  data::ImageDataset train, test;
+  if (config_.data == "fashion-mnist") {
+    train = data::load_fashion_mnist(config_.data_dir, true);
+    test = data::load_fashion_mnist(config_.data_dir, false);
+  } else {
+    // One draw (the class patterns depend on the seed), split 5:1 into train and test.
+    const int64_t n_train = config_.synthetic_size;
+    const int64_t n_test = std::max<int64_t>(n_train / 5, 1);
+    const data::ImageDataset all =
+        data::synthetic_images(n_train + n_test, 1, 28, 10, config_.seed);
+    train = all.slice(0, n_train);
+    test = all.slice(n_train, n_test);
+  }
+  mc.num_classes = train.num_classes();
+  mc.in_channels = train.channels();
+  mc.image_size = train.height();
+  for (const data::ImageDataset* d : {&train, &test})
+    dataset_bytes_ += int64_t(d->images().nbytes() + d->labels().nbytes());
+  train_data_ = std::make_shared<const data::ImageDataset>(std::move(train));
+  eval_data_ = std::make_shared<const data::ImageDataset>(std::move(test));
+}
+
+void Trainer::build_tokens(nn::ModelConfig& mc) {
+  MT_CHECK(config_.data == "text" || config_.data == "synthetic-text", "model '", config_.model,
+           "' trains on tokens: use --data text --data-path DIR (a directory written by "
+           "`mantissa tokenize --out DIR`) or --data synthetic-text, not '",
+           config_.data, "'");
+  data::TokenDataset train, val;
+  if (config_.data == "synthetic-text") {
+    const int64_t vocab = config_.vocab_size > 0 ? config_.vocab_size : 256;
+    std::tie(train, val) = data::split_tokens(
+        data::synthetic_tokens(config_.synthetic_size, vocab, config_.seed), 0.05);
+  } else {
+    std::tie(train, val) = load_text_data(config_);
+  }
+  const int64_t vocab = train.vocab_size;
+  const int64_t t = config_.seq_len;
+  MT_CHECK(train.size() > t && val.size() > t, "--seq-len ", t,
+           " is longer than the training stream (", train.size(),
+           " tokens) or the validation "
+           "stream (",
+           val.size(), " tokens); use a shorter --seq-len or more text");
+  if (config_.model == "gpt2") {
+    MT_CHECK(vocab <= 50257 && t <= 1024,
+             "gpt2 has a vocabulary of 50257 and a context of 1024; "
+             "the data's vocabulary is ",
+             vocab, " and --seq-len ", t);
+  }
+  mc.vocab_size = vocab;
+  mc.max_seq_len = t;
+  dataset_bytes_ = int64_t((train.tokens.size() + val.tokens.size()) * sizeof(train.tokens[0]));
+  train_data_ = std::make_shared<const data::TokenWindows>(std::move(train), t, 1);
+  // Evaluation walks the validation stream once, in non-overlapping windows.
+  eval_data_ = std::make_shared<const data::TokenWindows>(std::move(val), t, t);
 }
 
 void Trainer::restore(const Checkpoint& ckpt) {
@@ -209,24 +352,47 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   schedule_->apply(*optimizer_, state_.step);
   optimizer_->zero_grad(true);
   amp::GradScaler& sc = scaler();
-  const bool measure = config_.underflow_every > 0 && state_.step % config_.underflow_every == 0;
-  std::vector<Tensor> reference;
-  if (measure) reference = reference_gradients(batch);
-  const Tensor logits = amp_->forward(*model_, batch.x());
-  const Tensor loss = cross_entropy(logits, batch.y());  // fp32 for half logits
-  sc.scale(loss).backward();
-  if (measure) {
-    const UnderflowStats u = measure_underflow(reference);
-    underflow_ += u;
-    if (metrics_->enabled()) {
-      auto j = record("underflow");
-      j["step"] = state_.step + 1;
-      j["loss_scale"] = sc.get_scale();
-      j["nonzero"] = u.nonzero;
-      j["cast_unscaled"] = u.cast_unscaled;
-      j["cast_scaled"] = u.cast_scaled;
-      j["observed"] = u.observed;
-      metrics_->write(j.dump());
+  const Tensor& x = batch.x();
+  const Tensor& y = batch.y();
+  Tensor loss;  // the step's loss: the mean over every target of the batch
+  if (config_.grad_accum == 1) {
+    const bool measure = config_.underflow_every > 0 && state_.step % config_.underflow_every == 0;
+    std::vector<Tensor> reference;
+    if (measure) reference = reference_gradients(batch);
+    const Tensor logits = amp_->forward(*model_, x);
+    loss = loss_of(logits, y);
+    sc.scale(loss).backward();
+    count_correct(logits, y, correct);
+    if (measure) {
+      const UnderflowStats u = measure_underflow(reference);
+      underflow_ += u;
+      if (metrics_->enabled()) {
+        auto j = record("underflow");
+        j["step"] = state_.step + 1;
+        j["loss_scale"] = sc.get_scale();
+        j["nonzero"] = u.nonzero;
+        j["cast_unscaled"] = u.cast_unscaled;
+        j["cast_scaled"] = u.cast_scaled;
+        j["observed"] = u.observed;
+        metrics_->write(j.dump());
+      }
+    }
+  } else {
+    // Gradient accumulation: micro-batches of batch_size, each one's summed loss divided by the
+    // target count of the WHOLE batch, so the gradients add up to the big batch's mean-loss
+    // gradient exactly (not a mean of per-micro-batch means, which weighs a short last
+    // micro-batch's targets more). The scale stays the same over the step; unscale_, the
+    // inf/NaN check and clipping happen once, below.
+    const int64_t n = x.size(0), total = y.numel();
+    for (int64_t start = 0; start < n; start += config_.batch_size) {
+      const int64_t len = std::min(config_.batch_size, n - start);
+      const Tensor xm = x.narrow(0, start, len), ym = y.narrow(0, start, len);
+      const Tensor logits = amp_->forward(*model_, xm);
+      const Tensor part = div(loss_of(logits, ym, Reduction::Sum), double(total));
+      sc.scale(part).backward();
+      count_correct(logits, ym, correct);
+      NoGrad ng;
+      loss = loss.defined() ? add(loss, part.detach()) : part.detach();
     }
   }
   if (config_.clip_grad_norm > 0) {
@@ -238,7 +404,6 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   *skipped = !sc.on_device() && stepped.skipped();
   sc.update();
   ++state_.step;
-  count_correct(logits, batch.y(), correct);
   return loss.detach().to(DType::F32);
 }
 
@@ -252,7 +417,7 @@ std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch) {
   std::vector<Tensor> grads;
   {
     amp::NoAutocast off;
-    const Tensor loss = cross_entropy((*model_)(batch.x()), batch.y());
+    const Tensor loss = loss_of((*model_)(batch.x()), batch.y());
     grads = autograd::grad({loss}, {}, model_->parameters());
   }
   {
@@ -301,6 +466,10 @@ UnderflowStats& UnderflowStats::operator+=(const UnderflowStats& o) {
   return *this;
 }
 
+double EvalResult::perplexity() const {
+  return std::exp(loss);
+}
+
 EvalResult Trainer::evaluate() {
   const auto t0 = Clock::now();
   NoGrad ng;
@@ -308,17 +477,20 @@ EvalResult Trainer::evaluate() {
   data::LoaderOptions lo;
   lo.batch_size = config_.eval_batch_size;
   lo.shuffle = false;
-  lo.num_workers = config_.workers;
-  data::DevicePrefetcher loader(test_set_, lo, device_);
+  lo.num_workers = language_model_ ? 0 : config_.workers;
+  if (config_.eval_batches > 0) {
+    // The first eval_batches batches of the (sequential) evaluation set.
+    const int64_t n = std::min(eval_data_->size(), config_.eval_batches * config_.eval_batch_size);
+    lo.sampler = std::make_shared<data::SequentialSampler>(n);
+  }
+  data::DevicePrefetcher loader(eval_data_, lo, device_);
   // The per-batch losses and the count stay on the device until the end: one host read.
   std::vector<Tensor> losses;
   Tensor correct_acc;
   int64_t n = 0;
   for (auto& batch : loader) {
     const Tensor logits = amp_->forward(*model_, batch.x());
-    CrossEntropyOptions ce;
-    ce.reduction = Reduction::Sum;
-    losses.push_back(cross_entropy(logits, batch.y(), ce).to(DType::F32));
+    losses.push_back(loss_of(logits, batch.y(), Reduction::Sum).to(DType::F32));
     count_correct(logits, batch.y(), &correct_acc);
     n += batch.y().numel();
   }
@@ -329,6 +501,26 @@ EvalResult Trainer::evaluate() {
   model_->train();
   return {n ? loss_sum / double(n) : 0.0, n ? double(correct) / double(n) : 0.0, n,
           seconds_since(t0)};
+}
+
+EvalResult Trainer::evaluate_and_report(int64_t epoch, const char* when) {
+  const EvalResult r = evaluate();
+  if (metrics_->enabled()) {
+    auto j = record("eval");
+    j["epoch"] = epoch;
+    j["step"] = state_.step;
+    j["test_loss"] = r.loss;
+    j["test_accuracy"] = r.accuracy;
+    if (language_model_) j["val_perplexity"] = r.perplexity();
+    j["eval_seconds"] = r.seconds;
+    metrics_->write(j.dump());
+  }
+  if (when != nullptr) {
+    std::fprintf(stderr,
+                 "%s step %lld: val loss %.4f, perplexity %.2f, next-token accuracy %.2f%%\n", when,
+                 (long long)state_.step, r.loss, r.perplexity(), 100 * r.accuracy);
+  }
+  return r;
 }
 
 TrainResult Trainer::fit(int64_t max_epochs) {
@@ -358,6 +550,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     std::vector<Tensor> pending_losses;  // steps not read back yet
     Tensor pending_correct;
     bool last_skipped = false;
+    double eval_seconds = 0;  // evaluations inside the epoch (--eval-every): not training time
     auto read_back = [&] {
       if (pending_losses.empty()) return;
       const std::vector<float> losses = read_scalars(pending_losses);
@@ -374,7 +567,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         step_losses_.push_back(loss);
         loss_sum += loss;
       }
-      const double elapsed = seconds_since(t0);
+      const double elapsed = seconds_since(t0) - eval_seconds;
       StepStats st;
       st.epoch = state_.epoch + 1;
       st.epochs = epochs;
@@ -384,6 +577,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       st.loss = loss_sum / double(run_batches);
       st.accuracy = seen ? double(correct) / double(seen) : 0;
       st.samples_per_s = elapsed > 0 ? double(seen) / elapsed : 0;
+      st.unit = language_model_ ? "tokens" : "samples";
       st.lr = optimizer_->lr();
       st.eta_s = run_batches ? elapsed / double(run_batches) * double(batches - state_.batch) : 0;
       if (scaled) {
@@ -397,7 +591,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         j["epoch"] = state_.epoch + 1;
         j["loss"] = double(losses.back());
         j["lr"] = optimizer_->lr();
-        j["samples_per_s"] = st.samples_per_s;
+        j[language_model_ ? "tokens_per_s" : "samples_per_s"] = st.samples_per_s;
         j["loss_scale"] = scaler().get_scale();
         j["skipped"] = last_skipped;
         metrics_->write(j.dump());
@@ -414,11 +608,18 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       ++run_batches;
       ++state_.batch;
       if (state_.step % read_every == 0 || state_.batch == batches || steps_done()) read_back();
+      if (config_.eval_every > 0 && state_.step % config_.eval_every == 0 &&
+          state_.batch < batches && !steps_done()) {
+        read_back();
+        const auto e0 = Clock::now();
+        evaluate_and_report(state_.epoch + 1, "eval at");
+        eval_seconds += seconds_since(e0);
+      }
     }
     read_back();
     // The epoch's time includes its last queued GPU work (one wait per epoch).
     if (device_.is_cuda()) cuda::synchronize(device_.index);
-    const double epoch_seconds = seconds_since(t0);
+    const double epoch_seconds = seconds_since(t0) - eval_seconds;
     state_.train_seconds += epoch_seconds;
     const bool finished_epoch = state_.batch >= batches;
     EpochResult er;
@@ -439,18 +640,28 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       j["step"] = state_.step;
       j["test_loss"] = er.test.loss;
       j["test_accuracy"] = er.test.accuracy;
+      if (language_model_) j["val_perplexity"] = er.test.perplexity();
       j["train_loss"] = er.train_loss;
       j["train_accuracy"] = er.train_accuracy;
       j["epoch_seconds"] = er.seconds;
       metrics_->write(j.dump());
     }
     char line[256];
-    std::snprintf(line, sizeof line,
-                  "epoch %lld/%lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | "
-                  "%.1f s (%.0f samples/s) | peak %s",
-                  (long long)er.epoch, (long long)epochs, er.train_loss, 100 * er.train_accuracy,
-                  er.test.loss, 100 * er.test.accuracy, er.seconds, er.samples_per_s,
-                  format_bytes(memory_stats(device_).peak_bytes).c_str());
+    if (language_model_) {
+      std::snprintf(line, sizeof line,
+                    "epoch %lld/%lld: train loss %.4f | val loss %.4f perplexity %.2f | %.1f s "
+                    "(%.0f tokens/s) | peak %s",
+                    (long long)er.epoch, (long long)epochs, er.train_loss, er.test.loss,
+                    er.test.perplexity(), er.seconds, er.samples_per_s,
+                    format_bytes(memory_stats(device_).peak_bytes).c_str());
+    } else {
+      std::snprintf(line, sizeof line,
+                    "epoch %lld/%lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | "
+                    "%.1f s (%.0f samples/s) | peak %s",
+                    (long long)er.epoch, (long long)epochs, er.train_loss, 100 * er.train_accuracy,
+                    er.test.loss, 100 * er.test.accuracy, er.seconds, er.samples_per_s,
+                    format_bytes(memory_stats(device_).peak_bytes).c_str());
+    }
     progress.end_epoch(line);
     result.epochs.push_back(er);
     if (!config_.checkpoint_path.empty()) save(config_.checkpoint_path);
@@ -460,8 +671,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   result.loss_scale = scaler().get_scale();
   result.underflow = underflow_;
   result.peak_memory_bytes = memory_stats(device_).peak_bytes;
-  for (const data::ImageDataset* d : {&train_set_, &test_set_})
-    result.dataset_bytes += d->images().nbytes() + d->labels().nbytes();
+  result.dataset_bytes = dataset_bytes_;
   if (metrics_->enabled()) {
     auto j = record("summary");
     j.update(nlohmann::ordered_json::parse(summary_json(result)));
@@ -474,6 +684,7 @@ std::string Trainer::summary_json(const TrainResult& result) const {
   nlohmann::ordered_json j;
   j["test_accuracy"] = result.test.accuracy;
   j["test_loss"] = result.test.loss;
+  if (language_model_) j["val_perplexity"] = result.test.perplexity();
   j["train_seconds"] = result.train_seconds;
   j["peak_memory_bytes"] = result.peak_memory_bytes;
   j["dataset_bytes"] = result.dataset_bytes;

@@ -21,9 +21,10 @@ struct TrainArgs {
 // The options that define the run itself: a resumed run takes them from its checkpoint, and
 // giving a different value is refused rather than silently ignored.
 constexpr const char* kRunDefining[] = {
-    "--model",    "--data",      "--batch-size", "--optimizer", "--lr",
-    "--momentum", "--schedule",  "--warmup",     "--seed",      "--weight-decay",
-    "--dropout",  "--precision", "--loss-scale", "--opt-level", "--rounding"};
+    "--model",    "--data",       "--batch-size", "--optimizer",  "--lr",
+    "--momentum", "--schedule",   "--warmup",     "--seed",       "--weight-decay",
+    "--dropout",  "--precision",  "--loss-scale", "--opt-level",  "--rounding",
+    "--seq-len",  "--grad-accum", "--decay",      "--vocab-size", "--init-scale"};
 
 // Percent of `part` in `whole` (0 when whole is 0).
 double percent(int64_t part, int64_t whole) {
@@ -40,10 +41,16 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
     j["amp"] = amp.describe();
     nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
     for (const auto& e : r.epochs) {
-      epochs.push_back({{"epoch", e.epoch},
-                        {"train_loss", e.train_loss},
-                        {"test_accuracy", e.test.accuracy},
-                        {"seconds", e.seconds}});
+      nlohmann::ordered_json ej = {{"epoch", e.epoch},
+                                   {"train_loss", e.train_loss},
+                                   {"test_loss", e.test.loss},
+                                   {"test_accuracy", e.test.accuracy},
+                                   {"seconds", e.seconds}};
+      if (trainer.language_model()) {
+        ej["val_perplexity"] = e.test.perplexity();
+        ej["tokens_per_s"] = e.samples_per_s;
+      }
+      epochs.push_back(ej);
     }
     j["epochs"] = epochs;
     fmt::print("{}\n", j.dump());
@@ -55,6 +62,20 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
     scaling = fmt::format(", loss scale {:g}, {} skipped steps", r.loss_scale, r.skipped_steps);
   }
   const std::string where = trainer.device().is_cpu() ? "" : " on " + trainer.device().str();
+  if (trainer.language_model()) {
+    const double tokens_per_s =
+        r.train_seconds > 0
+            ? double(r.steps * c.batch_size * c.grad_accum * c.seq_len) / r.train_seconds
+            : 0;
+    fmt::print(
+        "{} on {} ({}){}: validation loss {:.4f}, perplexity {:.2f}, next-token accuracy "
+        "{:.2f}%, {} steps, {:.1f} s training ({:.0f} tokens/s), peak memory {} (the tokens {} "
+        "of it){}\n",
+        c.model, c.data, amp.describe(), where, r.test.loss, r.test.perplexity(),
+        100 * r.test.accuracy, r.steps, r.train_seconds, tokens_per_s,
+        train::format_bytes(r.peak_memory_bytes), train::format_bytes(r.dataset_bytes), scaling);
+    return;
+  }
   fmt::print(
       "{} on {} ({}){}: test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
       "({:.1f} s/epoch), peak memory {} (the dataset {} of it){}\n",
@@ -80,18 +101,59 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--model", c.model,
                   "Model: " + fmt::format("{}", fmt::join(nn::model_names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--data", c.data, "Dataset: fashion-mnist or synthetic")->capture_default_str();
+  cmd->add_option("--data", c.data,
+                  "Dataset: fashion-mnist or synthetic (image models); text or synthetic-text "
+                  "(token models: gpt2_tiny, gpt2, lstm)")
+      ->capture_default_str();
+  cmd->add_option("--data-path", c.data_path,
+                  "--data text: the directory `mantissa tokenize --out DIR` wrote (train.bin, "
+                  "val.bin, tokenizer.json), or a token shard");
+  cmd->add_option("--val-path", c.val_path,
+                  "--data text: the validation shard (default: DIR/val.bin, or the last 5% of "
+                  "the training shard)");
+  cmd->add_option("--tokenizer", c.tokenizer,
+                  "--data text: the tokenizer JSON, kept for generation (default: "
+                  "DIR/tokenizer.json)");
+  cmd->add_option("--synthetic-size", c.synthetic_size,
+                  "--data synthetic: training images; synthetic-text: tokens")
+      ->capture_default_str();
+  cmd->add_option("--seq-len", c.seq_len, "Token models: tokens per training window")
+      ->capture_default_str();
+  cmd->add_option("--vocab-size", c.vocab_size, "--data synthetic-text: the vocabulary (0: 256)")
+      ->capture_default_str();
+  cmd->add_option("--eval-every", c.eval_every,
+                  "Evaluate every N optimizer steps as well as at each epoch's end (0: epochs "
+                  "only)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batches", c.eval_batches,
+                  "Evaluate on at most N batches (0: the whole test / validation set)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batch-size", c.eval_batch_size, "Evaluation batch size")
+      ->capture_default_str();
   cmd->add_option("--data-dir", c.data_dir, "Directory of the Fashion-MNIST .gz files")
       ->capture_default_str();
   cmd->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
   cmd->add_option("--steps", c.max_steps, "Stop after this many steps (0: run all epochs)")
       ->capture_default_str();
-  cmd->add_option("--batch-size", c.batch_size, "Training batch size")->capture_default_str();
+  cmd->add_option("--batch-size", c.batch_size,
+                  "Training (micro-)batch size: a step sees batch-size * grad-accum examples")
+      ->capture_default_str();
+  cmd->add_option("--grad-accum", c.grad_accum,
+                  "Micro-batches per optimizer step (their loss summed, divided once by all "
+                  "their targets: the big batch's)")
+      ->capture_default_str();
+  cmd->add_flag("--checkpoint-activations", c.checkpoint_activations,
+                "Recompute each transformer block's / LSTM layer's activations in backward "
+                "(less memory, one more forward)");
   cmd->add_option("--optimizer", c.optimizer, "sgd or adamw")->capture_default_str();
   cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
   cmd->add_flag("--nesterov", c.nesterov, "Nesterov momentum");
   cmd->add_option("--weight-decay", c.weight_decay, "Weight decay")->capture_default_str();
+  cmd->add_option("--decay", c.decay,
+                  "Which parameters decay: all, weights (not biases, norms, embeddings) or auto "
+                  "(weights for token models, all for image models)")
+      ->capture_default_str();
   cmd->add_option("--schedule", c.schedule, "constant, step or cosine")->capture_default_str();
   cmd->add_option("--warmup", c.warmup_steps, "Linear warmup steps")->capture_default_str();
   cmd->add_option("--clip-grad-norm", c.clip_grad_norm, "Clip the gradient norm (0: off)")
@@ -108,6 +170,8 @@ Command add_train_command(CLI::App& app) {
                   "batch norm, fp32 master weights) or O3 (all half)");
   cmd->add_option("--loss-scale", c.loss_scale,
                   "dynamic (fp16 O1/O2; none for bf16) or a fixed number")
+      ->capture_default_str();
+  cmd->add_option("--init-scale", c.init_scale, "Where the dynamic loss scale starts (fp16 O1/O2)")
       ->capture_default_str();
   cmd->add_option("--rounding", c.rounding,
                   "How updates are stored into half weights (O2, O3, bf16-pure): nearest or "
@@ -161,6 +225,10 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--device")) merged.device = config.device;
       if (cmd->count("--workers")) merged.workers = config.workers;
       if (cmd->count("--data-dir")) merged.data_dir = config.data_dir;
+      if (cmd->count("--data-path")) merged.data_path = config.data_path;
+      if (cmd->count("--val-path")) merged.val_path = config.val_path;
+      if (cmd->count("--eval-every")) merged.eval_every = config.eval_every;
+      if (cmd->count("--eval-batches")) merged.eval_batches = config.eval_batches;
       if (cmd->count("--log-every")) merged.log_every = config.log_every;
       merged.progress = config.progress;
       config = merged;
@@ -197,9 +265,18 @@ Command add_eval_command(CLI::App& app) {
       j["model"] = ckpt.config.model;
       j["test_loss"] = r.loss;
       j["test_accuracy"] = r.accuracy;
+      if (nn::model_input(ckpt.config.model) == nn::ModelInput::Tokens) {
+        j["val_perplexity"] = r.perplexity();
+      }
       j["samples"] = r.samples;
       j["device"] = args->device;
       fmt::print("{}\n", j.dump());
+    } else if (nn::model_input(ckpt.config.model) == nn::ModelInput::Tokens) {
+      fmt::print(
+          "{} ({} after {} steps): validation loss {:.4f}, perplexity {:.2f}, next-token "
+          "accuracy {:.2f}% on {} tokens\n",
+          args->checkpoint, ckpt.config.model, ckpt.state.step, r.loss, r.perplexity(),
+          100 * r.accuracy, r.samples);
     } else {
       fmt::print("{} ({} after {} steps): test accuracy {:.2f}%, test loss {:.4f} on {} images\n",
                  args->checkpoint, ckpt.config.model, ckpt.state.step, 100 * r.accuracy, r.loss,

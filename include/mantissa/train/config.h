@@ -12,10 +12,33 @@ inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fash
 struct TrainConfig {
   // model and data
   std::string model = "cnn";
-  std::string data = "fashion-mnist";  // fashion-mnist | synthetic
+  // Image models: fashion-mnist | synthetic. Token models (gpt2_tiny, gpt2, lstm): text (token
+  // shards written by `mantissa tokenize`) | synthetic-text (a learnable seeded stream).
+  std::string data = "fashion-mnist";
   std::string data_dir = kDefaultFashionMnistDir;
-  int64_t synthetic_size = 10000;  // examples in the synthetic dataset
+  int64_t synthetic_size = 10000;  // examples (synthetic) or tokens (synthetic-text)
   double dropout = 0.0;
+
+  // language models (data = text | synthetic-text)
+  // text: a directory written by `mantissa tokenize --out DIR` (train.bin, val.bin,
+  // tokenizer.json) or a training shard; val_path / tokenizer override the directory's files.
+  std::string data_path;
+  std::string val_path;    // empty: DIR/val.bin, or the last 5% of a lone shard's tokens
+  std::string tokenizer;   // empty: DIR/tokenizer.json when it exists (kept for generation)
+  int64_t seq_len = 128;   // tokens per training window (<= the model's context)
+  int64_t vocab_size = 0;  // synthetic-text's vocabulary (0: 256); text: the shard's
+  // Evaluation of language models: every this many optimizer steps (0: at each epoch's end), on
+  // at most eval_batches batches of non-overlapping windows (0: the whole validation stream).
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
+
+  // batches and memory
+  // Micro-batches per optimizer step: each step sees batch_size * grad_accum examples, summed
+  // over all micro-batches and divided once by their total target count (the big batch's loss).
+  int64_t grad_accum = 1;
+  // Recompute each transformer block's / LSTM layer's activations in backward instead of
+  // keeping them (less memory, one more forward).
+  bool checkpoint_activations = false;
 
   // schedule of the run
   int64_t epochs = 5;
@@ -29,6 +52,9 @@ struct TrainConfig {
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 5e-4;
+  // Which parameters decay: all, or weights (not biases, norm weights and embeddings: the usual
+  // split for transformers). auto: weights for token models, all for image models.
+  std::string decay = "auto";
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::string schedule = "cosine";  // constant | step | cosine
   int64_t warmup_steps = 0;
@@ -46,6 +72,8 @@ struct TrainConfig {
   // default (O0 for fp32/tf32, O1 for bf16/fp16).
   std::string opt_level;
   std::string loss_scale = "dynamic";  // "dynamic" (fp16 O1/O2) or a fixed number (static)
+  // Where a dynamic loss scale starts (PyTorch's init_scale; DeepSpeed's 2^initial_scale_power).
+  double init_scale = 65536.0;
   // How updates are stored into half weights (O2, O3, bf16-pure): nearest | stochastic. Empty:
   // stochastic for bf16-pure, nearest otherwise.
   std::string rounding;

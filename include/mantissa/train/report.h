@@ -35,6 +35,7 @@ struct StepStats {
   double loss = 0;                 // running mean over the epoch
   double accuracy = 0;             // running train accuracy (0..1)
   double samples_per_s = 0;
+  const char* unit = "samples";  // what samples_per_s counts: samples, or tokens
   double lr = 0;
   double eta_s = 0;       // for the epoch
   double loss_scale = 0;  // > 0: shown (a run with loss scaling)

@@ -14,6 +14,7 @@
 #include "mantissa/amp/amp.h"
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/data/loader.h"
+#include "mantissa/nn/models.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/optim/optimizer.h"
 #include "mantissa/optim/schedule.h"
@@ -24,18 +25,19 @@
 namespace mantissa::train {
 
 struct EvalResult {
-  double loss = 0;      // mean cross-entropy
-  double accuracy = 0;  // 0..1
-  int64_t samples = 0;
+  double loss = 0;      // mean cross-entropy (per target: per token for language models)
+  double accuracy = 0;  // 0..1 (language models: next-token accuracy)
+  int64_t samples = 0;  // targets: images, or tokens
   double seconds = 0;
+  double perplexity() const;  // exp(loss): what a language model's loss is reported as
 };
 
 struct EpochResult {
   int64_t epoch = 0;  // 1-based
   double train_loss = 0, train_accuracy = 0;
   EvalResult test;
-  double seconds = 0;  // training time of the epoch (evaluation excluded)
-  double samples_per_s = 0;
+  double seconds = 0;        // training time of the epoch (evaluation excluded)
+  double samples_per_s = 0;  // targets per second: images, or tokens for language models
 };
 
 // Gradient underflow in fp16, summed over the measured steps (TrainConfig::underflow_every):
@@ -84,6 +86,8 @@ class Trainer {
   // The loss of every step this Trainer ran, in order (for resume tests and plots).
   const std::vector<float>& step_losses() const { return step_losses_; }
   int64_t batches_per_epoch() const;
+  // Whether the model is a language model (tokens in, next-token logits out).
+  bool language_model() const { return language_model_; }
 
   void save(const std::string& path) const;  // a checkpoint of the current state
   // A run's result as one JSON object: what the metrics file's "summary" record holds (accuracy,
@@ -94,9 +98,14 @@ class Trainer {
  private:
   void build();
   void restore(const Checkpoint& ckpt);
-  // One optimizer step; returns the loss (F32, on the device, not read back) and adds the
-  // batch's correct predictions to *correct (I64 on the device) without a host sync.
+  void build_images(nn::ModelConfig& mc);
+  void build_tokens(nn::ModelConfig& mc);
+  // One optimizer step over a loader batch of batch_size * grad_accum examples (grad_accum
+  // micro-batches); returns the loss (F32, on the device, not read back) and adds the batch's
+  // correct predictions to *correct (I64 on the device) without a host sync.
   Tensor train_step(const data::Batch& batch, Tensor* correct, bool* skipped);
+  // The evaluation and its metrics record and line, at `epoch` (1-based) after `step`.
+  EvalResult evaluate_and_report(int64_t epoch, const char* when);
   // Compares this step's fp32 reference gradients (same weights and batch, no autocast) with
   // the run's own scaled gradients (call after backward, before unscale).
   UnderflowStats measure_underflow(const std::vector<Tensor>& reference) const;
@@ -105,7 +114,10 @@ class Trainer {
   TrainConfig config_;
   Device device_;
   TrainState state_;
-  data::ImageDataset train_set_, test_set_;
+  bool language_model_ = false;
+  // Training examples and the evaluation set: images and labels, or token windows.
+  std::shared_ptr<const data::Dataset> train_data_, eval_data_;
+  int64_t dataset_bytes_ = 0;
   std::shared_ptr<nn::Module> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
