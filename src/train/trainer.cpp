@@ -89,8 +89,8 @@ std::pair<data::TokenDataset, data::TokenDataset> load_text_data(const TrainConf
   return {std::move(tr), std::move(va)};
 }
 
-// The parameters of modules that hold embeddings or normalization weights: no weight decay
-// with --decay weights (with every bias).
+}  // namespace
+
 std::vector<optim::ParamGroup> decay_groups(nn::Module& model, double weight_decay) {
   std::vector<const TensorImpl*> exempt;
   for (auto& [path, m] : model.named_modules()) {
@@ -113,6 +113,8 @@ std::vector<optim::ParamGroup> decay_groups(nn::Module& model, double weight_dec
   }
   return groups;
 }
+
+namespace {
 
 int64_t read_count(const Tensor& acc) {
   return acc.defined() ? int64_t(acc.item()) : 0;

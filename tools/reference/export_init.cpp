@@ -12,6 +12,12 @@
 //
 //   export_init --model mlp --out init_mlp.safetensors [--seed 0] [--batch-size 32]
 //               [--batches 10] [--loader-seed 0] [--data-dir /usr/share/datasets/fashion-mnist]
+//
+// For a token model (gpt2_tiny, lstm; tools/reference/make_lm_golden.py) only the initial
+// state_dict and the metadata model, seed, vocab_size and context:
+//
+//   export_init --model gpt2_tiny --out init.safetensors [--seed 0] [--vocab-size 64]
+//               [--context 32]
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -36,7 +42,7 @@ std::string float_text(float v) {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s --model NAME --out FILE [--seed N] [--batch-size N] [--batches N]\n"
-               "          [--loader-seed N] [--data-dir DIR]\n",
+               "          [--loader-seed N] [--data-dir DIR] [--vocab-size N] [--context N]\n",
                argv0);
   return 2;
 }
@@ -66,6 +72,8 @@ int run(int argc, char** argv) {
                                              {"--batch-size", "32"},
                                              {"--batches", "10"},
                                              {"--loader-seed", "0"},
+                                             {"--vocab-size", "64"},
+                                             {"--context", "32"},
                                              {"--data-dir", mantissa::data::kFashionMnistDir}};
   for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
@@ -83,10 +91,25 @@ int run(int argc, char** argv) {
 
   mantissa::nn::ModelConfig config;
   config.seed = seed;
+  const bool tokens = mantissa::nn::model_input(model_name) == mantissa::nn::ModelInput::Tokens;
+  if (tokens) {
+    config.vocab_size = std::stoll(args["--vocab-size"]);
+    config.max_seq_len = std::stoll(args["--context"]);
+  }
   const auto model = mantissa::nn::make_model(model_name, config);
   mantissa::NamedTensors out;
   for (const auto& [key, t] : model->state_dict())
     out.emplace_back("init." + key, t);
+  if (tokens) {
+    mantissa::save_safetensors(args["--out"], out,
+                               {{"model", model_name},
+                                {"seed", std::to_string(seed)},
+                                {"vocab_size", std::to_string(config.vocab_size)},
+                                {"context", std::to_string(config.max_seq_len)}});
+    std::printf("%s: %s, %zu state_dict entries\n", args["--out"].c_str(), model_name.c_str(),
+                model->state_dict().size());
+    return 0;
+  }
 
   mantissa::data::LoaderOptions options;
   options.batch_size = batch_size;

@@ -132,6 +132,12 @@ class Trainer {
 // line otherwise ("no CUDA device: <why>; run with --device cpu").
 Device require_device(const std::string& text);
 
+// The parameter groups of --decay weights: "decay" (weights of two or more dims, with
+// weight_decay) and "no_decay" (biases, and every parameter of Embedding, LayerNorm and batch
+// norm modules, with none) — the usual transformer recipe (nanoGPT, Hugging Face), by module type
+// rather than by name. Tied parameters are listed once.
+std::vector<optim::ParamGroup> decay_groups(nn::Module& model, double weight_decay);
+
 // "auto" -> "bf16" where the CPU has native bf16 dot products, else "fp16"; others unchanged.
 std::string resolve_precision(const std::string& precision);
 // The run's precision (config.precision, opt_level, loss_scale, rounding, seed) applied to a
