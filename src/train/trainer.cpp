@@ -517,10 +517,13 @@ EvalResult Trainer::evaluate_and_report(int64_t epoch, const char* when) {
     j["eval_seconds"] = r.seconds;
     metrics_->write(j.dump());
   }
-  if (when != nullptr) {
+  if (when != nullptr && language_model_) {
     std::fprintf(stderr,
                  "%s step %lld: val loss %.4f, perplexity %.2f, next-token accuracy %.2f%%\n", when,
                  (long long)state_.step, r.loss, r.perplexity(), 100 * r.accuracy);
+  } else if (when != nullptr) {
+    std::fprintf(stderr, "%s step %lld: test loss %.4f, accuracy %.2f%%\n", when,
+                 (long long)state_.step, r.loss, 100 * r.accuracy);
   }
   return r;
 }

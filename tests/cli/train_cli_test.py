@@ -85,6 +85,23 @@ with tempfile.TemporaryDirectory() as tmp:
         rc, out, err = run("train", "--data", "synthetic", *flags)
         check(rc == 2 and needle in err and out == "", f"{flags}: {rc} {err!r}")
 
+    # A language model: validation loss and perplexity, tokens/s, gradient accumulation, and the
+    # eval of its checkpoint.
+    lm = ["train", "--model", "gpt2_tiny", "--data", "synthetic-text", "--synthetic-size", "20000",
+          "--vocab-size", "64", "--seq-len", "16", "--batch-size", "8", "--grad-accum", "2",
+          "--optimizer", "adamw", "--lr", "3e-3", "--steps", "12", "--eval-every", "6",
+          "--eval-batches", "2", "--threads", "2", "--no-progress"]
+    ckpt3 = os.path.join(tmp, "lm.safetensors")
+    rc, out, err = run(*lm, "--checkpoint", ckpt3)
+    check(rc == 0 and "validation loss" in out and "perplexity" in out and "tokens/s" in out,
+          f"gpt2_tiny run ({rc}): {out!r} {err[-300:]!r}")
+    check("eval at step 6: val loss" in err and "perplexity" in err,
+          f"--eval-every prints the evaluation: {err[-600:]!r}")
+    rc, out, err = run("eval", "--checkpoint", ckpt3)
+    check(rc == 0 and "perplexity" in out and "tokens" in out, f"eval of an LM ({rc}): {out!r} {err!r}")
+    rc, out, err = run("train", "--model", "gpt2_tiny", "--data", "fashion-mnist")
+    check(rc == 2 and "trains on tokens" in err and out == "", f"gpt2_tiny on images: {rc} {err!r}")
+
     # --device: recorded in the summary; a bad name or a missing GPU is one line and exit 2.
     check(result.get("device") == "cpu", f"the summary names the device: {result}")
     rc, out, err = run("train", *small, "--steps", "2", "--device", "cpu", "--json")
