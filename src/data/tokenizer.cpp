@@ -122,6 +122,10 @@ void BpeEncoder::encode(std::string_view text, std::vector<uint32_t>& out) {
   // Pre-tokens longer than this are encoded each time: rare, and they would crowd the cache.
   constexpr size_t kMaxCachedBytes = 256;
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  if (tok_->merges_.empty()) {  // byte level: every byte is its token, no pre-split needed
+    out.insert(out.end(), s, s + text.size());
+    return;
+  }
   detail::for_each_pretoken(s, text.size(), [&](size_t b, size_t e) {
     if (e - b == 1) {  // a lone byte (a space, a punctuation mark) is its own token
       out.push_back(s[b]);
