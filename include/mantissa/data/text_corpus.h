@@ -25,7 +25,7 @@ struct TextCorpus {
   std::vector<std::string> files;      // the files read, in order
   // Entries of directories that were not read: symbolic links (fortune directories link each
   // file a second time as *.u8), anything that is not a regular file, and binary files (a NUL byte
-  // in their first 8 KiB, git's rule: the fortune *.dat index files).
+  // in their first 8000 bytes, git's rule: the fortune *.dat index files).
   std::vector<std::string> skipped;
 
   int64_t bytes() const;  // of the documents
