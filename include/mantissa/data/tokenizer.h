@@ -141,7 +141,6 @@ class BpeEncoder {
   const BpeTokenizer* tok_;
   std::unordered_map<std::string, Span, Hash, std::equal_to<>> cache_;
   std::vector<uint32_t> ids_;
-  std::vector<std::string_view> pieces_;
 };
 
 }  // namespace mantissa::data
