@@ -17,6 +17,8 @@
 #include "mantissa/data/images.h"
 #include "mantissa/data/loader.h"
 #include "mantissa/data/sampler.h"
+#include "mantissa/data/text_corpus.h"
+#include "mantissa/data/tokenizer.h"
 #include "mantissa/data/tokens.h"
 #include "mantissa/io/safetensors.h"
 #include "mantissa/nn/layers.h"

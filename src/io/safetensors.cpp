@@ -5,13 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <optional>
 #include <set>
@@ -19,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/atomic_file.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa {
@@ -66,74 +64,10 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
-  // Closes now, reporting the error close() can give (deferred write errors on some systems).
-  int close() {
-    const int r = ::close(fd_);
-    fd_ = -1;
-    return r;
-  }
 
  private:
   int fd_;
 };
-
-// ---- writing -----------------------------------------------------------------------------------
-
-// The temporary file a save writes; removed unless it was renamed into place.
-struct TempFile {
-  std::string path;
-  bool committed = false;
-  ~TempFile() {
-    if (!path.empty() && !committed) ::unlink(path.c_str());
-  }
-};
-
-void write_all(int fd, const void* data, size_t n, const std::string& tmp_path,
-               const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    const int e = errno;
-    MT_CHECK(w > 0, "saving safetensors file '", path, "': writing '", tmp_path,
-             "' failed: ", w < 0 ? errno_text(e) : "no progress", " (is the disk full?); '", path,
-             "' was left as it was");
-    p += w;
-    n -= size_t(w);
-  }
-}
-
-// Opens a new file next to `path` (same directory, so that rename() is atomic).
-int open_temp(const std::string& path, TempFile& tmp) {
-  static std::atomic<uint64_t> counter{0};
-  const auto stamp = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    tmp.path = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(stamp) + "." +
-               std::to_string(counter.fetch_add(1));
-    // 0666 less the umask: the permissions a plain new file would get.
-    const int fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0) return fd;
-    const int e = errno;
-    if (e == EEXIST) continue;
-    tmp.path.clear();  // nothing was created
-    MT_CHECK(false, "saving safetensors file '", path,
-             "': cannot create a temporary file in its directory: ", errno_text(e));
-  }
-  tmp.path.clear();
-  MT_CHECK(false, "saving safetensors file '", path, "': no free temporary file name");
-  return -1;
-}
-
-// Makes the rename itself durable. Best effort: the new file is already in place, and some file
-// systems cannot sync a directory.
-void sync_directory(const std::string& path) {
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
 
 // ---- reading -----------------------------------------------------------------------------------
 
@@ -255,33 +189,16 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
   }
 
-  TempFile tmp;
-  Fd fd(open_temp(path, tmp));
-  write_all(fd.get(), len, sizeof(len), tmp.path, path);
-  write_all(fd.get(), text.data(), text.size(), tmp.path, path);
+  // Written whole or not at all (io/atomic_file.h): a failure leaves an earlier file intact.
+  io::AtomicFile out(path, "saving safetensors file '" + path + "'");
+  out.write(len, sizeof(len));
+  out.write(text.data(), text.size());
   for (const auto& [name, t] : tensors) {
     // One contiguous host copy at a time (none for a contiguous CPU tensor), not all at once.
     const Tensor c = t.detach().to(Device::cpu()).contiguous();
-    write_all(fd.get(), c.data_ptr(), c.nbytes(), tmp.path, path);
+    out.write(c.data_ptr(), c.nbytes());
   }
-  // The bytes must be on disk before the rename makes them the file: a crash in between must
-  // not leave an empty or partial file under the final name.
-  if (::fsync(fd.get()) != 0) {
-    const int e = errno;
-    MT_CHECK(false, "saving safetensors file '", path, "': syncing '", tmp.path,
-             "' failed: ", errno_text(e), "; '", path, "' was left as it was");
-  }
-  if (fd.close() != 0) {
-    const int e = errno;
-    MT_CHECK(false, "saving safetensors file '", path, "': closing '", tmp.path,
-             "' failed: ", errno_text(e), "; '", path, "' was left as it was");
-  }
-  if (::rename(tmp.path.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    MT_CHECK(false, "saving safetensors file '", path, "': cannot replace it: ", errno_text(e));
-  }
-  tmp.committed = true;
-  sync_directory(path);
+  out.commit();
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -525,7 +525,7 @@ TEST(DataLoader, RejectsBadOptions) {
 // ---- tokens -------------------------------------------------------------------------------------
 
 TEST_F(DataFiles, TokenFileRoundTrip) {
-  std::vector<uint16_t> tokens = {0, 1, 255, 256, 65535, 50256, 7};
+  std::vector<uint32_t> tokens = {0, 1, 255, 256, 65535, 50256, 7};
   const std::string path = file("tokens.bin");
   write_tokens(path, tokens);
   const std::string bytes = read_bytes(path);
@@ -537,7 +537,7 @@ TEST_F(DataFiles, TokenFileRoundTrip) {
   EXPECT_EQ(ds.vocab_size, 65536);
   EXPECT_EQ(load_tokens(path, 65536).vocab_size, 65536);
 
-  write_tokens(path, {1, 2, 3});
+  write_tokens(path, std::vector<uint32_t>{1, 2, 3});
   const std::string msg = error_of([&] { load_tokens(path, 3); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   const std::string odd = write("odd.bin", "abc");
@@ -551,12 +551,12 @@ TEST_F(DataFiles, ByteTokenizerRoundTrip) {
   std::string text = "Mixed precision — ✓ ünïcødé\n";
   for (int c = 0; c < 256; ++c)
     text += char(c);
-  const std::vector<uint16_t> tokens = ByteTokenizer::encode(text);
+  const std::vector<uint32_t> tokens = ByteTokenizer::encode(text);
   ASSERT_EQ(tokens.size(), text.size());
-  for (uint16_t t : tokens)
+  for (uint32_t t : tokens)
     EXPECT_LT(t, ByteTokenizer::kVocabSize);
   EXPECT_EQ(ByteTokenizer::decode(tokens), text);
-  EXPECT_THROW(ByteTokenizer::decode({65, 256}), Error);
+  EXPECT_THROW(ByteTokenizer::decode(std::vector<uint32_t>{65, 256}), Error);
 
   const std::string path = write("text.txt", text);
   const TokenDataset ds = tokenize_text_file(path);
@@ -593,9 +593,9 @@ TEST(Tokens, LmBatchTargetsAreInputsShiftedByOne) {
   int64_t agree = 0, total = 0;
   std::vector<int> succ(100, -1);
   for (size_t i = 1; i < ds.tokens.size(); ++i) {
-    const int prev = ds.tokens[i - 1];
-    if (succ[size_t(prev)] < 0) succ[size_t(prev)] = ds.tokens[i];
-    agree += succ[size_t(prev)] == ds.tokens[i];
+    const auto prev = size_t(ds.tokens[i - 1]);
+    if (succ[prev] < 0) succ[prev] = int(ds.tokens[i]);
+    agree += succ[prev] == int(ds.tokens[i]);
     ++total;
   }
   EXPECT_GT(double(agree) / double(total), 0.8);
