@@ -20,6 +20,7 @@
 #include "mantissa/core/error.h"
 #include "mantissa/data/images.h"
 #include "mantissa/data/sampler.h"
+#include "mantissa/data/tokenizer.h"
 #include "mantissa/data/tokens.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/clip.h"
@@ -66,8 +67,10 @@ void count_correct(const Tensor& logits, const Tensor& y, Tensor* acc) {
 }
 
 // The token streams of --data text: DIR/train.bin and DIR/val.bin (`mantissa tokenize --out
-// DIR`), or a training shard with --val-path, or a lone shard whose last 5% is held out.
-std::pair<data::TokenDataset, data::TokenDataset> load_text_data(const TrainConfig& c) {
+// DIR`), or a training shard with --val-path, or a lone shard whose last 5% is held out. The
+// tokenizer (--tokenizer, or DIR/tokenizer.json) is checked against the shards when there is one,
+// and its path recorded in the config (checkpoints carry it to `mantissa generate`).
+std::pair<data::TokenDataset, data::TokenDataset> load_text_data(TrainConfig& c) {
   namespace fs = std::filesystem;
   const fs::path path(c.data_path);
   MT_CHECK(fs::exists(path), "--data-path '", c.data_path,
@@ -79,13 +82,22 @@ std::pair<data::TokenDataset, data::TokenDataset> load_text_data(const TrainConf
              "' has no train.bin; it should be a directory written by `mantissa tokenize --out "
              "DIR`, or a token shard");
     if (val.empty() && fs::exists(path / "val.bin")) val = path / "val.bin";
+    if (c.tokenizer.empty() && fs::exists(path / "tokenizer.json")) {
+      c.tokenizer = (path / "tokenizer.json").string();
+    }
   }
-  data::TokenDataset tr = data::load_tokens(train.string());
+  int64_t vocab = 0;
+  uint64_t fingerprint = 0;
+  if (!c.tokenizer.empty()) {
+    const data::BpeTokenizer tok = data::BpeTokenizer::load(c.tokenizer);
+    vocab = tok.vocab_size();
+    fingerprint = tok.fingerprint();
+  }
+  data::TokenDataset tr = data::load_token_shard(train.string(), vocab, fingerprint);
   if (val.empty()) return data::split_tokens(tr, 0.05);
   MT_CHECK(fs::exists(val), "--val-path '", val.string(), "' does not exist");
-  data::TokenDataset va = data::load_tokens(val.string());
-  const int64_t vocab = std::max(tr.vocab_size, va.vocab_size);
-  tr.vocab_size = va.vocab_size = vocab;
+  data::TokenDataset va = data::load_token_shard(
+      val.string(), tr.vocab_size, fingerprint ? fingerprint : tr.tokenizer_fingerprint);
   return {std::move(tr), std::move(va)};
 }
 

@@ -190,8 +190,8 @@ TEST_F(LmTrainerTest, TextDataFromShardsOnDisk) {
   const data::TokenDataset stream = data::synthetic_tokens(30000, 50, 9);
   const auto [train, val] = data::split_tokens(stream, 0.1);
   fs::create_directories(file("corpus"));
-  data::write_tokens(file("corpus/train.bin"), train.tokens);
-  data::write_tokens(file("corpus/val.bin"), val.tokens);
+  data::write_token_shard(file("corpus/train.bin"), train.tokens, train.vocab_size);
+  data::write_token_shard(file("corpus/val.bin"), val.tokens, train.vocab_size);
   TrainConfig c = small();
   c.data = "text";
   c.data_path = file("corpus");
