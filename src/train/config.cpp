@@ -117,7 +117,8 @@ void TrainConfig::validate() const {
            "'; use all, weights (no decay on biases, norms and embeddings) or auto");
   MT_CHECK(epochs > 0 || max_steps > 0, "give a positive --epochs or --steps");
   MT_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
-  MT_CHECK(eval_batch_size > 0, "the eval batch size must be positive, got ", eval_batch_size);
+  MT_CHECK(eval_batch_size >= 0, "the eval batch size must be 0 (auto) or positive, got ",
+           eval_batch_size);
   MT_CHECK(optimizer == "sgd" || optimizer == "adamw", "unknown optimizer '", optimizer,
            "'; use sgd or adamw");
   MT_CHECK(lr > 0, "--lr must be positive, got ", lr);

@@ -489,12 +489,15 @@ EvalResult Trainer::evaluate() {
   NoGrad ng;
   model_->eval();
   data::LoaderOptions lo;
-  lo.batch_size = config_.eval_batch_size;
+  const int64_t eval_batch = config_.eval_batch_size > 0 ? config_.eval_batch_size
+                             : language_model_           ? config_.batch_size * config_.grad_accum
+                                                         : 256;
+  lo.batch_size = eval_batch;
   lo.shuffle = false;
   lo.num_workers = language_model_ ? 0 : config_.workers;
   if (config_.eval_batches > 0) {
     // The first eval_batches batches of the (sequential) evaluation set.
-    const int64_t n = std::min(eval_data_->size(), config_.eval_batches * config_.eval_batch_size);
+    const int64_t n = std::min(eval_data_->size(), config_.eval_batches * eval_batch);
     lo.sampler = std::make_shared<data::SequentialSampler>(n);
   }
   data::DevicePrefetcher loader(eval_data_, lo, device_);

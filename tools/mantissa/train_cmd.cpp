@@ -128,7 +128,8 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--eval-batches", c.eval_batches,
                   "Evaluate on at most N batches (0: the whole test / validation set)")
       ->capture_default_str();
-  cmd->add_option("--eval-batch-size", c.eval_batch_size, "Evaluation batch size")
+  cmd->add_option("--eval-batch-size", c.eval_batch_size,
+                  "Evaluation batch size (0: 256 images, or a token model's training batch)")
       ->capture_default_str();
   cmd->add_option("--data-dir", c.data_dir, "Directory of the Fashion-MNIST .gz files")
       ->capture_default_str();

@@ -44,7 +44,8 @@ struct TrainConfig {
   int64_t epochs = 5;
   int64_t max_steps = 0;  // > 0: stop after this many optimizer steps
   int64_t batch_size = 128;
-  int64_t eval_batch_size = 256;
+  // 0: 256 images, or a token model's training batch (its logits are batch x seq_len x vocab).
+  int64_t eval_batch_size = 0;
 
   // optimizer
   std::string optimizer = "sgd";  // sgd | adamw
