@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/numerics/philox.h"
 
@@ -496,8 +497,13 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, std::optional
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  const Tensor h = add(x, (*attn)((*norm1)(x)));
-  return add(h, (*mlp)((*norm2)(h)));
+  // The segment holds the sublayers themselves (not this block), so the graph keeps them alive.
+  auto segment = [norm1 = norm1, attn = attn, norm2 = norm2, mlp = mlp](const Tensor& in) {
+    const Tensor h = add(in, (*attn)((*norm1)(in)));
+    return add(h, (*mlp)((*norm2)(h)));
+  };
+  if (checkpointing_ == ActivationCheckpointing::PerBlock) return autograd::checkpoint(segment, x);
+  return segment(x);
 }
 
 // ---- recurrent ---------------------------------------------------------------------------------
@@ -620,28 +626,44 @@ Tensor LSTM::run(const Tensor& x, const std::vector<LSTMState>& initial,
            "): expected a batch-first input (B, T, ", input_, "), got a ", x.describe());
   MT_CHECK(initial.empty() || int64_t(initial.size()) == layers_, "LSTM: ", initial.size(),
            " initial states for ", layers_, " layers (give one per layer, or none)");
-  const int64_t steps = x.size(1);
-  MT_CHECK(steps > 0, "LSTM: the input has no time steps: ", x.describe());
+  MT_CHECK(x.size(1) > 0, "LSTM: the input has no time steps: ", x.describe());
   if (final) final->clear();
   Tensor seq = x;  // (B, T, in) of the current layer
   for (int64_t l = 0; l < layers_; ++l) {
-    const std::vector<Tensor*>& w = weights_[size_t(l)];
-    if (l > 0 && dropout_ > 0.0 && is_training()) seq = dropout(seq, dropout_, true);
-    // The input projection of every step at once: (B, T, 4H).
-    const Tensor projected = linear(seq, *w[0], *w[2]);
-    LSTMState state = initial.empty() ? LSTMState{} : initial[size_t(l)];
-    std::vector<Tensor> outputs;
-    outputs.reserve(size_t(steps));
-    for (int64_t t = 0; t < steps; ++t) {
-      Tensor gates = projected.select(1, t);
-      gates = state.h.defined() ? add(gates, linear(state.h, *w[1], *w[3])) : add(gates, *w[3]);
-      state = lstm_gates(gates, state.c);
-      outputs.push_back(state.h);
+    const LSTMState state = initial.empty() ? LSTMState{} : initial[size_t(l)];
+    const TensorList inputs{seq, state.h, state.c};
+    TensorList out;
+    if (checkpointing_ == ActivationCheckpointing::PerBlock) {
+      // The recomputation in backward reads the weights through this module, which the model
+      // keeps alive as long as its graph.
+      out = autograd::checkpoint(
+          [this, l](const std::vector<Tensor>& in) { return run_layer(l, in); }, inputs);
+    } else {
+      out = run_layer(l, inputs);
     }
-    if (final) final->push_back(state);
-    seq = stack(outputs, 1);  // (B, T, H)
+    if (final) final->push_back({out[1], out[2]});
+    seq = out[0];
   }
   return seq;
+}
+
+TensorList LSTM::run_layer(int64_t layer, const TensorList& inputs) {
+  const std::vector<Tensor*>& w = weights_[size_t(layer)];
+  Tensor seq = inputs[0];
+  if (layer > 0 && dropout_ > 0.0 && is_training()) seq = dropout(seq, dropout_, true);
+  // The input projection of every step at once: (B, T, 4H).
+  const Tensor projected = linear(seq, *w[0], *w[2]);
+  const int64_t steps = seq.size(1);
+  LSTMState state{inputs[1], inputs[2]};
+  std::vector<Tensor> outputs;
+  outputs.reserve(size_t(steps));
+  for (int64_t t = 0; t < steps; ++t) {
+    Tensor gates = projected.select(1, t);
+    gates = state.h.defined() ? add(gates, linear(state.h, *w[1], *w[3])) : add(gates, *w[3]);
+    state = lstm_gates(gates, state.c);
+    outputs.push_back(state.h);
+  }
+  return {stack(outputs, 1), state.h, state.c};  // (B, T, H), (B, H), (B, H)
 }
 
 std::string LSTM::extra_repr() const {
@@ -649,6 +671,20 @@ std::string LSTM::extra_repr() const {
   os << input_ << ", " << hidden_ << ", num_layers=" << layers_;
   if (dropout_ > 0) os << ", dropout=" << dropout_;
   return os.str();
+}
+
+int64_t set_activation_checkpointing(Module& model, ActivationCheckpointing mode) {
+  int64_t n = 0;
+  for (const auto& [path, m] : model.named_modules()) {
+    if (auto* block = dynamic_cast<TransformerBlock*>(m)) {
+      block->set_activation_checkpointing(mode);
+      ++n;
+    } else if (auto* lstm = dynamic_cast<LSTM*>(m)) {
+      lstm->set_activation_checkpointing(mode);
+      ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace mantissa::nn

@@ -355,10 +355,18 @@ class TransformerBlock : public Module {
   TransformerBlock(int64_t dim, int64_t num_heads, std::optional<uint64_t> seed = {},
                    const TransformerConfig& config = {});
   Tensor forward(const Tensor& x) override;
+  // PerBlock: forward keeps only x and recomputes the block in backward. The recomputation
+  // reads the parameters at backward time, so they must not be swapped in between (as
+  // functional_call does) or updated before backward.
+  void set_activation_checkpointing(ActivationCheckpointing mode) { checkpointing_ = mode; }
+  ActivationCheckpointing activation_checkpointing() const { return checkpointing_; }
 
   std::shared_ptr<LayerNorm> norm1, norm2;
   std::shared_ptr<MultiheadAttention> attn;
   std::shared_ptr<Mlp> mlp;
+
+ private:
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::Off;
 };
 
 // ---- recurrent
@@ -410,11 +418,25 @@ class LSTM : public Module {
              std::vector<LSTMState>* final = nullptr);
   std::string extra_repr() const override;
   int64_t hidden_size() const { return hidden_; }
+  int64_t num_layers() const { return layers_; }
+  // PerBlock: each layer is checkpointed on its own (its input sequence and initial state are
+  // kept, its T steps recomputed in backward); the same caveats as TransformerBlock's.
+  void set_activation_checkpointing(ActivationCheckpointing mode) { checkpointing_ = mode; }
+  ActivationCheckpointing activation_checkpointing() const { return checkpointing_; }
 
  private:
+  // One layer over the whole sequence: {seq (B, T, in), h0, c0 (B, H) or undefined} ->
+  // {y (B, T, H), h_n, c_n}.
+  TensorList run_layer(int64_t layer, const TensorList& inputs);
+
   int64_t input_, hidden_, layers_;
   double dropout_;
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::Off;
   std::vector<std::vector<Tensor*>> weights_;  // per layer: w_ih, w_hh, b_ih, b_hh
 };
+
+// Sets the mode on every TransformerBlock and LSTM in `model` (ViT, GPT, the LSTM models);
+// returns how many it set (0: the model has no block to checkpoint).
+int64_t set_activation_checkpointing(Module& model, ActivationCheckpointing mode);
 
 }  // namespace mantissa::nn

@@ -22,6 +22,10 @@ struct ModelConfig {
   int64_t max_seq_len = 256;  // token models (gpt2 itself: 1024)
   double dropout = 0.0;
   uint64_t seed = 0;  // every initial value derives from it
+  // PerBlock: every transformer block (gpt2*, vit*) or LSTM layer (lstm, lstm_classifier)
+  // recomputes its activations in backward (nn::set_activation_checkpointing). Other models have
+  // no blocks and refuse it.
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::Off;
 };
 
 // What a model takes as input.
