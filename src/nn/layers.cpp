@@ -5,6 +5,7 @@
 
 #include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/nn/causal_lm.h"
 #include "mantissa/numerics/philox.h"
 
 namespace mantissa::nn {
@@ -457,6 +458,36 @@ Tensor MultiheadAttention::attend(const Tensor& x, const Tensor& mask) {
   return out;
 }
 
+Tensor MultiheadAttention::attend_cached(const Tensor& x, KVCache& cache, int64_t layer) {
+  MT_CHECK(!autograd::grad_enabled(), "MultiheadAttention::attend_cached is for inference: no ",
+           "gradient flows through the cache, so run it under NoGrad");
+  MT_CHECK(x.dim() == 3 && x.size(2) == dim_, "MultiheadAttention(dim=", dim_,
+           "): expected a batch-first input (B, T_new, ", dim_, "), got a ", x.describe());
+  const int64_t b = x.size(0), t = x.size(1), d = dim_ / heads_;
+  MT_CHECK(cache.heads() == heads_ && cache.head_dim() == d, "MultiheadAttention(heads=", heads_,
+           ", head_dim=", d, "): a KVCache of ", cache.heads(), " heads of ", cache.head_dim());
+  const int64_t past = cache.length();
+  // (B, T_new, 3C) -> (3, B, heads, T_new, D), as in attend.
+  const Tensor qkv_heads = (*qkv)(x).reshape({b, t, 3, heads_, d}).permute({2, 0, 3, 1, 4});
+  const auto [k, v] = cache.append(layer, qkv_heads.select(0, 1), qkv_heads.select(0, 2));
+  Tensor mask;  // (T_new, past + T_new) Bool
+  bool causal = false;
+  if (t > 1 && past == 0) {
+    causal = config_.causal;  // a prompt: exactly forward's attention
+  } else if (t > 1 && config_.causal) {
+    // New query i is position past + i: it sees keys 0 .. past + i (bottom-right aligned; the
+    // op's causal flag aligns top-left, which is right only without a past).
+    const Tensor cols = Tensor::arange(past + t, DType::I64, x.device());
+    mask = le(cols.reshape({1, past + t}), cols.narrow(0, past, t).reshape({t, 1}));
+  }
+  const Tensor y =
+      scaled_dot_product_attention(qkv_heads.select(0, 0).to(k.dtype()), k, v, mask, causal);
+  // (B, heads, T_new, D) -> (B, T_new, C)
+  Tensor out = (*proj)(y.transpose(1, 2).reshape({b, t, dim_}));
+  if (config_.dropout > 0.0 && is_training()) out = dropout(out, config_.dropout, true);
+  return out;
+}
+
 std::string MultiheadAttention::extra_repr() const {
   std::ostringstream os;
   os << "dim=" << dim_ << ", heads=" << heads_ << (config_.causal ? ", causal" : "");
@@ -504,6 +535,11 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   };
   if (checkpointing_ == ActivationCheckpointing::PerBlock) return autograd::checkpoint(segment, x);
   return segment(x);
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t layer) {
+  const Tensor h = add(x, attn->attend_cached((*norm1)(x), cache, layer));
+  return add(h, (*mlp)((*norm2)(h)));
 }
 
 // ---- recurrent ---------------------------------------------------------------------------------

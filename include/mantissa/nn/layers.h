@@ -22,6 +22,8 @@
 
 namespace mantissa::nn {
 
+class KVCache;  // causal_lm.h
+
 // ---- initialisation (in place, no graph; values drawn in the tensor's own dtype) --------------
 namespace init {
 
@@ -317,8 +319,15 @@ class MultiheadAttention : public Module {
   Tensor forward(const Tensor& x) override;
   // With a mask broadcastable to (B, heads, T, T): Bool (true = attend) or additive float.
   Tensor attend(const Tensor& x, const Tensor& mask);
+  // Incremental decoding (inference, under NoGrad): x (B, T_new, C) are the positions that follow
+  // the cache's length(). Their keys and values are written into `cache` at `layer` (the model
+  // advances the cache once all its layers have run), and their queries attend to every cached
+  // position and, causally, to the new ones: a whole prompt in one call gives the rows of
+  // forward(prompt), and one token per call then costs O(length) instead of a full forward.
+  Tensor attend_cached(const Tensor& x, KVCache& cache, int64_t layer);
   std::string extra_repr() const override;
   int64_t num_heads() const { return heads_; }
+  int64_t head_dim() const { return dim_ / heads_; }
 
   std::shared_ptr<Linear> qkv;   // (3C, C)
   std::shared_ptr<Linear> proj;  // (C, C)
@@ -355,6 +364,8 @@ class TransformerBlock : public Module {
   TransformerBlock(int64_t dim, int64_t num_heads, std::optional<uint64_t> seed = {},
                    const TransformerConfig& config = {});
   Tensor forward(const Tensor& x) override;
+  // The same block over the positions that follow `cache` (MultiheadAttention::attend_cached).
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer);
   // PerBlock: forward keeps only x and recomputes the block in backward. The recomputation
   // reads the parameters at backward time, so they must not be swapped in between (as
   // functional_call does) or updated before backward.
