@@ -10,6 +10,7 @@
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/causal_lm.h"
+#include "mantissa/nn/layers.h"
 #include "nn/lm_test_util.h"
 
 namespace mantissa::nn {
@@ -127,6 +128,11 @@ TEST(KVCache, BuffersArePreallocatedAndFilledInPlace) {
   auto lstm = tiny("lstm");
   EXPECT_THROW(as_causal_lm(*lstm).logits_with_cache(Tensor::zeros({1, 1}, DType::I64), *full),
                Error);
+  // The layer-level entry refuses a graph: no gradient would flow through the cache.
+  auto* blocks = dynamic_cast<Sequential*>(model->child("blocks").get());
+  ASSERT_NE(blocks, nullptr);
+  auto& block = dynamic_cast<TransformerBlock&>(*(*blocks)[0]);
+  EXPECT_THROW(block.attn->attend_cached(Tensor::zeros({1, 1, 128}), *kv, 0), Error);
   // reset() starts a new sequence in the same buffers.
   full->reset();
   EXPECT_EQ(full->length(), 0);
