@@ -1,14 +1,51 @@
 #include "mantissa/autograd/checkpoint.h"
 
+#include <array>
+#include <memory>
+
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa::autograd {
 
+namespace {
+
+// The autocast state of every device type where a segment first ran. The recomputation runs in
+// backward, usually after the region has ended: without this it would compute the segment in
+// other dtypes than the first time and the gradients would not be the ones of the forward
+// (PyTorch's checkpoint saves and restores autocast the same way).
+struct AutocastState {
+  std::array<bool, kNumDeviceTypes> enabled{};
+  std::array<DType, kNumDeviceTypes> dtype{};
+
+  static AutocastState current() {
+    AutocastState s;
+    for (int d = 0; d < kNumDeviceTypes; ++d) {
+      s.enabled[size_t(d)] = amp::is_autocast_enabled(DeviceType(d));
+      s.dtype[size_t(d)] = amp::autocast_dtype(DeviceType(d));
+    }
+    return s;
+  }
+
+  // Regions that set this state until they are destroyed (innermost last).
+  std::vector<std::unique_ptr<amp::Autocast>> enter() const {
+    std::vector<std::unique_ptr<amp::Autocast>> regions;
+    for (int d = 0; d < kNumDeviceTypes; ++d) {
+      regions.push_back(
+          std::make_unique<amp::Autocast>(DeviceType(d), dtype[size_t(d)], enabled[size_t(d)]));
+    }
+    return regions;
+  }
+};
+
+}  // namespace
+
 std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return fn(inputs);
   const GeneratorState rng = generator_state();
+  const AutocastState autocast = AutocastState::current();
   std::vector<Tensor> outputs;
   {
     NoGrad ng;
@@ -26,7 +63,7 @@ std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inp
   }
   // Recorded even when no input requires grad: parameters inside fn may.
   std::vector<Tensor> record_inputs = inputs;
-  auto node_fn = [fn, saved, wants, rng](const std::vector<Tensor>& grads) {
+  auto node_fn = [fn, saved, wants, rng, autocast](const std::vector<Tensor>& grads) {
     // Recompute with the same random numbers, on fresh leaves that stand for the inputs.
     std::vector<Tensor> leaves;
     std::vector<Tensor> wanted_leaves;
@@ -44,6 +81,7 @@ std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inp
     std::vector<Tensor> outs;
     {
       EnableGrad eg;
+      const auto regions = autocast.enter();
       outs = fn(leaves);
     }
     set_generator_state(now);

@@ -263,6 +263,11 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     std::vector<Tensor> outs = n->apply(std::move(grads));
     for (auto& hook : n->post_hooks)
       hook(outs, grad_outputs);
+    // Each node runs once per backward: free what it saved now rather than when the whole
+    // backward ends (as PyTorch does), so the backward's memory falls as it goes. With activation
+    // checkpointing this is most of the saving: the loss's saved log-probabilities (B*T*vocab
+    // floats) are gone before the first block is recomputed.
+    if (!retain_graph) n->release();
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
       const Edge& e = n->next_edges[i];
       if (!e.node) continue;
@@ -274,7 +279,7 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
   }
   if (!retain_graph) {
     for (auto& n : visited)
-      n->release();
+      n->release();  // those that did not run (captured by grad())
   }
 }
 

@@ -214,18 +214,22 @@ struct Unary<UnaryOp::Gelu> {
   }
 };
 
+// 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as x sigmoid(2u): the
+// same function, but exp instead of tanh (glibc's tanhf is 8x slower than its expf: the op took
+// 18 ms for 2M floats on 2 threads, a quarter of a GPT-2 block's forward), and without the
+// cancellation of 1 + tanh(u) for negative x. dy/dx = s + 2 x s (1 - s) du/dx with s = sigmoid(2u)
+// (as 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s)).
 template <>
 struct Unary<UnaryOp::GeluTanh> {
   template <typename M, typename C>
   MT_HOST_DEVICE static C forward(const C& x, const UnaryArgs<C>&) {
-    return C(0.5) * x * (C(1) + M::tanh(C(kSqrt2OverPi) * (x + C(0.044715) * x * x * x)));
+    return x * sigmoid<M>(C(2 * kSqrt2OverPi) * (x + C(0.044715) * x * x * x));
   }
   template <typename M, typename C>
   MT_HOST_DEVICE static C backward(const C& g, const C& x, const C&, const UnaryArgs<C>&) {
-    const C inner = C(kSqrt2OverPi) * (x + C(0.044715) * x * x * x);
-    const C t = M::tanh(inner);
+    const C s = sigmoid<M>(C(2 * kSqrt2OverPi) * (x + C(0.044715) * x * x * x));
     const C dinner = C(kSqrt2OverPi) * (C(1) + C(3 * 0.044715) * x * x);
-    return g * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dinner);
+    return g * (s + C(2) * x * s * (C(1) - s) * dinner);
   }
 };
 

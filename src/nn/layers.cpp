@@ -3,7 +3,9 @@
 #include <cmath>
 #include <sstream>
 
+#include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/nn/causal_lm.h"
 #include "mantissa/numerics/philox.h"
 
 namespace mantissa::nn {
@@ -456,6 +458,36 @@ Tensor MultiheadAttention::attend(const Tensor& x, const Tensor& mask) {
   return out;
 }
 
+Tensor MultiheadAttention::attend_cached(const Tensor& x, KVCache& cache, int64_t layer) {
+  MT_CHECK(!autograd::grad_enabled(), "MultiheadAttention::attend_cached is for inference: no ",
+           "gradient flows through the cache, so run it under NoGrad");
+  MT_CHECK(x.dim() == 3 && x.size(2) == dim_, "MultiheadAttention(dim=", dim_,
+           "): expected a batch-first input (B, T_new, ", dim_, "), got a ", x.describe());
+  const int64_t b = x.size(0), t = x.size(1), d = dim_ / heads_;
+  MT_CHECK(cache.heads() == heads_ && cache.head_dim() == d, "MultiheadAttention(heads=", heads_,
+           ", head_dim=", d, "): a KVCache of ", cache.heads(), " heads of ", cache.head_dim());
+  const int64_t past = cache.length();
+  // (B, T_new, 3C) -> (3, B, heads, T_new, D), as in attend.
+  const Tensor qkv_heads = (*qkv)(x).reshape({b, t, 3, heads_, d}).permute({2, 0, 3, 1, 4});
+  const auto [k, v] = cache.append(layer, qkv_heads.select(0, 1), qkv_heads.select(0, 2));
+  Tensor mask;  // (T_new, past + T_new) Bool
+  bool causal = false;
+  if (t > 1 && past == 0) {
+    causal = config_.causal;  // a prompt: exactly forward's attention
+  } else if (t > 1 && config_.causal) {
+    // New query i is position past + i: it sees keys 0 .. past + i (bottom-right aligned; the
+    // op's causal flag aligns top-left, which is right only without a past).
+    const Tensor cols = Tensor::arange(past + t, DType::I64, x.device());
+    mask = le(cols.reshape({1, past + t}), cols.narrow(0, past, t).reshape({t, 1}));
+  }
+  const Tensor y =
+      scaled_dot_product_attention(qkv_heads.select(0, 0).to(k.dtype()), k, v, mask, causal);
+  // (B, heads, T_new, D) -> (B, T_new, C)
+  Tensor out = (*proj)(y.transpose(1, 2).reshape({b, t, dim_}));
+  if (config_.dropout > 0.0 && is_training()) out = dropout(out, config_.dropout, true);
+  return out;
+}
+
 std::string MultiheadAttention::extra_repr() const {
   std::ostringstream os;
   os << "dim=" << dim_ << ", heads=" << heads_ << (config_.causal ? ", causal" : "");
@@ -496,7 +528,17 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, std::optional
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  const Tensor h = add(x, (*attn)((*norm1)(x)));
+  // The segment holds the sublayers themselves (not this block), so the graph keeps them alive.
+  auto segment = [norm1 = norm1, attn = attn, norm2 = norm2, mlp = mlp](const Tensor& in) {
+    const Tensor h = add(in, (*attn)((*norm1)(in)));
+    return add(h, (*mlp)((*norm2)(h)));
+  };
+  if (checkpointing_ == ActivationCheckpointing::PerBlock) return autograd::checkpoint(segment, x);
+  return segment(x);
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t layer) {
+  const Tensor h = add(x, attn->attend_cached((*norm1)(x), cache, layer));
   return add(h, (*mlp)((*norm2)(h)));
 }
 
@@ -620,28 +662,44 @@ Tensor LSTM::run(const Tensor& x, const std::vector<LSTMState>& initial,
            "): expected a batch-first input (B, T, ", input_, "), got a ", x.describe());
   MT_CHECK(initial.empty() || int64_t(initial.size()) == layers_, "LSTM: ", initial.size(),
            " initial states for ", layers_, " layers (give one per layer, or none)");
-  const int64_t steps = x.size(1);
-  MT_CHECK(steps > 0, "LSTM: the input has no time steps: ", x.describe());
+  MT_CHECK(x.size(1) > 0, "LSTM: the input has no time steps: ", x.describe());
   if (final) final->clear();
   Tensor seq = x;  // (B, T, in) of the current layer
   for (int64_t l = 0; l < layers_; ++l) {
-    const std::vector<Tensor*>& w = weights_[size_t(l)];
-    if (l > 0 && dropout_ > 0.0 && is_training()) seq = dropout(seq, dropout_, true);
-    // The input projection of every step at once: (B, T, 4H).
-    const Tensor projected = linear(seq, *w[0], *w[2]);
-    LSTMState state = initial.empty() ? LSTMState{} : initial[size_t(l)];
-    std::vector<Tensor> outputs;
-    outputs.reserve(size_t(steps));
-    for (int64_t t = 0; t < steps; ++t) {
-      Tensor gates = projected.select(1, t);
-      gates = state.h.defined() ? add(gates, linear(state.h, *w[1], *w[3])) : add(gates, *w[3]);
-      state = lstm_gates(gates, state.c);
-      outputs.push_back(state.h);
+    const LSTMState state = initial.empty() ? LSTMState{} : initial[size_t(l)];
+    const TensorList inputs{seq, state.h, state.c};
+    TensorList out;
+    if (checkpointing_ == ActivationCheckpointing::PerBlock) {
+      // The recomputation in backward reads the weights through this module, which the model
+      // keeps alive as long as its graph.
+      out = autograd::checkpoint(
+          [this, l](const std::vector<Tensor>& in) { return run_layer(l, in); }, inputs);
+    } else {
+      out = run_layer(l, inputs);
     }
-    if (final) final->push_back(state);
-    seq = stack(outputs, 1);  // (B, T, H)
+    if (final) final->push_back({out[1], out[2]});
+    seq = out[0];
   }
   return seq;
+}
+
+TensorList LSTM::run_layer(int64_t layer, const TensorList& inputs) {
+  const std::vector<Tensor*>& w = weights_[size_t(layer)];
+  Tensor seq = inputs[0];
+  if (layer > 0 && dropout_ > 0.0 && is_training()) seq = dropout(seq, dropout_, true);
+  // The input projection of every step at once: (B, T, 4H).
+  const Tensor projected = linear(seq, *w[0], *w[2]);
+  const int64_t steps = seq.size(1);
+  LSTMState state{inputs[1], inputs[2]};
+  std::vector<Tensor> outputs;
+  outputs.reserve(size_t(steps));
+  for (int64_t t = 0; t < steps; ++t) {
+    Tensor gates = projected.select(1, t);
+    gates = state.h.defined() ? add(gates, linear(state.h, *w[1], *w[3])) : add(gates, *w[3]);
+    state = lstm_gates(gates, state.c);
+    outputs.push_back(state.h);
+  }
+  return {stack(outputs, 1), state.h, state.c};  // (B, T, H), (B, H), (B, H)
 }
 
 std::string LSTM::extra_repr() const {
@@ -649,6 +707,20 @@ std::string LSTM::extra_repr() const {
   os << input_ << ", " << hidden_ << ", num_layers=" << layers_;
   if (dropout_ > 0) os << ", dropout=" << dropout_;
   return os.str();
+}
+
+int64_t set_activation_checkpointing(Module& model, ActivationCheckpointing mode) {
+  int64_t n = 0;
+  for (const auto& [path, m] : model.named_modules()) {
+    if (auto* block = dynamic_cast<TransformerBlock*>(m)) {
+      block->set_activation_checkpointing(mode);
+      ++n;
+    } else if (auto* lstm = dynamic_cast<LSTM*>(m)) {
+      lstm->set_activation_checkpointing(mode);
+      ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace mantissa::nn

@@ -71,7 +71,13 @@ const Entry& find(const std::string& name) {
 }  // namespace
 
 std::shared_ptr<Module> make_model(const std::string& name, const ModelConfig& config) {
-  return find(name).build(config);
+  std::shared_ptr<Module> model = find(name).build(config);
+  if (config.activation_checkpointing != ActivationCheckpointing::Off) {
+    MT_CHECK(set_activation_checkpointing(*model, config.activation_checkpointing) > 0, "model \"",
+             name, "\" has no transformer blocks or LSTM layers to checkpoint; activation ",
+             "checkpointing is for gpt2, gpt2_tiny, vit*, lstm and lstm_classifier");
+  }
+  return model;
 }
 
 std::vector<std::string> model_names() {

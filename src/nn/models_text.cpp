@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "mantissa/nn/causal_lm.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
 
@@ -17,12 +18,17 @@ void check_tokens(const Tensor& tokens, int64_t context, const std::string& mode
            tokens.size(1), " must be between 1 and the context length ", context);
 }
 
+// The last position of each sequence when only it is wanted: (B, T, C) -> (B, 1, C).
+Tensor keep_positions(const Tensor& h, Logits which) {
+  return which == Logits::Last ? h.narrow(1, h.size(1) - 1, 1) : h;
+}
+
 // wte, wpe, drop, blocks.i (pre-LN, causal, GELU tanh), ln_f, lm_head (tied to wte).
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
   GPT(const ModelConfig& c, int64_t vocab, int64_t context, int64_t layers, int64_t heads,
       int64_t dim)
-      : Module("GPT"), context_(context) {
+      : CausalLM("GPT"), vocab_(vocab), context_(context), heads_(heads), dim_(dim) {
     MT_CHECK(vocab > 0 && context > 0 && layers > 0 && heads > 0 && dim > 0,
              "gpt: sizes must be positive, got vocab=", vocab, ", context=", context,
              ", layers=", layers, ", heads=", heads, ", dim=", dim);
@@ -69,21 +75,57 @@ class GPT : public Module {
     return (*lm_head)((*ln_f)(h));
   }
 
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t context_length() const override { return context_; }
+
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;
   std::shared_ptr<Sequential> blocks;
   std::shared_ptr<LayerNorm> ln_f;
   std::shared_ptr<Linear> lm_head;
 
+ protected:
+  std::unique_ptr<DecodeCache> make_cache(int64_t batch, int64_t capacity) const override {
+    return std::make_unique<KVCache>(int64_t(blocks->size()), batch, heads_, capacity,
+                                     dim_ / heads_);
+  }
+
+  // forward's computation over the positions after the cache's; each block attends to its
+  // cached keys and values.
+  Tensor forward_cached(const Tensor& tokens, DecodeCache& cache, Logits which) override {
+    auto* kv = dynamic_cast<KVCache*>(&cache);
+    MT_CHECK(kv != nullptr && kv->layers() == int64_t(blocks->size()),
+             "gpt: this cache was not made by this model; make one with new_cache(batch)");
+    const int64_t past = kv->length(), t = tokens.size(1);
+    // GPT-2's positions are learned up to the context length and mean nothing past it; nanoGPT
+    // crops the sequence to its last context_length tokens instead (recomputing all of them).
+    MT_CHECK(past + t <= context_, "gpt: ", past, " cached positions and ", t,
+             " new tokens pass the context length ", context_,
+             "; generate fewer tokens, or start a new cache from the last tokens");
+    MT_CHECK(past + t <= kv->capacity(), "gpt: ", past, " cached positions and ", t,
+             " new tokens pass the cache's capacity ", kv->capacity(),
+             "; make it with new_cache(batch, capacity) large enough (at most ", context_, ")");
+    const Tensor positions =
+        Tensor::arange(past + t, DType::I64, tokens.device()).narrow(0, past, t);
+    Tensor h = add((*wte)(tokens), (*wpe)(positions));  // (B, T_new, C)
+    h = (*drop)(h);
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      h = static_cast<TransformerBlock&>(*(*blocks)[i]).forward_cached(h, *kv, int64_t(i));
+    }
+    kv->advance(t);
+    return (*lm_head)((*ln_f)(keep_positions(h, which)));
+  }
+
  private:
-  int64_t context_;
+  int64_t vocab_, context_, heads_, dim_;
 };
 
 // encoder (Embedding), drop, rnn (LSTM), decoder (Linear): tokens (B, T) -> logits (B, T, vocab).
-class LSTMLanguageModel : public Module {
+// Generation carries the LSTM's state instead of a context window.
+class LSTMLanguageModel : public CausalLM {
  public:
   LSTMLanguageModel(const ModelConfig& c, int64_t embed, int64_t hidden, int64_t layers)
-      : Module("LSTMLanguageModel"), context_(c.max_seq_len) {
+      : CausalLM("LSTMLanguageModel"), vocab_(c.vocab_size), context_(c.max_seq_len) {
     MT_CHECK(c.vocab_size > 0 && c.max_seq_len > 0, "lstm: vocab_size and max_seq_len must be ",
              "positive, got ", c.vocab_size, " and ", c.max_seq_len);
     std::optional<init::NoInit> skip(std::in_place);  // drawn by init_weights below
@@ -109,13 +151,35 @@ class LSTMLanguageModel : public Module {
     return (*decoder)((*drop)(h));
   }
 
+  int64_t vocab_size() const override { return vocab_; }
+  // max_seq_len bounds the training windows only: the state carries any length.
+  int64_t context_length() const override { return 0; }
+
   std::shared_ptr<Embedding> encoder;
   std::shared_ptr<Dropout> drop;
   std::shared_ptr<LSTM> rnn;
   std::shared_ptr<Linear> decoder;
 
+ protected:
+  std::unique_ptr<DecodeCache> make_cache(int64_t batch, int64_t /*capacity*/) const override {
+    return std::make_unique<RecurrentCache>(batch);
+  }
+
+  Tensor forward_cached(const Tensor& tokens, DecodeCache& cache, Logits which) override {
+    auto* state = dynamic_cast<RecurrentCache*>(&cache);
+    MT_CHECK(state != nullptr,
+             "lstm: this cache was not made by this model; make one with new_cache(batch)");
+    const Tensor x = (*drop)((*encoder)(tokens));
+    const TensorList out =
+        state->h.defined() ? (*rnn)({x, state->h, state->c}) : (*rnn)(TensorList{x});
+    state->h = out[1];
+    state->c = out[2];
+    state->advance(tokens.size(1));
+    return (*decoder)((*drop)(keep_positions(out[0], which)));
+  }
+
  private:
-  int64_t context_;
+  int64_t vocab_, context_;
 };
 
 // Each image row is a time step: (B, C, H, W) -> (B, H, C*W) -> LSTM -> last step -> fc.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/tensor/ops.h"
@@ -32,6 +33,26 @@ TEST(Checkpoint, SameGradientsAsWithout) {
   const auto plain = run(false), ckpt = run(true);
   for (size_t i = 0; i < plain.size(); ++i)
     EXPECT_EQ(plain[i], ckpt[i]) << "tensor " << i;
+}
+
+// The recomputation runs in backward, after the autocast region has ended: it must run in the
+// region's dtypes again (a GEMM in bf16, not fp32) for the gradients to be the forward's.
+TEST(Checkpoint, ReplaysTheAutocastStateOfTheForward) {
+  auto run = [](bool use_checkpoint) {
+    Tensor x = Tensor::normal({16, 32}, 0, 1, 1).set_requires_grad(true);
+    Tensor w = Tensor::normal({32, 32}, 0, 0.2, 2).set_requires_grad(true);
+    auto seg = [w](const Tensor& in) { return tanh(linear(in, w)); };
+    Tensor h;
+    {
+      amp::Autocast ac(DeviceType::CPU, DType::BF16);
+      h = use_checkpoint ? autograd::checkpoint(seg, x) : seg(x);
+    }
+    EXPECT_EQ(h.dtype(), DType::BF16);
+    sum(mul(h, h)).backward();
+    return std::vector<std::vector<float>>{x.grad().to_vector<float>(),
+                                           w.grad().to_vector<float>()};
+  };
+  EXPECT_EQ(run(false), run(true));
 }
 
 TEST(Checkpoint, InputsWithoutGradStillReachParameters) {

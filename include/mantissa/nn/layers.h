@@ -22,6 +22,8 @@
 
 namespace mantissa::nn {
 
+class KVCache;  // causal_lm.h
+
 // ---- initialisation (in place, no graph; values drawn in the tensor's own dtype) --------------
 namespace init {
 
@@ -317,8 +319,15 @@ class MultiheadAttention : public Module {
   Tensor forward(const Tensor& x) override;
   // With a mask broadcastable to (B, heads, T, T): Bool (true = attend) or additive float.
   Tensor attend(const Tensor& x, const Tensor& mask);
+  // Incremental decoding (inference, under NoGrad): x (B, T_new, C) are the positions that follow
+  // the cache's length(). Their keys and values are written into `cache` at `layer` (the model
+  // advances the cache once all its layers have run), and their queries attend to every cached
+  // position and, causally, to the new ones: a whole prompt in one call gives the rows of
+  // forward(prompt), and one token per call then costs O(length) instead of a full forward.
+  Tensor attend_cached(const Tensor& x, KVCache& cache, int64_t layer);
   std::string extra_repr() const override;
   int64_t num_heads() const { return heads_; }
+  int64_t head_dim() const { return dim_ / heads_; }
 
   std::shared_ptr<Linear> qkv;   // (3C, C)
   std::shared_ptr<Linear> proj;  // (C, C)
@@ -355,10 +364,20 @@ class TransformerBlock : public Module {
   TransformerBlock(int64_t dim, int64_t num_heads, std::optional<uint64_t> seed = {},
                    const TransformerConfig& config = {});
   Tensor forward(const Tensor& x) override;
+  // The same block over the positions that follow `cache` (MultiheadAttention::attend_cached).
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t layer);
+  // PerBlock: forward keeps only x and recomputes the block in backward. The recomputation
+  // reads the parameters at backward time, so they must not be swapped in between (as
+  // functional_call does) or updated before backward.
+  void set_activation_checkpointing(ActivationCheckpointing mode) { checkpointing_ = mode; }
+  ActivationCheckpointing activation_checkpointing() const { return checkpointing_; }
 
   std::shared_ptr<LayerNorm> norm1, norm2;
   std::shared_ptr<MultiheadAttention> attn;
   std::shared_ptr<Mlp> mlp;
+
+ private:
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::Off;
 };
 
 // ---- recurrent
@@ -410,11 +429,25 @@ class LSTM : public Module {
              std::vector<LSTMState>* final = nullptr);
   std::string extra_repr() const override;
   int64_t hidden_size() const { return hidden_; }
+  int64_t num_layers() const { return layers_; }
+  // PerBlock: each layer is checkpointed on its own (its input sequence and initial state are
+  // kept, its T steps recomputed in backward); the same caveats as TransformerBlock's.
+  void set_activation_checkpointing(ActivationCheckpointing mode) { checkpointing_ = mode; }
+  ActivationCheckpointing activation_checkpointing() const { return checkpointing_; }
 
  private:
+  // One layer over the whole sequence: {seq (B, T, in), h0, c0 (B, H) or undefined} ->
+  // {y (B, T, H), h_n, c_n}.
+  TensorList run_layer(int64_t layer, const TensorList& inputs);
+
   int64_t input_, hidden_, layers_;
   double dropout_;
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::Off;
   std::vector<std::vector<Tensor*>> weights_;  // per layer: w_ih, w_hh, b_ih, b_hh
 };
+
+// Sets the mode on every TransformerBlock and LSTM in `model` (ViT, GPT, the LSTM models);
+// returns how many it set (0: the model has no block to checkpoint).
+int64_t set_activation_checkpointing(Module& model, ActivationCheckpointing mode);
 
 }  // namespace mantissa::nn

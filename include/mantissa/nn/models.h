@@ -22,6 +22,10 @@ struct ModelConfig {
   int64_t max_seq_len = 256;  // token models (gpt2 itself: 1024)
   double dropout = 0.0;
   uint64_t seed = 0;  // every initial value derives from it
+  // PerBlock: every transformer block (gpt2*, vit*) or LSTM layer (lstm, lstm_classifier)
+  // recomputes its activations in backward (nn::set_activation_checkpointing). Other models have
+  // no blocks and refuse it.
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::Off;
 };
 
 // What a model takes as input.
@@ -45,7 +49,8 @@ enum class ModelInput {
 //   gpt2_tiny      4 layers, 4 heads, 128 dim, vocab_size, context max_seq_len
 //   lstm           language model: embedding 128 -> 2-layer LSTM 256 -> linear to vocab (Tokens)
 //   lstm_classifier  image rows as a sequence: (B, C, H, W) or (B, H, W) -> LSTM 128 -> classes
-// An unknown name throws listing these.
+// An unknown name throws listing these. The token models (gpt2, gpt2_tiny, lstm) are
+// nn::CausalLM's (causal_lm.h): they generate with a cache (generate.h).
 std::shared_ptr<Module> make_model(const std::string& name, const ModelConfig& config = {});
 std::vector<std::string> model_names();
 ModelInput model_input(const std::string& name);

@@ -28,6 +28,12 @@ using TensorList = std::vector<Tensor>;
 class Module;
 using ModulePtr = std::shared_ptr<Module>;
 
+// How a block of layers (a TransformerBlock, each layer of an LSTM) keeps what its backward
+// needs. PerBlock runs the block through autograd::checkpoint: its forward keeps only the block's
+// input and backward runs it again (same random numbers, same autocast state), trading one more
+// forward of the blocks for their activations' memory. The gradients are bit-identical.
+enum class ActivationCheckpointing { Off, PerBlock };
+
 // What a non-strict load_state_dict left out.
 struct LoadResult {
   std::vector<std::string> missing_keys;     // in the model, not in the entries
