@@ -212,6 +212,9 @@ void Trainer::build() {
   nn::ModelConfig mc;
   mc.dropout = config_.dropout;
   mc.seed = config_.seed;
+  mc.activation_checkpointing = config_.checkpoint_activations
+                                    ? nn::ActivationCheckpointing::PerBlock
+                                    : nn::ActivationCheckpointing::Off;
   if (language_model_) {
     build_tokens(mc);
   } else {
@@ -321,6 +324,7 @@ void Trainer::build_tokens(nn::ModelConfig& mc) {
     std::tie(train, val) = load_text_data(config_);
   }
   const int64_t vocab = train.vocab_size;
+  config_.vocab_size = vocab;  // the model's: checkpoints carry it to generate and eval
   const int64_t t = config_.seq_len;
   MT_CHECK(train.size() > t && val.size() > t, "--seq-len ", t,
            " is longer than the training stream (", train.size(),

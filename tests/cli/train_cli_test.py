@@ -102,6 +102,36 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = run("train", "--model", "gpt2_tiny", "--data", "fashion-mnist")
     check(rc == 2 and "trains on tokens" in err and out == "", f"gpt2_tiny on images: {rc} {err!r}")
 
+    # Text end to end: tokenize a corpus, train on its shards, generate from the checkpoint
+    # (the same seed gives the same text; a checkpoint of an image model is refused).
+    corpus = os.path.join(tmp, "corpus.txt")
+    with open(corpus, "w") as f:
+        for i in range(200):
+            f.write(f"The cat number {i} sat on the mat and looked at the dog.\n%\n")
+    shards = os.path.join(tmp, "shards")
+    rc, out, err = run("tokenize", "--input", corpus, "--out", shards, "--vocab-size", "300")
+    check(rc == 0, f"tokenize ({rc}): {err[-300:]!r}")
+    ckpt4 = os.path.join(tmp, "text.safetensors")
+    rc, out, err = run("train", "--model", "gpt2_tiny", "--data", "text", "--data-path", shards,
+                       "--seq-len", "16", "--batch-size", "8", "--optimizer", "adamw", "--steps",
+                       "5", "--threads", "2", "--no-progress", "--checkpoint", ckpt4)
+    check(rc == 0 and "perplexity" in out, f"train on shards ({rc}): {out!r} {err[-300:]!r}")
+    gen = ["generate", "--checkpoint", ckpt4, "--prompt", "The cat", "--max-tokens", "8",
+           "--json"]
+    rc1, out1, err1 = run(*gen, "--seed", "1")
+    rc2, out2, _ = run(*gen, "--seed", "1")
+    sample = json.loads(out1) if rc1 == 0 else {}
+    again = json.loads(out2) if rc2 == 0 else {}
+    check(rc1 == 0 and rc2 == 0 and sample.get("completion") == again.get("completion")
+          and sample.get("prompt") == "The cat"
+          and 0 < sample.get("tokens", 0) <= 8, f"generate is deterministic ({rc1}): {out1!r} {err1!r}")
+    rc, out, err = run("generate", "--checkpoint", ckpt4, "--prompt", "The", "--max-tokens", "5")
+    check(rc == 0 and out.startswith("The"), f"generate streams the text ({rc}): {out!r} {err!r}")
+    rc, out, err = run("generate", "--checkpoint", ckpt, "--prompt", "x")
+    check(rc == 2 and "image model" in err, f"generate from an image model: {rc} {err!r}")
+    rc, out, err = run(*gen, "--max-tokens", "0")
+    check(rc == 2 and "--max-tokens" in err, f"generate --max-tokens 0: {rc} {err!r}")
+
     # --device: recorded in the summary; a bad name or a missing GPU is one line and exit 2.
     check(result.get("device") == "cpu", f"the summary names the device: {result}")
     rc, out, err = run("train", *small, "--steps", "2", "--device", "cpu", "--json")

@@ -23,10 +23,11 @@ struct TrainConfig {
   // text: a directory written by `mantissa tokenize --out DIR` (train.bin, val.bin,
   // tokenizer.json) or a training shard; val_path / tokenizer override the directory's files.
   std::string data_path;
-  std::string val_path;    // empty: DIR/val.bin, or the last 5% of a lone shard's tokens
-  std::string tokenizer;   // empty: DIR/tokenizer.json when it exists (kept for generation)
-  int64_t seq_len = 128;   // tokens per training window (<= the model's context)
-  int64_t vocab_size = 0;  // synthetic-text's vocabulary (0: 256); text: the shard's
+  std::string val_path;   // empty: DIR/val.bin, or the last 5% of a lone shard's tokens
+  std::string tokenizer;  // empty: DIR/tokenizer.json when it exists (kept for generation)
+  int64_t seq_len = 128;  // tokens per training window (<= the model's context)
+  // The model's vocabulary: synthetic-text's (0: 256); with text, set from the shard.
+  int64_t vocab_size = 0;
   // Evaluation of language models: every this many optimizer steps (0: at each epoch's end), on
   // at most eval_batches batches of non-overlapping windows (0: the whole validation stream).
   int64_t eval_every = 0;
