@@ -71,13 +71,14 @@ TEST_F(LmTrainerTest, GptAndLstmLearnTheStream) {
   }
 }
 
-// --grad-accum 4 --batch-size 4 sees exactly the examples of --batch-size 16 and sums the losses
+// --grad-accum 4 --batch-size 16 sees exactly the examples of --batch-size 64 and sums the losses
 // over all 4 micro-batches before dividing once: the same steps as the big batch, to fp32
 // rounding (the sums add in another order).
 TEST_F(LmTrainerTest, GradientAccumulationEqualsTheBigBatch) {
   TrainConfig big = small();
+  big.batch_size = 64;
   TrainConfig acc = small();
-  acc.batch_size = 4;
+  acc.batch_size = 16;
   acc.grad_accum = 4;
   Trainer a(big), b(acc);
   a.fit();
@@ -156,6 +157,35 @@ TEST_F(LmTrainerTest, NoDecayOnBiasesNormsAndEmbeddings) {
   TrainConfig all = small();
   all.decay = "all";
   EXPECT_EQ(Trainer(all).optimizer().num_groups(), 1u);
+}
+
+// --checkpoint-activations recomputes each block in backward: the same losses and weights, bit for
+// bit (dropout on, so the recomputation must replay the masks), in fp32 and bf16.
+TEST_F(LmTrainerTest, ActivationCheckpointingChangesNoBit) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig plain = small();
+    plain.precision = precision;
+    plain.dropout = 0.1;
+    plain.max_steps = 6;
+    TrainConfig recompute = plain;
+    recompute.checkpoint_activations = true;
+    // One after the other: a Trainer seeds the default generator when it is built, and the
+    // dropout masks are drawn from it.
+    Trainer a(plain);
+    a.fit();
+    Trainer b(recompute);
+    b.fit();
+    EXPECT_EQ(a.step_losses(), b.step_losses());
+    const NamedTensors wa = a.model().state_dict(), wb = b.model().state_dict();
+    for (size_t i = 0; i < wa.size(); ++i) {
+      EXPECT_EQ(wa[i].second.to_vector<double>(), wb[i].second.to_vector<double>()) << wa[i].first;
+    }
+  }
+  TrainConfig cnn = small("cnn");
+  cnn.data = "synthetic";
+  cnn.checkpoint_activations = true;
+  EXPECT_THROW(Trainer{cnn}, Error) << "a model without blocks refuses it";
 }
 
 TEST_F(LmTrainerTest, ResumeWithAccumulationIsBitwise) {
