@@ -35,7 +35,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", default="3e-3")
-    ap.add_argument("--warmup", default="100")
+    ap.add_argument("--warmup", type=int, default=100,
+                    help="warmup steps (at most a tenth of --steps is used)")
     ap.add_argument("--threads", default="2")
     ap.add_argument("--eval-batches", default="0", help="0: the whole validation shard")
     ap.add_argument("--prompt", default="The meaning of life is")
@@ -51,7 +52,7 @@ def main():
         cmd = [args.mantissa, "train", "--model", "gpt2_tiny", "--data", "text", "--data-path",
                args.data, "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
                "--optimizer", "adamw", "--lr", args.lr, "--weight-decay", "0.1", "--warmup",
-               args.warmup, "--schedule", "cosine", "--steps", str(args.steps), "--epochs", "1000",
+               str(min(args.warmup, args.steps // 10)), "--schedule", "cosine", "--steps", str(args.steps), "--epochs", "1000",
                "--eval-batches", args.eval_batches, "--threads", args.threads, "--no-progress",
                "--log-every", "500", "--metrics", metrics, "--checkpoint", ckpt, "--json",
                *RECIPES[name]]
@@ -60,9 +61,9 @@ def main():
         if run.returncode != 0:
             sys.exit(f"{name} failed ({run.returncode}): {run.stderr[-2000:]}")
         result = json.loads(run.stdout)
-        epochs = [json.loads(line) for line in open(metrics)]
-        trains = [r for r in epochs if r["kind"] == "train"]
-        result["tokens_per_s"] = sum(r["tokens_per_s"] for r in trains) / max(len(trains), 1)
+        # Training tokens over training time (evaluations excluded), from the run's own result.
+        tokens = result["steps"] * args.batch_size * args.seq_len
+        result["tokens_per_s"] = tokens / result["train_seconds"]
         sample = subprocess.run([args.mantissa, "generate", "--checkpoint", ckpt, "--prompt",
                                  args.prompt, "--max-tokens", "40", "--seed", "1", "--json"],
                                 capture_output=True, text=True)
