@@ -5,21 +5,26 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vec_math.h"
+#include "backend/cpu/vector_isa.h"
 #include "backend/op_math.h"
 #include "mantissa/numerics/philox.h"
 
 namespace mantissa::backend::cpu {
 namespace {
 
-// The host side of op_math.h's math policy: the std:: functions (float or double overloads) and
-// plain products (this build has no FMA to fuse them into).
+// The host side of op_math.h's math policy: in float the vectorizable exp, log, tanh and erf of
+// vec_math.h, in double the std:: functions; sqrt and pow from std:: (sqrt is an instruction);
+// plain products (the library is built without contraction into FMA).
 struct HostMath {
   template <typename C>
   static C exp(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::exp(x);
     return std::exp(x);
   }
   template <typename C>
   static C log(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::log(x);
     return std::log(x);
   }
   template <typename C>
@@ -28,10 +33,12 @@ struct HostMath {
   }
   template <typename C>
   static C tanh(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::tanh(x);
     return std::tanh(x);
   }
   template <typename C>
   static C erf(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::erf(x);
     return std::erf(x);
   }
   template <typename C>
@@ -49,77 +56,36 @@ op_math::UnaryArgs<C> unary_args(Scalars s) {
   return {C(s.a), C(s.b), s.a == 2.0};
 }
 
-// One plain loop per (op, compute type), which the compiler vectorizes where the math allows.
-// Ops without an integer kernel (their row says F32) are never asked for one: the op layer
-// computes integer inputs of real functions in f32.
-template <UnaryOp op, typename C>
-void unary_loop(C* y, const C* x, int64_t n, const op_math::UnaryArgs<C> args) {
-  if constexpr (op_math::unary_runs_on<op, C>()) {
-    for (int64_t i = 0; i < n; ++i)
-      y[i] = op_math::Unary<op>::template forward<HostMath>(x[i], args);
-  } else {
-    MT_ASSERT(false, "unary op ", unary_info(op).name, " has no kernel for this dtype");
-  }
-}
+// The loops, compiled once for the baseline and once for AVX-512 (vector_isa.h).
+namespace baseline {
+#include "backend/cpu/elementwise_loops.inc"
+}  // namespace baseline
 
-template <UnaryOp op, typename C>
-void unary_backward_loop(C* gx, const C* g, const C* x, const C* y, int64_t n,
-                         const op_math::UnaryArgs<C> args) {
-  for (int64_t i = 0; i < n; ++i)
-    gx[i] = op_math::Unary<op>::template backward<HostMath>(g[i], x[i], y[i], args);
-}
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+namespace avx512 {
+#include "backend/cpu/elementwise_loops.inc"
+}  // namespace avx512
+#pragma GCC pop_options
 
-// Comparisons write 0/1 in the compute type; the store into the Bool output turns them to bool.
-// Written as a select: C(bool) of the call's result keeps GCC from vectorizing the float loops.
-template <BinaryOp op, typename C>
-void binary_loop(C* o, const C* a, const C* b, int64_t n) {
-  if constexpr (!op_math::binary_runs_on<op, C>()) {
-    MT_ASSERT(false, "binary op ", binary_info(op).name, " has no kernel for this dtype");
-  } else if constexpr (is_comparison(op)) {
-    for (int64_t i = 0; i < n; ++i)
-      o[i] = op_math::Binary<op>::template apply<HostMath>(a[i], b[i]) ? C(1) : C(0);
-  } else {
-    for (int64_t i = 0; i < n; ++i)
-      o[i] = op_math::Binary<op>::template apply<HostMath>(a[i], b[i]);
-  }
-}
-
-// The runtime op to its loop: one case per row of the op lists.
 template <typename C>
 void run_unary(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
-  switch (op) {
-#define MT_UNARY_CASE(e, ...) \
-  case UnaryOp::e:            \
-    return unary_loop<UnaryOp::e, C>(y, x, n, unary_args<C>(s));
-    MT_FORALL_UNARY_OPS(MT_UNARY_CASE)
-#undef MT_UNARY_CASE
-  }
-  MT_ASSERT(false, "unknown unary op ", int(op));
+  if (vector_isa() == VectorIsa::Avx512) return avx512::run_unary<C>(op, y, x, n, s);
+  baseline::run_unary<C>(op, y, x, n, s);
 }
 
 template <typename C>
 void run_unary_backward(UnaryOp op, C* gx, const C* g, const C* x, const C* y, int64_t n,
                         Scalars s) {
-  switch (op) {
-#define MT_UNARY_BACKWARD_CASE(e, ...) \
-  case UnaryOp::e:                     \
-    return unary_backward_loop<UnaryOp::e, C>(gx, g, x, y, n, unary_args<C>(s));
-    MT_FORALL_UNARY_OPS(MT_UNARY_BACKWARD_CASE)
-#undef MT_UNARY_BACKWARD_CASE
-  }
-  MT_ASSERT(false, "unknown unary op ", int(op));
+  if (vector_isa() == VectorIsa::Avx512)
+    return avx512::run_unary_backward<C>(op, gx, g, x, y, n, s);
+  baseline::run_unary_backward<C>(op, gx, g, x, y, n, s);
 }
 
 template <typename C>
 void run_binary(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
-  switch (op) {
-#define MT_BINARY_CASE(e, ...) \
-  case BinaryOp::e:            \
-    return binary_loop<BinaryOp::e, C>(o, a, b, n);
-    MT_FORALL_BINARY_OPS(MT_BINARY_CASE)
-#undef MT_BINARY_CASE
-  }
-  MT_ASSERT(false, "unknown binary op ", int(op));
+  if (vector_isa() == VectorIsa::Avx512) return avx512::run_binary<C>(op, o, a, b, n);
+  baseline::run_binary<C>(op, o, a, b, n);
 }
 
 // Walks the elements of a strided tensor in row-major order: f(offset_in_elements, run_length,

@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vec_math.h"
 #include "backend/shapes.h"
 
 namespace mantissa::backend::cpu {
@@ -422,46 +423,12 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
 
 namespace {
 
-// e^x in float, in a form loops vectorize (a call to std::exp keeps them scalar, and exp is
-// most of softmax's time). Cody-Waite reduction x = k ln2 + r with |r| <= ln2/2, Cephes'
-// degree-6 polynomial for e^r, and 2^k applied as two exact power-of-two factors so that
-// subnormal results are rounded once. Error about 1 ulp (NnSoftmax tests check it against
-// float64). Meant for softmax's arguments, x <= 0 (and NaN, which propagates): e^x is 0 below
-// -104 (where it rounds to 0 anyway) and saturates above 88.
-inline float exp_approx(float x) {
-  // x < -104 (the -inf of masked attention scores, half of a causal row) is computed as e^0 and
-  // the result masked to 0: computing it would end in a subnormal product, and x86 takes a
-  // microcode assist of ~100 cycles for each (measured: a causal (16, 4, 256, 256) softmax took
-  // 13 ms instead of 6).
-  const uint32_t lo = 0u - uint32_t(x < -104.0f), hi = 0u - uint32_t(x > 88.0f);
-  // x = 0 below -104, min(x, 88) otherwise, as a bit select: a conditional on floats would keep
-  // the loop scalar (GCC does not if-convert it under the default -ftrapping-math). NaN compares
-  // false both times and stays NaN.
-  x = std::bit_cast<float>((std::bit_cast<uint32_t>(x) & ~(lo | hi)) |
-                           (std::bit_cast<uint32_t>(88.0f) & hi));
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to int
-  const float t = x * 1.44269504088896341f + kRound;
-  const float k = t - kRound;  // round(x / ln2)
-  const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // k as an integer, from t's low mantissa bits (no float-to-int conversion: NaN-safe).
-  const int32_t ki = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
-  const int32_t k1 = ki >> 1, k2 = ki - k1;  // each in [-75, 44]: 2^k1, 2^k2 are normal
-  const float s1 = std::bit_cast<float>(uint32_t(k1 + 127) << 23);
-  const float s2 = std::bit_cast<float>(uint32_t(k2 + 127) << 23);
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(p * s1 * s2) & ~lo);
-}
-
+// e^x: in float vec_math.h's, which loops vectorize (a call to std::exp keeps them scalar, and
+// exp is most of softmax's time).
 template <typename C>
 inline C exp_of(C x) {
   if constexpr (std::is_same_v<C, float>) {
-    return exp_approx(x);
+    return vm::exp(x);
   } else {
     return std::exp(x);
   }

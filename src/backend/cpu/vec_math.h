@@ -1,0 +1,158 @@
+// Internal: float exp, log, tanh and erf in a form the compiler vectorizes. glibc's expf, logf,
+// tanhf and erff are calls that keep a loop scalar (and tanhf is 8x slower than expf): in the
+// elementwise loops they were a third of a transformer's step. These use only + - * /, integer
+// and bit operations, and selects written as bit masks (GCC does not if-convert a conditional
+// on floats under the default -ftrapping-math, which would keep the loop scalar again). They
+// contain no fused multiply-add and the files that use them are compiled with
+// -ffp-contract=off, so a scalar loop and a vectorized one, at any width, give the same bits.
+//
+// Accuracy against float64 over every float (tests/backend/vec_math_test.cpp states the
+// bounds): exp within 1 ulp, log within 1 ulp, tanh within 1.5 ulp, erf within 3 ulp (glibc's
+// are within 1); NaN, infinities, signed zeros and subnormals as the C library gives them.
+//
+// Constants: Cephes' minimax polynomials (S. Moshier) for exp, log and tanh; for erf a minimax
+// fit of erf(x)/x in x^2 on [0, 1] (relative error 1.2e-9, made with numpy) and, above 1,
+// Numerical Recipes' Chebyshev fit of erfc (relative error 1.2e-7 of erfc, under an ulp of erf).
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+#define MT_VM_INLINE inline __attribute__((always_inline))
+
+namespace mantissa::backend::cpu::vm {
+
+// All ones where c holds.
+MT_VM_INLINE uint32_t mask(bool c) {
+  return 0u - uint32_t(c);
+}
+// m ? a : b, bit by bit.
+MT_VM_INLINE float blend(uint32_t m, float a, float b) {
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
+}
+MT_VM_INLINE float abs(float x) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(x) & 0x7fffffffu);
+}
+// |magnitude| with the sign of s.
+MT_VM_INLINE float with_sign_of(float magnitude, float s) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) |
+                              (std::bit_cast<uint32_t>(s) & 0x80000000u));
+}
+// 2^k for k in [-126, 127], from the exponent bits.
+MT_VM_INLINE float pow2i(int32_t k) {
+  return std::bit_cast<float>(uint32_t(k + 127) << 23);
+}
+inline constexpr uint32_t kInfBits = 0x7f800000u;
+
+// e^x. Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2, and Cephes' degree-6 polynomial; 2^k
+// is applied as two power-of-two factors, so that subnormal results round once and results up
+// to 2^128 are reached.
+MT_VM_INLINE float exp(float x) {
+  // Below -104 the result is 0 and above ln(FLT_MAX) inf: those lanes compute e^0 and are
+  // replaced at the end. Computing them would end in a subnormal product, and x86 takes a
+  // microcode assist of ~100 cycles for each (a causal attention softmax, half of whose scores
+  // are -inf, took twice as long). NaN compares false both times and propagates.
+  const uint32_t lo = mask(x < -104.0f), hi = mask(x > 88.72283172607422f);
+  x = blend(lo | hi, 0.0f, x);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = x * 1.44269504088896341f + kRound;
+  const float k = t - kRound;  // round(x / ln2)
+  // ln2 in two parts: k * 0.693359375 is exact (k has 8 bits, the constant 9).
+  const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // k as an integer from t's low mantissa bits (no float-to-int conversion: NaN-safe).
+  const int32_t ki = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
+  const int32_t k1 = ki >> 1, k2 = ki - k1;  // each in [-75, 64]: 2^k1 and 2^k2 are normal
+  const float y = p * pow2i(k1) * pow2i(k2);
+  return blend(hi, std::bit_cast<float>(kInfBits), blend(lo, 0.0f, y));
+}
+
+// The natural logarithm. x = m 2^e with m in [sqrt(1/2), sqrt(2)); Cephes' degree-9 polynomial
+// in m - 1 and ln2 in two parts.
+MT_VM_INLINE float log(float x) {
+  const uint32_t sub = mask(x < 1.17549435e-38f);  // subnormal (or <= 0): scaled by 2^23 first
+  const float xs = blend(sub, x * 8388608.0f, x);
+  const uint32_t bits = std::bit_cast<uint32_t>(xs);
+  const float m0 = std::bit_cast<float>((bits & 0x007fffffu) | 0x3f000000u);  // [0.5, 1)
+  const uint32_t low = mask(m0 < 0.707106781186547524f);
+  const int32_t e = int32_t((bits >> 23) & 0xffu) - 126 + int32_t(low) - int32_t(sub & 23u);
+  const float m = blend(low, m0 + m0 - 1.0f, m0 - 1.0f);
+  const float ef = float(e);
+  const float z = m * m;
+  float p = 7.0376836292e-2f;
+  p = p * m - 1.1514610310e-1f;
+  p = p * m + 1.1676998740e-1f;
+  p = p * m - 1.2420140846e-1f;
+  p = p * m + 1.4249322787e-1f;
+  p = p * m - 1.6668057665e-1f;
+  p = p * m + 2.0000714765e-1f;
+  p = p * m - 2.4999993993e-1f;
+  p = p * m + 3.3333331174e-1f;
+  float y = p * m * z;
+  y = y + ef * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  y = m + y;
+  y = y + ef * 0.693359375f;
+  // log(+inf) = +inf, log(+-0) = -inf, log(x < 0) = NaN; a NaN stays itself.
+  const float inf = std::bit_cast<float>(kInfBits);
+  y = blend(mask(x == inf), inf, y);
+  y = blend(mask(x == 0.0f), -inf, y);
+  y = blend(mask(x < 0.0f), std::bit_cast<float>(0x7fc00000u), y);
+  return blend(mask(x != x), x, y);
+}
+
+// tanh: an odd polynomial below 0.625 (where 1 - 2 / (e^2|x| + 1) would cancel), that form
+// above (1 once e^2|x| overflows).
+MT_VM_INLINE float tanh(float x) {
+  const float a = abs(x);
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = blend(mask(a == 0.0f), x, p * z * x + x);  // tanh(-0) = -0
+  const float large = with_sign_of(1.0f - 2.0f / (exp(a + a) + 1.0f), x);
+  return blend(mask(x != x), x, blend(mask(a < 0.625f), small, large));
+}
+
+// erf: x P(x^2) below 1, 1 - erfc(|x|) above (with the sign of x), erfc = t e^(Q(t) - x^2) with
+// t = 1 / (1 + |x| / 2); 1 from 4 on (erfc(4) is under half an ulp of 1).
+MT_VM_INLINE float erf(float x) {
+  const float a = abs(x);
+  const float z = x * x;
+  float p = 7.85409853734792e-05f;
+  p = p * z - 8.010261162262333e-04f;
+  p = p * z + 5.188334866309749e-03f;
+  p = p * z - 2.6853815435548878e-02f;
+  p = p * z + 1.128358522519961e-01f;
+  p = p * z - 3.761262583028926e-01f;
+  p = p * z + 1.1283791657274465f;
+  const float small = x * p;
+  const uint32_t saturated = mask(a >= 4.0f);
+  const float ac = blend(saturated, 4.0f, a);
+  const float t = 1.0f / (1.0f + 0.5f * ac);
+  float q = 0.17087277f;
+  q = q * t - 0.82215223f;
+  q = q * t + 1.48851587f;
+  q = q * t - 1.13520398f;
+  q = q * t + 0.27886807f;
+  q = q * t - 0.18628806f;
+  q = q * t + 0.09678418f;
+  q = q * t + 0.37409196f;
+  q = q * t + 1.00002368f;
+  q = q * t - 1.26551223f;
+  const float erfc = t * exp(q - ac * ac);
+  const float large = with_sign_of(blend(saturated, 1.0f, 1.0f - erfc), x);
+  return blend(mask(x != x), x, blend(mask(a < 1.0f), small, large));
+}
+
+}  // namespace mantissa::backend::cpu::vm
+
+#undef MT_VM_INLINE

@@ -1,0 +1,50 @@
+#include "backend/cpu/vector_isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+#include "mantissa/core/error.h"
+
+namespace mantissa::backend::cpu {
+namespace {
+
+VectorIsa detect() {
+  const char* env = std::getenv("MANTISSA_CPU_ISA");
+  if (env != nullptr && std::string_view(env) == "baseline") return VectorIsa::Baseline;
+  return vector_isa_supported(VectorIsa::Avx512) ? VectorIsa::Avx512 : VectorIsa::Baseline;
+}
+
+std::atomic<int> g_forced{-1};
+
+}  // namespace
+
+bool vector_isa_supported(VectorIsa isa) {
+  if (isa == VectorIsa::Baseline) return true;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+VectorIsa vector_isa() {
+  static const VectorIsa detected = detect();
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  return forced < 0 ? detected : VectorIsa(forced);
+}
+
+void force_vector_isa(std::optional<VectorIsa> isa) {
+  if (isa) {
+    MT_CHECK(vector_isa_supported(*isa), "this CPU cannot run ", vector_isa_name(*isa));
+  }
+  g_forced.store(isa ? int(*isa) : -1, std::memory_order_relaxed);
+}
+
+const char* vector_isa_name(VectorIsa isa) {
+  return isa == VectorIsa::Avx512 ? "AVX-512" : "the x86-64 baseline";
+}
+
+}  // namespace mantissa::backend::cpu

@@ -1,0 +1,23 @@
+// Internal: which vector instruction set the CPU kernels that have several builds run with.
+// The elementwise loops are compiled twice, for the x86-64 baseline (SSE2, 4 floats) and for
+// AVX-512 (16 floats), and pick one at run time by what the CPU has. Both give the same bits:
+// the loops use only IEEE operations and cpu/vec_math.h, and the library is built with
+// -ffp-contract=off (no fused multiply-add in either build).
+#pragma once
+
+#include <optional>
+
+namespace mantissa::backend::cpu {
+
+enum class VectorIsa { Baseline, Avx512 };
+
+// What the kernels use: AVX-512 (F, BW, DQ, VL) where the CPU has it, else the baseline; the
+// environment variable MANTISSA_CPU_ISA=baseline forces the baseline.
+VectorIsa vector_isa();
+// Tests: run with isa (which must be supported) or, with nullopt, go back to the detected one.
+void force_vector_isa(std::optional<VectorIsa> isa);
+// Whether this CPU can run isa.
+bool vector_isa_supported(VectorIsa isa);
+const char* vector_isa_name(VectorIsa isa);
+
+}  // namespace mantissa::backend::cpu

@@ -1,0 +1,211 @@
+// cpu/vec_math.h against float64 in ulps over a sweep of every float bit pattern (one in 127,
+// plus every float of the ranges where the approximations change form), its special values,
+// and the CPU kernels' two builds (baseline and AVX-512, cpu/vector_isa.h) giving the same bits
+// for every unary and binary op, forward and backward.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vec_math.h"
+#include "backend/cpu/vector_isa.h"
+#include "backend/op_tables.h"
+#include "mantissa/tensor/tensor.h"
+
+namespace mantissa::backend::cpu {
+namespace {
+
+// |got - ref| in units of the float ulp at ref (subnormal spacing below the normal range);
+// infinities and NaN must match exactly (0 or a huge error).
+double ulp_error(float got, double ref) {
+  if (std::isnan(ref)) return std::isnan(got) ? 0 : 1e30;
+  const float rounded = float(ref);
+  if (std::isinf(rounded)) return got == rounded ? 0 : 1e30;
+  if (std::isinf(got) || std::isnan(got)) return 1e30;
+  int e = 0;
+  std::frexp(ref == 0 ? std::numeric_limits<float>::min() : ref, &e);
+  const double ulp = std::ldexp(1.0, std::max(e - 24, -149));
+  return std::abs(double(got) - ref) / ulp;
+}
+
+struct Worst {
+  double ulps = 0;
+  float x = 0;
+};
+
+template <typename F, typename R>
+void sweep(Worst& w, uint32_t first, uint32_t last, uint32_t step, F f, R ref) {
+  for (uint64_t b = first; b <= last; b += step) {
+    const float x = std::bit_cast<float>(uint32_t(b));
+    const double e = ulp_error(f(x), ref(double(x)));
+    if (e > w.ulps) w = {e, x};
+  }
+}
+
+template <typename F, typename R>
+Worst measure(F f, R ref, float dense_lo, float dense_hi) {
+  Worst w;
+  sweep(w, 0, 0xffffffffu, 127, f, ref);
+  // Every float where the approximation changes form, both signs.
+  for (const float s : {1.0f, -1.0f}) {
+    const float a = s * dense_lo, b = s * dense_hi;
+    const uint32_t lo = std::bit_cast<uint32_t>(s > 0 ? a : b);
+    const uint32_t hi = std::bit_cast<uint32_t>(s > 0 ? b : a);
+    sweep(w, std::min(lo, hi), std::max(lo, hi), 1, f, ref);
+  }
+  return w;
+}
+
+// The bounds the header states.
+TEST(VecMath, UlpBoundsAgainstFloat64) {
+  const Worst e = measure([](float x) { return vm::exp(x); }, [](double x) { return std::exp(x); },
+                          80.0f, 89.0f);
+  const Worst l =
+      measure([](float x) { return vm::log(x); }, [](double x) { return std::log(x); }, 0.6f, 1.5f);
+  const Worst t = measure([](float x) { return vm::tanh(x); },
+                          [](double x) { return std::tanh(x); }, 0.5f, 0.75f);
+  const Worst r = measure([](float x) { return vm::erf(x); }, [](double x) { return std::erf(x); },
+                          0.75f, 1.25f);
+  EXPECT_LE(e.ulps, 1.0) << "exp at " << e.x;
+  EXPECT_LE(l.ulps, 1.0) << "log at " << l.x;
+  EXPECT_LE(t.ulps, 1.5) << "tanh at " << t.x;
+  EXPECT_LE(r.ulps, 3.0) << "erf at " << r.x;
+  std::printf(
+      "worst ulps: exp %.3f (x=%.9g), log %.3f (x=%.9g), tanh %.3f (x=%.9g), erf %.3f "
+      "(x=%.9g)\n",
+      e.ulps, double(e.x), l.ulps, double(l.x), t.ulps, double(t.x), r.ulps, double(r.x));
+}
+
+TEST(VecMath, SpecialValuesAsTheCLibrary) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  const float max = std::numeric_limits<float>::max();
+  const std::vector<float> xs = {0.0f,        -0.0f,   inf,     -inf,   nan,
+                                 tiny,        -tiny,   max,     -max,   88.7228317f,
+                                 88.7228394f, -103.9f, -104.5f, 1e-20f, -1e-20f};
+  auto same = [](float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) ||
+           std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  };
+  for (const float x : xs) {
+    SCOPED_TRACE(x);
+    // exp and log exact at the edges; tanh and erf keep the sign of zero and saturate.
+    if (std::isinf(x) || std::isnan(x) || x == 0 || x > 88.73f || x < -104.0f) {
+      EXPECT_TRUE(same(vm::exp(x), std::exp(x))) << vm::exp(x) << " vs " << std::exp(x);
+    }
+    if (std::isinf(x) || std::isnan(x) || x <= 0) {
+      EXPECT_TRUE(same(vm::log(x), std::log(x))) << vm::log(x) << " vs " << std::log(x);
+    }
+    if (std::isinf(x) || std::isnan(x) || x == 0 || std::abs(x) > 10) {
+      EXPECT_TRUE(same(vm::tanh(x), std::tanh(x))) << vm::tanh(x) << " vs " << std::tanh(x);
+      EXPECT_TRUE(same(vm::erf(x), std::erf(x))) << vm::erf(x) << " vs " << std::erf(x);
+    }
+    if (x != 0 && std::abs(x) < 1e-10f) {  // tanh x = x; erf x = 2x / sqrt(pi) (a float constant)
+      EXPECT_EQ(vm::tanh(x), x);
+      EXPECT_LE(ulp_error(vm::erf(x), std::erf(double(x))), 1.5);
+    }
+  }
+  EXPECT_LE(ulp_error(vm::log(tiny), std::log(double(tiny))), 1.0) << "subnormal input";
+  EXPECT_LE(ulp_error(vm::exp(-100.0f), std::exp(-100.0)), 1.0) << "subnormal result";
+}
+
+// Inputs that cover the ops' ranges and their edges: a ramp over [-12, 12], special values, and
+// values at the forms' switch points.
+Tensor probe(int64_t n, DType dtype, bool reversed = false) {
+  std::vector<float> v(static_cast<size_t>(n));
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            0.625f,
+                            -0.625f,
+                            1.0f,
+                            -1.0f,
+                            4.0f,
+                            -4.0f,
+                            88.8f,
+                            -104.5f,
+                            1e-40f};
+  for (int64_t i = 0; i < n; ++i) {
+    v[size_t(i)] = i % 97 < 14 ? specials[i % 97] : -12.0f + 24.0f * float(i) / float(n);
+  }
+  if (reversed) std::reverse(v.begin(), v.end());
+  return Tensor::from_vector(v, {n}).to(dtype);
+}
+
+#define MT_UNARY_VALUE(e, ...) UnaryOp::e,
+#define MT_BINARY_VALUE(e, ...) BinaryOp::e,
+constexpr UnaryOp kUnaryOps[] = {MT_FORALL_UNARY_OPS(MT_UNARY_VALUE)};
+constexpr BinaryOp kBinaryOps[] = {MT_FORALL_BINARY_OPS(MT_BINARY_VALUE)};
+#undef MT_UNARY_VALUE
+#undef MT_BINARY_VALUE
+
+std::vector<uint8_t> bytes(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.contiguous().data_ptr());
+  return std::vector<uint8_t>(p, p + t.numel() * int64_t(t.element_size()));
+}
+
+class ForcedIsa {
+ public:
+  explicit ForcedIsa(VectorIsa isa) { force_vector_isa(isa); }
+  ~ForcedIsa() { force_vector_isa(std::nullopt); }
+  ForcedIsa(const ForcedIsa&) = delete;
+  ForcedIsa& operator=(const ForcedIsa&) = delete;
+};
+
+TEST(VectorIsa, BothBuildsGiveTheSameBits) {
+  if (!vector_isa_supported(VectorIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  Backend& cpu = cpu_backend();
+  const int64_t n = 5000;  // more than two chunks, a ragged tail
+  for (const DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+    const Tensor x = probe(n, dtype), g = probe(n, dtype, true);
+    for (const UnaryOp u : kUnaryOps) {
+      SCOPED_TRACE(std::string(unary_info(u).name) + " " + std::string(dtype_name(dtype)));
+      const Scalars s{2.5, 0.5};
+      std::vector<uint8_t> out[2], grad[2];
+      for (const VectorIsa isa : {VectorIsa::Baseline, VectorIsa::Avx512}) {
+        ForcedIsa forced(isa);
+        Tensor y = Tensor::empty({n}, dtype), gx = Tensor::empty({n}, dtype);
+        cpu.unary(u, x, y, s);
+        cpu.unary_backward(u, g, x, y, gx, s);
+        out[int(isa)] = bytes(y);
+        grad[int(isa)] = bytes(gx);
+      }
+      EXPECT_TRUE(out[0] == out[1]) << "forward";
+      EXPECT_TRUE(grad[0] == grad[1]) << "backward";
+    }
+    for (const BinaryOp b : kBinaryOps) {
+      SCOPED_TRACE(std::string(binary_info(b).name) + " " + std::string(dtype_name(dtype)));
+      std::vector<uint8_t> out[2];
+      for (const VectorIsa isa : {VectorIsa::Baseline, VectorIsa::Avx512}) {
+        ForcedIsa forced(isa);
+        Tensor o = Tensor::empty({n}, is_comparison(b) ? DType::Bool : dtype);
+        cpu.binary(b, x, g, o);
+        out[int(isa)] = bytes(o);
+      }
+      EXPECT_TRUE(out[0] == out[1]);
+    }
+  }
+}
+
+TEST(VectorIsa, ForcingAnUnsupportedIsaIsRefused) {
+  if (vector_isa_supported(VectorIsa::Avx512)) {
+    force_vector_isa(VectorIsa::Baseline);
+    EXPECT_EQ(vector_isa(), VectorIsa::Baseline);
+    force_vector_isa(std::nullopt);
+    GTEST_SKIP() << "this CPU runs both";
+  }
+  EXPECT_THROW(force_vector_isa(VectorIsa::Avx512), Error);
+}
+
+}  // namespace
+}  // namespace mantissa::backend::cpu
