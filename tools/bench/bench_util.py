@@ -19,9 +19,12 @@ def add_compare_options(ap, steps):
 
 
 def run_json(cmd):
-    """Runs a benchmark command and returns the JSON object on its last output line."""
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """Runs a benchmark command and returns the JSON object on its last output line; raises
+    RuntimeError with the command and the end of its stderr when it fails."""
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip():
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def median_ms(step, warmup, steps):
