@@ -689,12 +689,15 @@ TensorList LSTM::run_layer(int64_t layer, const TensorList& inputs) {
   if (layer > 0 && dropout_ > 0.0 && is_training()) seq = dropout(seq, dropout_, true);
   // The input projection of every step at once: (B, T, 4H).
   const Tensor projected = linear(seq, *w[0], *w[2]);
+  // One slice per step, through one node (unbind): its backward stacks the steps' gradients
+  // once, where a select per step would add T full-size gradients.
+  const std::vector<Tensor> per_step = unbind(projected, 1);
   const int64_t steps = seq.size(1);
   LSTMState state{inputs[1], inputs[2]};
   std::vector<Tensor> outputs;
   outputs.reserve(size_t(steps));
   for (int64_t t = 0; t < steps; ++t) {
-    Tensor gates = projected.select(1, t);
+    Tensor gates = per_step[size_t(t)];
     gates = state.h.defined() ? add(gates, linear(state.h, *w[1], *w[3])) : add(gates, *w[3]);
     state = lstm_gates(gates, state.c);
     outputs.push_back(state.h);

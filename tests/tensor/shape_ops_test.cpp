@@ -46,6 +46,45 @@ TEST(ShapeOps, CatStackSplitChunk) {
             DType::F32);
 }
 
+// unbind and split: one node for all parts, gradients joined once (zeros for unused parts);
+// checked against finite differences and the float64 reference.
+TEST(ShapeOps, UnbindAndSplitAreOneNode) {
+  OpCase u;
+  u.name = "unbind dim 1, parts 1 and 2 unused";
+  u.inputs = {random_f64({3, 5, 2}, 7)};
+  u.fn = [](const std::vector<Tensor>& in) {
+    const std::vector<Tensor> p = unbind(in[0], 1);
+    return add(mul(p[0], p[3]), p[4]);
+  };
+  u.reference = [](const std::vector<Tensor>& in) {
+    const auto v = in[0].to_vector<double>();
+    std::vector<double> r;
+    for (int a = 0; a < 3; ++a)
+      for (int c = 0; c < 2; ++c)
+        r.push_back(v[size_t(a * 10 + 0 * 2 + c)] * v[size_t(a * 10 + 3 * 2 + c)] +
+                    v[size_t(a * 10 + 4 * 2 + c)]);
+    return Tensor::from_vector(r, {3, 2}, DType::F64);
+  };
+  check_op(u);
+
+  OpCase s;
+  s.name = "split dim 0 into 2, 2, 1, the middle part unused";
+  s.inputs = {random_f64({5, 3}, 8)};
+  s.fn = [](const std::vector<Tensor>& in) {
+    const std::vector<Tensor> p = split(in[0], 2, 0);
+    return cat({mul(p[0], p[0]), p[2]}, 0);
+  };
+  check_op(s);
+
+  Tensor x = random_f64({2, 4, 3}, 9);
+  x.set_requires_grad(true);
+  const std::vector<Tensor> parts = unbind(x, 1);
+  ASSERT_EQ(parts.size(), 4u);
+  EXPECT_EQ(parts[0].shape(), Shape({2, 3}));
+  EXPECT_TRUE(parts[0].grad_fn() && parts[0].grad_fn() == parts[3].grad_fn());
+  EXPECT_EQ(parts[2].to_vector<double>(), x.select(1, 2).to_vector<double>());
+}
+
 TEST(ShapeOps, IndexSelectGatherEmbedding) {
   const Tensor idx = Tensor::from_vector(std::vector<int64_t>{2, 0, 2, 1}, {4});
   OpCase is;

@@ -173,8 +173,13 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// split, chunk and unbind return views of x (one node for all parts in the graph: backward joins
+// their gradients once). Like PyTorch's, the parts must not be written in place while x needs
+// a gradient.
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+// The slices x.select(dim, i) for every i.
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
 
 // ---- attention
 // ----------------------------------------------------------------------------------- softmax(q k^T
