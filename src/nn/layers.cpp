@@ -546,12 +546,10 @@ Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t
 
 namespace {
 
-// gates (B, 4H) in torch's order i, f, g, o.
+// gates (B, 4H) in torch's order i, f, g, o: the step's pointwise math in one kernel.
 LSTMState lstm_gates(const Tensor& gates, const Tensor& c) {
-  const std::vector<Tensor> g = chunk(gates, 4, -1);
-  const Tensor i = sigmoid(g[0]), f = sigmoid(g[1]), cell = tanh(g[2]), o = sigmoid(g[3]);
-  const Tensor c_next = c.defined() ? add(mul(f, c), mul(i, cell)) : mul(i, cell);
-  return {mul(o, tanh(c_next)), c_next};
+  const std::vector<Tensor> hc = lstm_pointwise(gates, c);
+  return {hc[0], hc[1]};
 }
 
 Tensor& lstm_param(Module& m, const std::string& name, const Shape& shape, double bound,

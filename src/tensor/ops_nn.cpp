@@ -502,6 +502,50 @@ Tensor binary_cross_entropy_with_logits(const Tensor& x_arg, const Tensor& y_arg
   return reduce_loss(loss, reduction);
 }
 
+// ---- recurrent --------------------------------------------------------------------------------
+
+std::vector<Tensor> lstm_pointwise(const Tensor& gates_in, const Tensor& c_in) {
+  MT_CHECK(gates_in.defined() && gates_in.dim() == 2 && gates_in.size(1) % 4 == 0 &&
+               gates_in.is_floating_point(),
+           "lstm_pointwise: the gates must be a float (B, 4H), got a ",
+           gates_in.defined() ? gates_in.describe() : std::string("undefined tensor"));
+  const int64_t b = gates_in.size(0), n = gates_in.size(1) / 4;
+  if (c_in.defined()) {
+    MT_CHECK(c_in.dim() == 2 && c_in.size(0) == b && c_in.size(1) == n &&
+                 c_in.is_floating_point() && c_in.device() == gates_in.device(),
+             "lstm_pointwise: the cell state must be a float (", b, ", ", n, ") on ",
+             gates_in.device().str(), " as the gates, got a ", c_in.describe());
+  }
+  const DType dt =
+      c_in.defined() ? promote_types(gates_in.dtype(), c_in.dtype()) : gates_in.dtype();
+  const Device device = gates_in.device();
+  const Tensor gates = gates_in.to(dt).contiguous().detach();
+  const Tensor c = c_in.defined() ? c_in.to(dt).contiguous().detach() : Tensor();
+  Tensor acts = Tensor::empty({b, 4 * n}, dt, device);
+  Tensor c_next = Tensor::empty({b, n}, dt, device);
+  Tensor h = Tensor::empty({b, n}, dt, device);
+  backend::backend_for(device).lstm_cell(gates, c, acts, c_next, h);
+  if (autograd::needs_grad({&gates_in, &c_in})) {
+    const autograd::SavedTensor s_acts(acts), s_c(c_next), s_prev(c);
+    const DType g_dtype = gates_in.dtype();
+    const DType c_dtype = c_in.defined() ? c_in.dtype() : dt;
+    const bool has_prev = c_in.defined();
+    autograd::record(
+        "lstm_pointwiseBackward", {gates_in, c_in}, {h, c_next},
+        [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+          if (!g[0].defined() && !g[1].defined()) return {Tensor(), Tensor()};
+          auto as_dt = [&](const Tensor& t) { return t.defined() ? t.to(dt).contiguous() : t; };
+          Tensor dz = Tensor::empty({b, 4 * n}, dt, device);
+          Tensor dc_prev = Tensor::empty({b, n}, dt, device);
+          backend::backend_for(device).lstm_cell_backward(s_acts.unpack(), s_c.unpack(),
+                                                          s_prev.unpack(), as_dt(g[0]), as_dt(g[1]),
+                                                          dz, dc_prev);
+          return {dz.to(g_dtype), has_prev ? dc_prev.to(c_dtype) : Tensor()};
+        });
+  }
+  return {h, c_next};
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
 namespace {

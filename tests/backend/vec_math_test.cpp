@@ -1,7 +1,7 @@
 // cpu/vec_math.h against float64 in ulps over a sweep of every float bit pattern (one in 127,
 // plus every float of the ranges where the approximations change form), its special values,
 // and the CPU kernels' two builds (baseline and AVX-512, cpu/vector_isa.h) giving the same bits
-// for every unary and binary op, forward and backward.
+// for every unary and binary op, forward and backward, and the same values for the LSTM step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -193,6 +193,31 @@ TEST(VectorIsa, BothBuildsGiveTheSameBits) {
         out[int(isa)] = bytes(o);
       }
       EXPECT_TRUE(out[0] == out[1]);
+    }
+    // The LSTM step (50 rows of 4 x 25 gates), with and without a previous state: the same
+    // values, signed zeros included; a NaN's sign may differ (the products' operand order is
+    // the compiler's, per build).
+    SCOPED_TRACE(std::string("lstm_cell ") + std::string(dtype_name(dtype)));
+    const Tensor gates = x.reshape({50, 100}), dh = g.narrow(0, 0, 1250).reshape({50, 25});
+    const Tensor c_prev = x.narrow(0, 100, 1250).reshape({50, 25});
+    for (const bool has_prev : {true, false}) {
+      std::vector<uint64_t> got[2];
+      for (const VectorIsa isa : {VectorIsa::Baseline, VectorIsa::Avx512}) {
+        ForcedIsa forced(isa);
+        Tensor acts = Tensor::empty({50, 100}, dtype), c = Tensor::empty({50, 25}, dtype);
+        Tensor h = Tensor::empty({50, 25}, dtype), dz = Tensor::empty({50, 100}, dtype);
+        Tensor dcp = Tensor::empty({50, 25}, dtype);
+        const Tensor prev = has_prev ? c_prev : Tensor();
+        cpu.lstm_cell(gates, prev, acts, c, h);
+        cpu.lstm_cell_backward(acts, c, prev, dh, dh, dz, dcp);
+        for (const Tensor* t : {&acts, &c, &h, &dz, &dcp}) {
+          for (const double v : t->to_vector<double>()) {
+            got[int(isa)].push_back(std::isnan(v) ? 0x7ff8000000000000ull
+                                                  : std::bit_cast<uint64_t>(v));
+          }
+        }
+      }
+      EXPECT_TRUE(got[0] == got[1]) << (has_prev ? "with" : "without") << " a previous state";
     }
   }
 }

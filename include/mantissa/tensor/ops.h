@@ -181,6 +181,13 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 // The slices x.select(dim, i) for every i.
 std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
 
+// ---- recurrent --------------------------------------------------------------------------------
+// One LSTM step's pointwise part in one kernel (forward and backward): gates (B, 4H) before their
+// activations, in torch's order i, f, g, o, and the cell state c (B, H), undefined for a zero
+// state. Returns {h, c_next}: i f o = sigmoid, g = tanh, c_next = f c + i g, h = o tanh(c_next).
+// Computed in float (double for f64) and stored in the wider of the gates' and c's dtypes.
+std::vector<Tensor> lstm_pointwise(const Tensor& gates, const Tensor& c);
+
 // ---- attention
 // ----------------------------------------------------------------------------------- softmax(q k^T
 // * scale + mask) v over (..., T, D); mask is additive (float) or Bool (true = keep), broadcast to

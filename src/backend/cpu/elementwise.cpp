@@ -1,5 +1,6 @@
 // CPU elementwise kernels: copies and casts, fills, random fills, unary/binary ops and their
 // derivatives, where, dropout. One templated loop per family (loops.h), instantiated per dtype.
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -7,6 +8,7 @@
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vector_isa.h"
+#include "backend/lstm_math.h"
 #include "backend/op_math.h"
 #include "mantissa/numerics/philox.h"
 
@@ -86,6 +88,29 @@ template <typename C>
 void run_binary(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
   if (vector_isa() == VectorIsa::Avx512) return avx512::run_binary<C>(op, o, a, b, n);
   baseline::run_binary<C>(op, o, a, b, n);
+}
+
+template <typename C>
+void run_lstm_cell_row(const C* z, const C* cp, C* acts, C* c, C* h, int64_t n) {
+  const bool avx = vector_isa() == VectorIsa::Avx512;
+  if (cp != nullptr) {
+    return avx ? avx512::lstm_cell_row<C, true>(z, cp, acts, c, h, n)
+               : baseline::lstm_cell_row<C, true>(z, cp, acts, c, h, n);
+  }
+  avx ? avx512::lstm_cell_row<C, false>(z, cp, acts, c, h, n)
+      : baseline::lstm_cell_row<C, false>(z, cp, acts, c, h, n);
+}
+
+template <typename C>
+void run_lstm_cell_backward_row(const C* acts, const C* c, const C* cp, const C* dh, const C* dc,
+                                C* dz, C* dcp, int64_t n) {
+  const bool avx = vector_isa() == VectorIsa::Avx512;
+  if (cp != nullptr) {
+    return avx ? avx512::lstm_cell_backward_row<C, true>(acts, c, cp, dh, dc, dz, dcp, n)
+               : baseline::lstm_cell_backward_row<C, true>(acts, c, cp, dh, dc, dz, dcp, n);
+  }
+  avx ? avx512::lstm_cell_backward_row<C, false>(acts, c, cp, dh, dc, dz, dcp, n)
+      : baseline::lstm_cell_backward_row<C, false>(acts, c, cp, dh, dc, dz, dcp, n);
 }
 
 // Walks the elements of a strided tensor in row-major order: f(offset_in_elements, run_length,
@@ -290,6 +315,88 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
         run_binary<C>(op, o, x, y, n);
       });
     }
+  });
+}
+
+// ---- the LSTM step's pointwise math ----------------------------------------------------------
+
+namespace {
+
+// Row r of a contiguous (rows, width) tensor in the compute type: the storage itself when the
+// types match, else converted into buf.
+template <typename T, typename C>
+const C* row_in(const Tensor& t, int64_t r, int64_t width, C* buf) {
+  if (!t.defined()) return nullptr;
+  const T* p = static_cast<const T*>(t.data_ptr()) + r * width;
+  if constexpr (std::is_same_v<T, C>) {
+    return p;
+  } else {
+    load_contiguous<T, C>(p, buf, width);
+    return buf;
+  }
+}
+
+template <typename T, typename C>
+C* row_out(Tensor& t, int64_t r, int64_t width, C* buf) {
+  if constexpr (std::is_same_v<T, C>) {
+    return static_cast<T*>(t.data_ptr()) + r * width;
+  } else {
+    (void)t, (void)r, (void)width;
+    return buf;
+  }
+}
+
+template <typename T, typename C>
+void row_store(Tensor& t, int64_t r, int64_t width, const C* buf) {
+  if constexpr (!std::is_same_v<T, C>) {
+    store_contiguous<C, T>(buf, static_cast<T*>(t.data_ptr()) + r * width, width);
+  } else {
+    (void)t, (void)r, (void)width, (void)buf;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& acts, Tensor& c,
+                           Tensor& h) {
+  const int64_t rows = gates.size(0), n = gates.size(1) / 4;
+  dispatch_float(gates.dtype(), "lstm_cell", [&]<typename T>() {
+    using C = compute_t<T>;
+    parallel_rows<C>(rows, rows * 4 * n, 11 * n, [&](int64_t r, C* buf) {
+      const C* z = row_in<T, C>(gates, r, 4 * n, buf);
+      const C* cp = row_in<T, C>(c_prev, r, n, buf + 4 * n);
+      C* a = row_out<T, C>(acts, r, 4 * n, buf + 5 * n);
+      C* cn = row_out<T, C>(c, r, n, buf + 9 * n);
+      C* hn = row_out<T, C>(h, r, n, buf + 10 * n);
+      run_lstm_cell_row<C>(z, cp, a, cn, hn, n);
+      row_store<T, C>(acts, r, 4 * n, a);
+      row_store<T, C>(c, r, n, cn);
+      row_store<T, C>(h, r, n, hn);
+    });
+  });
+}
+
+void CpuBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const Tensor& c_prev,
+                                    const Tensor& dh, const Tensor& dc, Tensor& dgates,
+                                    Tensor& dc_prev) {
+  const int64_t rows = acts.size(0), n = acts.size(1) / 4;
+  dispatch_float(acts.dtype(), "lstm_cell_backward", [&]<typename T>() {
+    using C = compute_t<T>;
+    parallel_rows<C>(rows, rows * 4 * n, 14 * n, [&](int64_t r, C* buf) {
+      const C* a = row_in<T, C>(acts, r, 4 * n, buf);
+      const C* cn = row_in<T, C>(c, r, n, buf + 4 * n);
+      const C* cp = row_in<T, C>(c_prev, r, n, buf + 5 * n);
+      // An undefined dh or dc is zero.
+      C* zeros = buf + 6 * n;
+      std::fill(zeros, zeros + n, C(0));
+      const C* gh = dh.defined() ? row_in<T, C>(dh, r, n, buf + 7 * n) : zeros;
+      const C* gc = dc.defined() ? row_in<T, C>(dc, r, n, buf + 8 * n) : zeros;
+      C* dz = row_out<T, C>(dgates, r, 4 * n, buf + 9 * n);
+      C* dcp = row_out<T, C>(dc_prev, r, n, buf + 13 * n);
+      run_lstm_cell_backward_row<C>(a, cn, cp, gh, gc, dz, dcp, n);
+      row_store<T, C>(dgates, r, 4 * n, dz);
+      row_store<T, C>(dc_prev, r, n, dcp);
+    });
   });
 }
 

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
+#include "backend/lstm_math.h"
 #include "backend/op_math.h"
 #include "backend/rounded_copy.h"
 
@@ -402,6 +403,54 @@ __global__ void dropout_kernel(int64_t n, const S* x, S* out, bool* mask, uint64
   }
 }
 
+// One thread per (row, state element) of an LSTM step (backend/lstm_math.h, as the CPU's loop).
+template <typename S>
+__global__ void lstm_cell_kernel(int64_t rows, int64_t n, const S* z, const S* cp, S* acts, S* c,
+                                 S* h) {
+  using C = compute_t<S>;
+  MT_GRID_STRIDE_LOOP(k, rows * n) {
+    const int64_t r = k / n, j = k % n;
+    const S* zr = z + r * 4 * n;
+    const bool has_prev = cp != nullptr;
+    lstm_math::Acts<C> a;
+    C cv, hv;
+    lstm_math::forward<DeviceMath>(load(zr + j), load(zr + n + j), load(zr + 2 * n + j),
+                                   load(zr + 3 * n + j), has_prev ? load(cp + k) : C(0), has_prev,
+                                   a, cv, hv);
+    S* ar = acts + r * 4 * n;
+    store_value(ar + j, a.i);
+    store_value(ar + n + j, a.f);
+    store_value(ar + 2 * n + j, a.g);
+    store_value(ar + 3 * n + j, a.o);
+    store_value(c + k, cv);
+    store_value(h + k, hv);
+  }
+}
+
+template <typename S>
+__global__ void lstm_cell_backward_kernel(int64_t rows, int64_t n, const S* acts, const S* c,
+                                          const S* cp, const S* dh, const S* dc, S* dz, S* dcp) {
+  using C = compute_t<S>;
+  MT_GRID_STRIDE_LOOP(k, rows * n) {
+    const int64_t r = k / n, j = k % n;
+    const S* ar = acts + r * 4 * n;
+    const lstm_math::Acts<C> a{load(ar + j), load(ar + n + j), load(ar + 2 * n + j),
+                               load(ar + 3 * n + j)};
+    const bool has_prev = cp != nullptr;
+    lstm_math::Acts<C> d;
+    C dcpv;
+    lstm_math::backward<DeviceMath>(a, load(c + k), has_prev ? load(cp + k) : C(0), has_prev,
+                                    dh != nullptr ? load(dh + k) : C(0),
+                                    dc != nullptr ? load(dc + k) : C(0), d, dcpv);
+    S* dr = dz + r * 4 * n;
+    store_value(dr + j, d.i);
+    store_value(dr + n + j, d.f);
+    store_value(dr + 2 * n + j, d.g);
+    store_value(dr + 3 * n + j, d.o);
+    store_value(dcp + k, dcpv);
+  }
+}
+
 template <Format F>
 __global__ void round_kernel(int64_t n, float* p) {
   constexpr FormatSpec spec = format_spec(F);
@@ -618,6 +667,32 @@ void CudaBackend::dropout(const Tensor& x, double p, uint64_t seed, uint64_t off
     using C = compute_t<S>;
     launch((n + 3) / 4, device_, dropout_kernel<S>, n, device_ptr<const S>(x), device_ptr<S>(out),
            device_ptr<bool>(mask), threshold, C(1.0 / (1.0 - p)), seed, offset);
+  });
+}
+
+void CudaBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& acts, Tensor& c,
+                            Tensor& h) {
+  DeviceGuard guard(device_);
+  const int64_t rows = gates.size(0), n = gates.size(1) / 4;
+  dispatch_float(gates.dtype(), "lstm_cell", [&]<typename S>(Tag<S>) {
+    launch(rows * n, device_, lstm_cell_kernel<S>, rows, n, device_ptr<const S>(gates),
+           c_prev.defined() ? device_ptr<const S>(c_prev) : nullptr, device_ptr<S>(acts),
+           device_ptr<S>(c), device_ptr<S>(h));
+  });
+}
+
+void CudaBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const Tensor& c_prev,
+                                     const Tensor& dh, const Tensor& dc, Tensor& dgates,
+                                     Tensor& dc_prev) {
+  DeviceGuard guard(device_);
+  const int64_t rows = acts.size(0), n = acts.size(1) / 4;
+  auto ptr = []<typename S>(const Tensor& t, Tag<S>) -> const S* {
+    return t.defined() ? device_ptr<const S>(t) : nullptr;
+  };
+  dispatch_float(acts.dtype(), "lstm_cell_backward", [&]<typename S>(Tag<S> tag) {
+    launch(rows * n, device_, lstm_cell_backward_kernel<S>, rows, n, device_ptr<const S>(acts),
+           device_ptr<const S>(c), ptr(c_prev, tag), ptr(dh, tag), ptr(dc, tag),
+           device_ptr<S>(dgates), device_ptr<S>(dc_prev));
   });
 }
 
