@@ -284,6 +284,15 @@ std::vector<SweepCase> make_cases() {
                  return adaptive_avg_pool2d(x[0], {1, 1});
                },
                49});
+  // ---- recurrent: the fused LSTM step, with and without a previous cell state
+  c.push_back({"lstm_pointwise", {floats({6, 40}, -3, 3), floats({6, 10})}, [](const auto& x) {
+                 const std::vector<Tensor> hc = lstm_pointwise(x[0], x[1]);
+                 return cat({hc[0], hc[1]}, 1);
+               }});
+  c.push_back({"lstm_pointwise_zero_state", {floats({6, 40}, -3, 3)}, [](const auto& x) {
+                 const std::vector<Tensor> hc = lstm_pointwise(x[0], Tensor());
+                 return cat({hc[0], hc[1]}, 1);
+               }});
   // ---- normalization and softmax
   c.push_back({"layer_norm_affine",
                {floats({6, 40}), floats({40}), floats({40})},
