@@ -63,12 +63,16 @@ namespace baseline {
 #include "backend/cpu/elementwise_loops.inc"
 }  // namespace baseline
 
+#if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
 namespace avx512 {
 #include "backend/cpu/elementwise_loops.inc"
 }  // namespace avx512
 #pragma GCC pop_options
+#else
+namespace avx512 = baseline;  // vector_isa() never answers Avx512 off x86-64
+#endif
 
 template <typename C>
 void run_unary(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
