@@ -4,7 +4,7 @@
 // and bit operations, and selects written as bit masks (GCC does not if-convert a conditional
 // on floats under the default -ftrapping-math, which would keep the loop scalar again). They
 // contain no fused multiply-add and the files that use them are compiled with
-// -ffp-contract=off, so a scalar loop and a vectorized one, at any width, give the same bits.
+// -ffp-contract=off, so a scalar loop and a vectorized one, at any width, give the same values.
 //
 // Accuracy against float64 over every float (tests/backend/vec_math_test.cpp states the
 // bounds): exp within 1 ulp, log within 1 ulp, tanh within 1.5 ulp, erf within 3 ulp (glibc's

@@ -1,8 +1,9 @@
 // Internal: which vector instruction set the CPU kernels that have several builds run with.
 // The elementwise loops are compiled twice, for the x86-64 baseline (SSE2, 4 floats) and for
-// AVX-512 (16 floats), and pick one at run time by what the CPU has. Both give the same bits:
-// the loops use only IEEE operations and cpu/vec_math.h, and the library is built with
-// -ffp-contract=off (no fused multiply-add in either build).
+// AVX-512 (16 floats), and pick one at run time by what the CPU has. Both give the same values
+// to the bit (only a NaN's sign may differ: which NaN an operation on two keeps follows the
+// operand order the compiler picks): the loops use only IEEE operations and cpu/vec_math.h, and
+// the library is built with -ffp-contract=off (no fused multiply-add in either build).
 #pragma once
 
 #include <optional>
