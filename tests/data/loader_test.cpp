@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/errors.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/dataset.h"
 #include "mantissa/data/images.h"
@@ -24,17 +25,7 @@
 namespace mantissa::data {
 namespace {
 
-// Message of the mantissa::Error that `fn` throws ("" and a test failure if none).
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a mantissa::Error";
-  return "";
-}
+using testing::error_of;
 
 #define EXPECT_SAYS(message, text)                   \
   EXPECT_NE((message).find(text), std::string::npos) \

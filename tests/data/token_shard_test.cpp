@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/errors.h"
 #include "harness/temp_dir.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/tokens.h"
@@ -21,20 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a mantissa::Error";
-  return "";
-}
-
-#define EXPECT_HAS(text, part)                               \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "'" << (text) << "' lacks " << (part)
+using testing::error_of;
 
 class TokenShard : public testing::TempDirTest {
  protected:

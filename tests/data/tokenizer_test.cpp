@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/errors.h"
 #include "harness/temp_dir.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/text_corpus.h"
@@ -26,20 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 using Merges = std::vector<std::pair<uint32_t, uint32_t>>;
 
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a mantissa::Error";
-  return "";
-}
-
-#define EXPECT_HAS(text, part)                               \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "'" << (text) << "' lacks " << (part)
+using testing::error_of;
 
 std::vector<std::string> strings(const std::vector<std::string_view>& v) {
   return {v.begin(), v.end()};
