@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "mantissa/amp/amp.h"
+#include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/cuda.h"
@@ -126,6 +127,7 @@ struct Row {
   std::string label;
   double ms = 0;
   int64_t peak = 0;
+  amp::CastCacheStats casts;  // autocast's weight-cast cache over one step
 };
 
 int run_bench(const BenchArgs& a) {
@@ -156,10 +158,12 @@ int run_bench(const BenchArgs& a) {
       r.step();
     wait_idle();
     reset_peak_memory(device);
+    amp::reset_cast_cache_stats();
     r.step();
     wait_idle();
     rows[k].label = variants[k].label;
     rows[k].peak = memory_stats(device).peak_bytes;
+    rows[k].casts = amp::cast_cache_stats();
   }
 
   // Time, all variants alive and interleaved step by step, so that the machine's noise falls on
@@ -207,6 +211,8 @@ int run_bench(const BenchArgs& a) {
       j["memory_vs_first"] = double(row.peak) / double(base.peak);
       j["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
       j["parameters"] = parameters;
+      j["weight_casts_per_step"] = row.casts.casts;
+      j["cast_cache_hits_per_step"] = row.casts.hits;
       fmt::print("{}\n", j.dump());
     }
     return 0;
@@ -223,6 +229,12 @@ int run_bench(const BenchArgs& a) {
                double(row.peak) / double(base.peak));
   }
   if (rows.size() > 1) fmt::print("(speedup and memory relative to {})\n", base.label);
+  for (const Row& row : rows) {
+    if (row.casts.casts + row.casts.hits > 0) {
+      fmt::print("{}: autocast's weight-cast cache in one step: {} casts, {} hits\n", row.label,
+                 row.casts.casts, row.casts.hits);
+    }
+  }
   return 0;
 }
 
