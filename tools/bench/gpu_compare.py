@@ -54,18 +54,7 @@ def torch_models():
     import torch.nn as nn
     import torch.nn.functional as F
 
-    class Attention(nn.Module):
-        def __init__(self, dim, heads, causal):
-            super().__init__()
-            self.heads, self.causal = heads, causal
-            self.qkv = nn.Linear(dim, 3 * dim)
-            self.proj = nn.Linear(dim, dim)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-            return self.proj(y.transpose(1, 2).reshape(b, t, c))
+    from torch_models import Attention  # the CPU comparison's: the same MultiheadAttention
 
     class Block(nn.Module):
         """Pre-LN block as src/nn/layers.cpp's TransformerBlock: x + attn(norm1(x)), then
