@@ -15,44 +15,6 @@
 namespace mantissa::backend::cpu {
 namespace {
 
-// The host side of op_math.h's math policy: in float the vectorizable exp, log, tanh and erf of
-// vec_math.h, in double the std:: functions; sqrt and pow from std:: (sqrt is an instruction);
-// plain products (the library is built without contraction into FMA).
-struct HostMath {
-  template <typename C>
-  static C exp(C x) {
-    if constexpr (std::is_same_v<C, float>) return vm::exp(x);
-    return std::exp(x);
-  }
-  template <typename C>
-  static C log(C x) {
-    if constexpr (std::is_same_v<C, float>) return vm::log(x);
-    return std::log(x);
-  }
-  template <typename C>
-  static C sqrt(C x) {
-    return std::sqrt(x);
-  }
-  template <typename C>
-  static C tanh(C x) {
-    if constexpr (std::is_same_v<C, float>) return vm::tanh(x);
-    return std::tanh(x);
-  }
-  template <typename C>
-  static C erf(C x) {
-    if constexpr (std::is_same_v<C, float>) return vm::erf(x);
-    return std::erf(x);
-  }
-  template <typename C>
-  static C pow(C x, C y) {
-    return std::pow(x, y);
-  }
-  template <typename C>
-  static C mul_rn(C a, C b) {
-    return a * b;
-  }
-};
-
 template <typename C>
 op_math::UnaryArgs<C> unary_args(Scalars s) {
   return {C(s.a), C(s.b), s.a == 2.0};
@@ -392,7 +354,7 @@ void CpuBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const T
       const C* cp = row_in<T, C>(c_prev, r, n, buf + 5 * n);
       // An undefined dh or dc is zero.
       C* zeros = buf + 6 * n;
-      std::fill(zeros, zeros + n, C(0));
+      if (!dh.defined() || !dc.defined()) std::fill(zeros, zeros + n, C(0));
       const C* gh = dh.defined() ? row_in<T, C>(dh, r, n, buf + 7 * n) : zeros;
       const C* gc = dc.defined() ? row_in<T, C>(dc, r, n, buf + 8 * n) : zeros;
       C* dz = row_out<T, C>(dgates, r, 4 * n, buf + 9 * n);

@@ -423,17 +423,6 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
 
 namespace {
 
-// e^x: in float vec_math.h's, which loops vectorize (a call to std::exp keeps them scalar, and
-// exp is most of softmax's time).
-template <typename C>
-inline C exp_of(C x) {
-  if constexpr (std::is_same_v<C, float>) {
-    return vm::exp(x);
-  } else {
-    return std::exp(x);
-  }
-}
-
 // One contiguous row: dst = softmax(row) or log_softmax(row); dst may be row.
 template <typename C>
 void softmax_row(const C* row, C* dst, int64_t n, bool log) {
@@ -446,7 +435,7 @@ void softmax_row(const C* row, C* dst, int64_t n, bool log) {
     C s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i)
-      s += exp_of(row[i] - mx);
+      s += HostMath::exp(row[i] - mx);
     // (x - max) - log(sum), not x - (max + log(sum)): the latter rounds log(sum) at the
     // magnitude of max and loses the small log-probs of a dominant class.
     const C log_s = std::log(s);
@@ -457,7 +446,7 @@ void softmax_row(const C* row, C* dst, int64_t n, bool log) {
     C s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) {
-      dst[i] = exp_of(row[i] - mx);
+      dst[i] = HostMath::exp(row[i] - mx);
       s += dst[i];
     }
     const C inv = C(1) / s;
@@ -512,7 +501,7 @@ void CpuBackend::softmax(const Tensor& x_in, int dim, bool log, Tensor& out) {
         load_contiguous<T, C>(xp + base + j * sp.inner, v, w);
 #pragma omp simd
         for (int64_t i = 0; i < w; ++i)
-          acc[i] += exp_of(v[i] - mx[i]);
+          acc[i] += HostMath::exp(v[i] - mx[i]);
       }
       for (int64_t i = 0; i < w; ++i) {
         acc[i] = log ? std::log(acc[i]) : C(1) / acc[i];  // log(sum) or 1/sum
@@ -526,7 +515,7 @@ void CpuBackend::softmax(const Tensor& x_in, int dim, bool log, Tensor& out) {
         } else {
 #pragma omp simd
           for (int64_t i = 0; i < w; ++i)
-            v[i] = exp_of(v[i] - mx[i]) * acc[i];
+            v[i] = HostMath::exp(v[i] - mx[i]) * acc[i];
         }
         store_contiguous<C, T>(v, op + base + j * sp.inner, w);
       }
@@ -568,7 +557,7 @@ void CpuBackend::softmax_backward(const Tensor& grad_y, const Tensor& y_in, int 
               s += gr[i];
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i)
-              o[i] = gr[i] - exp_of(yr[i]) * s;
+              o[i] = gr[i] - HostMath::exp(yr[i]) * s;
           } else {
 #pragma omp simd reduction(+ : s)
             for (int64_t i = 0; i < n; ++i)
@@ -610,7 +599,7 @@ void CpuBackend::softmax_backward(const Tensor& grad_y, const Tensor& y_in, int 
         if (log) {
 #pragma omp simd
           for (int64_t i = 0; i < w; ++i)
-            gv[i] -= exp_of(yv[i]) * acc[i];
+            gv[i] -= HostMath::exp(yv[i]) * acc[i];
         } else {
 #pragma omp simd
           for (int64_t i = 0; i < w; ++i)
@@ -710,8 +699,8 @@ void CpuBackend::cross_entropy_backward(const Tensor& grad_loss_in, const Tensor
           const C* row = lp + r * classes;
 #pragma omp simd
           for (int64_t i = 0; i < classes; ++i)
-            o[i] = g * (exp_of(row[i]) - off);
-          o[t] = g * (exp_of(row[t]) - on);
+            o[i] = g * (HostMath::exp(row[i]) - off);
+          o[t] = g * (HostMath::exp(row[t]) - on);
         }
         finish_row<T, C>(dst, op + r0 * classes, (r1 - r0) * classes);
       });

@@ -10,12 +10,16 @@
 // bounds): exp within 1 ulp, log within 1 ulp, tanh within 1.5 ulp, erf within 3 ulp (glibc's
 // are within 1); NaN, infinities, signed zeros and subnormals as the C library gives them.
 //
+// HostMath, at the end, is the CPU's math policy for op_math.h (and softmax's exp): these in
+// float, the C library's in double.
+//
 // Constants: Cephes' minimax polynomials (S. Moshier) for exp, log and tanh; for erf a minimax
 // fit of erf(x)/x in x^2 on [0, 1] (relative error 1.2e-9, made with numpy) and, above 1,
 // Numerical Recipes' Chebyshev fit of erfc (relative error 1.2e-7 of erfc, under an ulp of erf).
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #define MT_VM_INLINE inline __attribute__((always_inline))
@@ -154,5 +158,47 @@ MT_VM_INLINE float erf(float x) {
 }
 
 }  // namespace mantissa::backend::cpu::vm
+
+namespace mantissa::backend::cpu {
+
+// The host side of op_math.h's math policy: in float the vectorizable exp, log, tanh and erf of
+// vec_math.h, in double the std:: functions; sqrt and pow from std:: (sqrt is an instruction);
+// plain products (the library is built without contraction into FMA).
+struct HostMath {
+  template <typename C>
+  static C exp(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::exp(x);
+    return std::exp(x);
+  }
+  template <typename C>
+  static C log(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::log(x);
+    return std::log(x);
+  }
+  template <typename C>
+  static C sqrt(C x) {
+    return std::sqrt(x);
+  }
+  template <typename C>
+  static C tanh(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::tanh(x);
+    return std::tanh(x);
+  }
+  template <typename C>
+  static C erf(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::erf(x);
+    return std::erf(x);
+  }
+  template <typename C>
+  static C pow(C x, C y) {
+    return std::pow(x, y);
+  }
+  template <typename C>
+  static C mul_rn(C a, C b) {
+    return a * b;
+  }
+};
+
+}  // namespace mantissa::backend::cpu
 
 #undef MT_VM_INLINE
