@@ -55,12 +55,14 @@
     (x, p, seed, offset, out, mask))                                                              \
   /* One LSTM step's pointwise math (backend/lstm_math.h): gates (B, 4H) before their */         \
   /* activations, order i, f, g, o; c_prev (B, H), or undefined for a zero state. Writes acts */  \
-  /* (B, 4H) after the activations, c = f c_prev + i g and h = o tanh(c) (B, H). Contiguous, */     \
-  /* one float dtype. */                                                                          \
+  /* (B, 4H) after the activations, c = f c_prev + i g and h = o tanh(c) (B, H). Contiguous; */     \
+  /* c_prev, acts, c and h share one float dtype, the gates may be stored in another of the same */ \
+  /* compute type (bf16 gates from an autocast GEMM with an fp32 state: no conversion pass). */  \
   _(Elementwise, void, lstm_cell,                                                                 \
     (const Tensor& gates, const Tensor& c_prev, Tensor& acts, Tensor& c, Tensor& h),              \
     (gates, c_prev, acts, c, h))                                                                  \
-  /* Its derivative: dh and dc (undefined = 0) to dgates (B, 4H) and dc_prev (B, H). */           \
+  /* Its derivative: dh and dc (undefined = 0) to dgates (B, 4H) and dc_prev (B, H); dgates in */ \
+  /* the gates' dtype, the rest in the state's. */                                               \
   _(Elementwise, void, lstm_cell_backward,                                                        \
     (const Tensor& acts, const Tensor& c, const Tensor& c_prev, const Tensor& dh, const Tensor&   \
     dc, Tensor& dgates, Tensor& dc_prev),                                                         \

@@ -519,7 +519,10 @@ std::vector<Tensor> lstm_pointwise(const Tensor& gates_in, const Tensor& c_in) {
   const DType dt =
       c_in.defined() ? promote_types(gates_in.dtype(), c_in.dtype()) : gates_in.dtype();
   const Device device = gates_in.device();
-  const Tensor gates = gates_in.to(dt).contiguous().detach();
+  // Gates stored narrower than the state (bf16 from an autocast GEMM, fp32 cell state) are read
+  // as they are: the kernel converts them on load, and writes their gradient back in their dtype.
+  const DType g_dt = stats_dtype(gates_in.dtype()) == stats_dtype(dt) ? gates_in.dtype() : dt;
+  const Tensor gates = gates_in.to(g_dt).contiguous().detach();
   const Tensor c = c_in.defined() ? c_in.to(dt).contiguous().detach() : Tensor();
   Tensor acts = Tensor::empty({b, 4 * n}, dt, device);
   Tensor c_next = Tensor::empty({b, n}, dt, device);
@@ -535,7 +538,7 @@ std::vector<Tensor> lstm_pointwise(const Tensor& gates_in, const Tensor& c_in) {
         [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
           if (!g[0].defined() && !g[1].defined()) return {Tensor(), Tensor()};
           auto as_dt = [&](const Tensor& t) { return t.defined() ? t.to(dt).contiguous() : t; };
-          Tensor dz = Tensor::empty({b, 4 * n}, dt, device);
+          Tensor dz = Tensor::empty({b, 4 * n}, g_dt, device);
           Tensor dc_prev = Tensor::empty({b, n}, dt, device);
           backend::backend_for(device).lstm_cell_backward(s_acts.unpack(), s_c.unpack(),
                                                           s_prev.unpack(), as_dt(g[0]), as_dt(g[1]),

@@ -81,6 +81,34 @@ TEST(LstmPointwise, AgreesWithTheComposedOps) {
   EXPECT_TRUE(testing::all_close(gf[1], gc[1], 0x1p-24, 16, "d c"));
 }
 
+// Half-precision gates with an f32 cell state (autocast's bf16 GEMM feeding an fp32 state) are
+// read without a conversion pass: the results are the same bits as converting the gates to f32
+// first, and their gradient is the f32 gradient rounded to the gates' dtype.
+TEST(LstmPointwise, HalfGatesWithAnF32StateMatchTheConvertedPath) {
+  for (const DType half : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(half));
+    Tensor gates = mul(random_f64({8, 48}, 7), 3.0).to(half);
+    Tensor c = random_f64({8, 12}, 8).to(DType::F32);
+    Tensor gates32 = gates.to(DType::F32);
+    Tensor c32 = c.clone();
+    for (Tensor* t : {&gates, &c, &gates32, &c32})
+      t->set_requires_grad(true);
+    const std::vector<Tensor> mixed = lstm_pointwise(gates, c);
+    const std::vector<Tensor> wide = lstm_pointwise(gates32, c32);
+    EXPECT_EQ(mixed[0].dtype(), DType::F32);
+    EXPECT_EQ(mixed[0].to_vector<float>(), wide[0].to_vector<float>());
+    EXPECT_EQ(mixed[1].to_vector<float>(), wide[1].to_vector<float>());
+    const Tensor w = random_f64({8, 12}, 9).to(DType::F32);
+    const std::vector<Tensor> gm =
+        autograd::grad({sum(mul(mixed[0], w)), sum(mul(mixed[1], w))}, {}, {gates, c});
+    const std::vector<Tensor> gw =
+        autograd::grad({sum(mul(wide[0], w)), sum(mul(wide[1], w))}, {}, {gates32, c32});
+    EXPECT_EQ(gm[0].dtype(), half);
+    EXPECT_EQ(gm[0].to_vector<float>(), gw[0].to(half).to_vector<float>());
+    EXPECT_EQ(gm[1].to_vector<float>(), gw[1].to_vector<float>());
+  }
+}
+
 TEST(LstmPointwise, MistakesAreNamed) {
   EXPECT_THROW(lstm_pointwise(Tensor::zeros({2, 7}), Tensor()), Error);
   EXPECT_THROW(lstm_pointwise(Tensor::zeros({2, 8}), Tensor::zeros({2, 3})), Error);

@@ -326,18 +326,24 @@ void row_store(Tensor& t, int64_t r, int64_t width, const C* buf) {
 void CpuBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& acts, Tensor& c,
                            Tensor& h) {
   const int64_t rows = gates.size(0), n = gates.size(1) / 4;
-  dispatch_float(gates.dtype(), "lstm_cell", [&]<typename T>() {
+  dispatch_float(acts.dtype(), "lstm_cell", [&]<typename T>() {
     using C = compute_t<T>;
-    parallel_rows<C>(rows, rows * 4 * n, 11 * n, [&](int64_t r, C* buf) {
-      const C* z = row_in<T, C>(gates, r, 4 * n, buf);
-      const C* cp = row_in<T, C>(c_prev, r, n, buf + 4 * n);
-      C* a = row_out<T, C>(acts, r, 4 * n, buf + 5 * n);
-      C* cn = row_out<T, C>(c, r, n, buf + 9 * n);
-      C* hn = row_out<T, C>(h, r, n, buf + 10 * n);
-      run_lstm_cell_row<C>(z, cp, a, cn, hn, n);
-      row_store<T, C>(acts, r, 4 * n, a);
-      row_store<T, C>(c, r, n, cn);
-      row_store<T, C>(h, r, n, hn);
+    dispatch_float(gates.dtype(), "lstm_cell", [&]<typename G>() {
+      if constexpr (std::is_same_v<compute_t<G>, C>) {
+        parallel_rows<C>(rows, rows * 4 * n, 11 * n, [&](int64_t r, C* buf) {
+          const C* z = row_in<G, C>(gates, r, 4 * n, buf);
+          const C* cp = row_in<T, C>(c_prev, r, n, buf + 4 * n);
+          C* a = row_out<T, C>(acts, r, 4 * n, buf + 5 * n);
+          C* cn = row_out<T, C>(c, r, n, buf + 9 * n);
+          C* hn = row_out<T, C>(h, r, n, buf + 10 * n);
+          run_lstm_cell_row<C>(z, cp, a, cn, hn, n);
+          row_store<T, C>(acts, r, 4 * n, a);
+          row_store<T, C>(c, r, n, cn);
+          row_store<T, C>(h, r, n, hn);
+        });
+      } else {
+        MT_ASSERT(false, "lstm_cell: gates and state must share a compute type");
+      }
     });
   });
 }
@@ -348,20 +354,26 @@ void CpuBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const T
   const int64_t rows = acts.size(0), n = acts.size(1) / 4;
   dispatch_float(acts.dtype(), "lstm_cell_backward", [&]<typename T>() {
     using C = compute_t<T>;
-    parallel_rows<C>(rows, rows * 4 * n, 14 * n, [&](int64_t r, C* buf) {
-      const C* a = row_in<T, C>(acts, r, 4 * n, buf);
-      const C* cn = row_in<T, C>(c, r, n, buf + 4 * n);
-      const C* cp = row_in<T, C>(c_prev, r, n, buf + 5 * n);
-      // An undefined dh or dc is zero.
-      C* zeros = buf + 6 * n;
-      if (!dh.defined() || !dc.defined()) std::fill(zeros, zeros + n, C(0));
-      const C* gh = dh.defined() ? row_in<T, C>(dh, r, n, buf + 7 * n) : zeros;
-      const C* gc = dc.defined() ? row_in<T, C>(dc, r, n, buf + 8 * n) : zeros;
-      C* dz = row_out<T, C>(dgates, r, 4 * n, buf + 9 * n);
-      C* dcp = row_out<T, C>(dc_prev, r, n, buf + 13 * n);
-      run_lstm_cell_backward_row<C>(a, cn, cp, gh, gc, dz, dcp, n);
-      row_store<T, C>(dgates, r, 4 * n, dz);
-      row_store<T, C>(dc_prev, r, n, dcp);
+    dispatch_float(dgates.dtype(), "lstm_cell_backward", [&]<typename G>() {
+      if constexpr (std::is_same_v<compute_t<G>, C>) {
+        parallel_rows<C>(rows, rows * 4 * n, 14 * n, [&](int64_t r, C* buf) {
+          const C* a = row_in<T, C>(acts, r, 4 * n, buf);
+          const C* cn = row_in<T, C>(c, r, n, buf + 4 * n);
+          const C* cp = row_in<T, C>(c_prev, r, n, buf + 5 * n);
+          // An undefined dh or dc is zero.
+          C* zeros = buf + 6 * n;
+          if (!dh.defined() || !dc.defined()) std::fill(zeros, zeros + n, C(0));
+          const C* gh = dh.defined() ? row_in<T, C>(dh, r, n, buf + 7 * n) : zeros;
+          const C* gc = dc.defined() ? row_in<T, C>(dc, r, n, buf + 8 * n) : zeros;
+          C* dz = row_out<G, C>(dgates, r, 4 * n, buf + 9 * n);
+          C* dcp = row_out<T, C>(dc_prev, r, n, buf + 13 * n);
+          run_lstm_cell_backward_row<C>(a, cn, cp, gh, gc, dz, dcp, n);
+          row_store<G, C>(dgates, r, 4 * n, dz);
+          row_store<T, C>(dc_prev, r, n, dcp);
+        });
+      } else {
+        MT_ASSERT(false, "lstm_cell_backward: dgates and state must share a compute type");
+      }
     });
   });
 }

@@ -404,13 +404,13 @@ __global__ void dropout_kernel(int64_t n, const S* x, S* out, bool* mask, uint64
 }
 
 // One thread per (row, state element) of an LSTM step (backend/lstm_math.h, as the CPU's loop).
-template <typename S>
-__global__ void lstm_cell_kernel(int64_t rows, int64_t n, const S* z, const S* cp, S* acts, S* c,
+template <typename G, typename S>
+__global__ void lstm_cell_kernel(int64_t rows, int64_t n, const G* z, const S* cp, S* acts, S* c,
                                  S* h) {
   using C = compute_t<S>;
   MT_GRID_STRIDE_LOOP(k, rows * n) {
     const int64_t r = k / n, j = k % n;
-    const S* zr = z + r * 4 * n;
+    const G* zr = z + r * 4 * n;
     const bool has_prev = cp != nullptr;
     lstm_math::Acts<C> a;
     C cv, hv;
@@ -427,9 +427,9 @@ __global__ void lstm_cell_kernel(int64_t rows, int64_t n, const S* z, const S* c
   }
 }
 
-template <typename S>
+template <typename G, typename S>
 __global__ void lstm_cell_backward_kernel(int64_t rows, int64_t n, const S* acts, const S* c,
-                                          const S* cp, const S* dh, const S* dc, S* dz, S* dcp) {
+                                          const S* cp, const S* dh, const S* dc, G* dz, S* dcp) {
   using C = compute_t<S>;
   MT_GRID_STRIDE_LOOP(k, rows * n) {
     const int64_t r = k / n, j = k % n;
@@ -442,7 +442,7 @@ __global__ void lstm_cell_backward_kernel(int64_t rows, int64_t n, const S* acts
     lstm_math::backward<DeviceMath>(a, load(c + k), has_prev ? load(cp + k) : C(0), has_prev,
                                     dh != nullptr ? load(dh + k) : C(0),
                                     dc != nullptr ? load(dc + k) : C(0), d, dcpv);
-    S* dr = dz + r * 4 * n;
+    G* dr = dz + r * 4 * n;
     store_value(dr + j, d.i);
     store_value(dr + n + j, d.f);
     store_value(dr + 2 * n + j, d.g);
@@ -674,10 +674,16 @@ void CudaBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& a
                             Tensor& h) {
   DeviceGuard guard(device_);
   const int64_t rows = gates.size(0), n = gates.size(1) / 4;
-  dispatch_float(gates.dtype(), "lstm_cell", [&]<typename S>(Tag<S>) {
-    launch(rows * n, device_, lstm_cell_kernel<S>, rows, n, device_ptr<const S>(gates),
-           c_prev.defined() ? device_ptr<const S>(c_prev) : nullptr, device_ptr<S>(acts),
-           device_ptr<S>(c), device_ptr<S>(h));
+  dispatch_float(acts.dtype(), "lstm_cell", [&]<typename S>(Tag<S>) {
+    dispatch_float(gates.dtype(), "lstm_cell", [&]<typename G>(Tag<G>) {
+      if constexpr (std::is_same_v<compute_t<G>, compute_t<S>>) {
+        launch(rows * n, device_, lstm_cell_kernel<G, S>, rows, n, device_ptr<const G>(gates),
+               c_prev.defined() ? device_ptr<const S>(c_prev) : nullptr, device_ptr<S>(acts),
+               device_ptr<S>(c), device_ptr<S>(h));
+      } else {
+        MT_ASSERT(false, "lstm_cell: gates and state must share a compute type");
+      }
+    });
   });
 }
 
@@ -690,9 +696,15 @@ void CudaBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const 
     return t.defined() ? device_ptr<const S>(t) : nullptr;
   };
   dispatch_float(acts.dtype(), "lstm_cell_backward", [&]<typename S>(Tag<S> tag) {
-    launch(rows * n, device_, lstm_cell_backward_kernel<S>, rows, n, device_ptr<const S>(acts),
-           device_ptr<const S>(c), ptr(c_prev, tag), ptr(dh, tag), ptr(dc, tag),
-           device_ptr<S>(dgates), device_ptr<S>(dc_prev));
+    dispatch_float(dgates.dtype(), "lstm_cell_backward", [&]<typename G>(Tag<G>) {
+      if constexpr (std::is_same_v<compute_t<G>, compute_t<S>>) {
+        launch(rows * n, device_, lstm_cell_backward_kernel<G, S>, rows, n,
+               device_ptr<const S>(acts), device_ptr<const S>(c), ptr(c_prev, tag), ptr(dh, tag),
+               ptr(dc, tag), device_ptr<G>(dgates), device_ptr<S>(dc_prev));
+      } else {
+        MT_ASSERT(false, "lstm_cell_backward: dgates and state must share a compute type");
+      }
+    });
   });
 }
 
