@@ -5,6 +5,9 @@
 //   fp32:            ops whose range (exp, log, pow, 1/x), accumulation over many elements
 //                    (reductions, norms, softmax) or loss value needs fp32;
 //   promote:         ops combining several tensors, which run in the widest input dtype;
+//   none:            batch norm, which PyTorch lists nowhere (CPU and CUDA): it runs in its
+//                    input's dtype (a conv's bf16 output stays bf16), its statistics in fp32 and
+//                    its fp32 weight, bias and running stats untouched;
 //   fp16-banned:     binary_cross_entropy, whose gradient p(1-p) underflows in fp16; its
 //                    logits form is safe.
 #include "mantissa/amp/autocast.h"
@@ -25,7 +28,7 @@ constexpr PolicyEntry kTable[] = {
     {OpId::Softmax, Fp32},
     {OpId::LogSoftmax, Fp32},
     {OpId::LayerNorm, Fp32},
-    {OpId::BatchNorm, Fp32},
+    {OpId::BatchNorm, None},
     {OpId::CrossEntropy, Fp32},
     {OpId::BinaryCrossEntropy, Fp32, Fp16Rule::Banned,
      "use binary_cross_entropy_with_logits, which is safe (it fuses the sigmoid into the loss), "
