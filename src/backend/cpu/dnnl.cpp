@@ -15,6 +15,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <list>
 #include <memory>
@@ -116,6 +117,7 @@ struct Entry {
 
 class Key {
  public:
+  Key() { s_.reserve(256); }  // a matmul's key is ~170 bytes: one allocation, not five
   Key& add(int64_t v) {
     s_.append(reinterpret_cast<const char*>(&v), sizeof v);
     return *this;
@@ -194,43 +196,76 @@ void finish_entry(Entry& e) {
   }
 }
 
+// Runs a primitive through the C API on a stack array of arguments: the C++ API's
+// unordered_map costs a heap node per argument, which showed in the per-op profile of small
+// GEMMs (tools/bench/dispatch_compare.py).
+constexpr int kMaxArgs = 6;
+
+struct ArgList {
+  std::array<dnnl_exec_arg_t, kMaxArgs> a{};
+  int n = 0;
+  void add(int arg, const memory& m) {
+    MT_ASSERT(n < kMaxArgs, "too many primitive arguments");
+    a[size_t(n++)] = {arg, m.get()};
+  }
+  void run(const dnnl::primitive& p, dnnl::stream& s) const {
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(p.get(), s.get(), n, a.data()),
+                            "could not execute a primitive");
+  }
+};
+
 // Runs an entry on user pointers given in the order of e.args.
 void execute(const Entry& e, std::initializer_list<const void*> ptrs) {
-  MT_ASSERT(ptrs.size() == e.args.size(), "primitive argument count");
+  MT_ASSERT(ptrs.size() == e.args.size() && ptrs.size() < size_t(kMaxArgs),
+            "primitive argument count");
   dnnl::stream& s = stream();
   void* scratch = e.scratch_bytes ? scratch_buffer(e.scratch_bytes) : nullptr;
   auto scratch_mem = [&](const memory::desc& md) { return memory(md, engine(), scratch); };
-  std::unordered_map<int, memory> args;
-  std::vector<Tensor> staging;  // the primitive-layout copies, alive until the end
-  std::vector<std::pair<const ArgPlan*, std::pair<memory, memory>>> outputs;
+  // The memory objects must outlive the calls that name them.
+  std::array<memory, kMaxArgs> users, prims;
+  std::array<Tensor, kMaxArgs> staging;  // the primitive-layout copies, alive until the end
+  memory scratch_arg;
+  ArgList args;
   auto p = ptrs.begin();
-  for (const ArgPlan& a : e.args) {
-    memory user(a.user_md, engine(), const_cast<void*>(*p++));
+  for (size_t i = 0; i < e.args.size(); ++i) {
+    const ArgPlan& a = e.args[i];
+    users[i] = memory(a.user_md, engine(), const_cast<void*>(*p++));
     if (!a.reorder) {
-      args.emplace(a.arg, user);
+      args.add(a.arg, users[i]);
       continue;
     }
-    staging.push_back(Tensor::empty({int64_t(a.prim_md.get_size())}, DType::U8));
-    memory prim(a.prim_md, engine(), staging.back().data_ptr());
-    if (a.output) {
-      outputs.push_back({&a, {prim, user}});
-    } else {
-      std::unordered_map<int, memory> r{{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, prim}};
+    staging[i] = Tensor::empty({int64_t(a.prim_md.get_size())}, DType::U8);
+    prims[i] = memory(a.prim_md, engine(), staging[i].data_ptr());
+    if (!a.output) {
+      ArgList r;
+      r.add(DNNL_ARG_FROM, users[i]);
+      r.add(DNNL_ARG_TO, prims[i]);
+      memory rs;
       if (a.reorder_scratch_md.get_size()) {
-        r.emplace(DNNL_ARG_SCRATCHPAD, scratch_mem(a.reorder_scratch_md));
+        rs = scratch_mem(a.reorder_scratch_md);
+        r.add(DNNL_ARG_SCRATCHPAD, rs);
       }
-      a.reorder->execute(s, r);
+      r.run(*a.reorder, s);
     }
-    args.emplace(a.arg, prim);
+    args.add(a.arg, prims[i]);
   }
-  if (e.scratch_md.get_size()) args.emplace(DNNL_ARG_SCRATCHPAD, scratch_mem(e.scratch_md));
-  e.prim.execute(s, args);
-  for (auto& [a, mems] : outputs) {
-    std::unordered_map<int, memory> r{{DNNL_ARG_FROM, mems.first}, {DNNL_ARG_TO, mems.second}};
-    if (a->reorder_scratch_md.get_size()) {
-      r.emplace(DNNL_ARG_SCRATCHPAD, scratch_mem(a->reorder_scratch_md));
+  if (e.scratch_md.get_size()) {
+    scratch_arg = scratch_mem(e.scratch_md);
+    args.add(DNNL_ARG_SCRATCHPAD, scratch_arg);
+  }
+  args.run(e.prim, s);
+  for (size_t i = 0; i < e.args.size(); ++i) {
+    const ArgPlan& a = e.args[i];
+    if (!a.reorder || !a.output) continue;
+    ArgList r;
+    r.add(DNNL_ARG_FROM, prims[i]);
+    r.add(DNNL_ARG_TO, users[i]);
+    memory rs;
+    if (a.reorder_scratch_md.get_size()) {
+      rs = scratch_mem(a.reorder_scratch_md);
+      r.add(DNNL_ARG_SCRATCHPAD, rs);
     }
-    a->reorder->execute(s, r);
+    r.run(*a.reorder, s);
   }
   s.wait();
 }
