@@ -15,7 +15,9 @@ table: 8192 tokens a step), next-token cross-entropy at every position. PyTorch 
 (several GB) and is not part of the default test run.
   python3 tools/bench/train_compare.py [--models mlp,cnn,...] [--precisions fp32,bf16,bf16:O2]
       [--threads 1,2] [--rounds 3] [--steps 20] [--warmup 3] [--mantissa PATH | --build DIR]
-      [--torch-python PATH] [--json-out FILE]
+      [--torch-python PATH] [--json-out FILE] [--baseline OLD_MANTISSA]
+--baseline adds an earlier build of mantissa, run in the same alternating rounds (before/after
+figures from one run, on one machine state); its rows carry baseline_ms and baseline_speedup.
 """
 import argparse
 import json
@@ -62,7 +64,8 @@ def mib(b):
 
 
 def measure(args, ours, model, threads, entries):
-    """{entry: {"mantissa": record, "pytorch": record}}, each the best median of the rounds."""
+    """{entry: {"mantissa": record, "pytorch": record[, "baseline": record]}}, each the best
+    median of the rounds."""
     tokens = model in TOKEN_MODELS
     common = ["--model", model, "--threads", str(threads), "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--json", "--batch-size",
@@ -73,8 +76,10 @@ def measure(args, ours, model, threads, entries):
     best = {e: {} for e in entries}
     for _ in range(args.rounds):
         for e in entries:
-            for impl, cmd in (("mantissa", [ours, "bench"]),
-                              ("pytorch", [args.torch_python, torch_script])):
+            impls = [("mantissa", [ours, "bench"]), ("pytorch", [args.torch_python, torch_script])]
+            if args.baseline:
+                impls.append(("baseline", [args.baseline, "bench"]))
+            for impl, cmd in impls:
                 try:
                     r = run_json(cmd + common + ["--precision", e])
                 except RuntimeError as err:
@@ -103,6 +108,7 @@ def main():
     ap.add_argument("--token-batch-size", type=int, default=128, help="token models")
     ap.add_argument("--seq-len", type=int, default=64, help="token models")
     ap.add_argument("--json-out", help="write every row and the summaries to this file")
+    ap.add_argument("--baseline", help="an earlier mantissa binary, timed in the same rounds")
     args = ap.parse_args()
     models = parse_list(ap, args.models, MODELS, "--models")
     entries = parse_list(ap, args.precisions, PRECISIONS, "--precisions")
@@ -119,6 +125,8 @@ def main():
     ours = args.mantissa or os.path.join(args.build, "mantissa")
     if not os.path.exists(ours):
         sys.exit(f"{ours} is missing: build first (scripts/setup)")
+    if args.baseline and not os.path.exists(args.baseline):
+        sys.exit(f"{args.baseline} (--baseline) is missing")
     if not os.path.exists(args.torch_python):
         sys.exit(f"{args.torch_python} is missing: pass --torch-python (a Python with torch)")
 
@@ -133,7 +141,7 @@ def main():
           f"the machine makes the times noisy, the 2-thread ones most)", flush=True)
     header = (f"{'model':<9} {'precision':<9} {'threads':>7} {'mantissa ms':>11} "
               f"{'pytorch ms':>10} {'speedup':>8} {'tensors MiB':>11} {'mantissa RSS':>12} "
-              f"{'pytorch RSS':>11}")
+              f"{'pytorch RSS':>11}" + (f" {'before ms':>10} {'before x':>8}" if args.baseline else ""))
     print(header, flush=True)
     rows = []
     for model in models:
@@ -151,12 +159,19 @@ def main():
                     "speedup": speedup, "mantissa_peak_bytes": m["peak_memory_bytes"],
                     "mantissa_rss_bytes": m["peak_rss_bytes"],
                     "pytorch_rss_bytes": p["peak_rss_bytes"], "mantissa": m, "pytorch": p})
+                before = ""
+                if args.baseline:
+                    b = best[e]["baseline"]
+                    rows[-1].update({"baseline_ms": b["ms_per_step"],
+                                     "baseline_speedup": p["ms_per_step"] / b["ms_per_step"],
+                                     "baseline": b})
+                    before = f" {b['ms_per_step']:>10.2f} {rows[-1]['baseline_speedup']:>7.2f}x"
                 mark = "<" if speedup < AIM_SPEEDUP else " "
                 print(f"{model:<9} {label_of(e):<9} {threads:>7} {m['ms_per_step']:>11.2f} "
                       f"{p['ms_per_step']:>10.2f} {speedup:>7.2f}x{mark}"
                       f"{mib(m['peak_memory_bytes']):>11.1f} "
-                      f"{mib(m['peak_rss_bytes']):>8.0f} MiB {mib(p['peak_rss_bytes']):>7.0f} MiB",
-                      flush=True)
+                      f"{mib(m['peak_rss_bytes']):>8.0f} MiB {mib(p['peak_rss_bytes']):>7.0f} MiB"
+                      + before, flush=True)
 
     # Geometric means of the speedups: over the models, per precision and thread count.
     labels = [label_of(e) for e in entries]
@@ -172,6 +187,17 @@ def main():
             geo[f"{lab}/{t}"] = g
             cells.append(f"{g:>7.2f}x" + ("<" if g < AIM_GEOMEAN else " "))
         print(f"{lab:<9} " + "".join(cells))
+
+    if args.baseline:
+        print(f"\nthe same for --baseline {args.baseline}")
+        for lab in labels + ["all"]:
+            cells = []
+            for t in thread_counts + ["all"]:
+                g = geomean([r["baseline_speedup"] for r in rows
+                             if lab in ("all", r["precision"]) and t in ("all", r["threads"])])
+                geo[f"baseline {lab}/{t}"] = g
+                cells.append(f"{g:>7.2f}x ")
+            print(f"{lab:<9} " + "".join(cells))
 
     # bf16 O2 over fp32 within each implementation, from this run's rows.
     o2 = []
@@ -192,7 +218,8 @@ def main():
     load_end = os.getloadavg()[0]
     print(f"\nload average {load_end:.1f} at the end")
     below = [r for r in rows if r["speedup"] < AIM_SPEEDUP]
-    geo_missed = [k for k, g in geo.items() if "all" not in k and g < AIM_GEOMEAN]
+    geo_missed = [k for k, g in geo.items()
+                  if "all" not in k and not k.startswith("baseline") and g < AIM_GEOMEAN]
     o2_missed = [x for x in o2 if x["model"] in O2_AIM_MODELS and x["mantissa"] < AIM_O2]
     print(f"aims: {len(rows) - len(below)}/{len(rows)} rows >= {AIM_SPEEDUP}x"
           + (" (below: " + ", ".join(f"{r['model']} {r['precision']} {r['threads']}t "
@@ -207,7 +234,8 @@ def main():
                            for x in o2_missed) or "met"))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"config": {"mantissa": ours, "torch_python": args.torch_python,
+            json.dump({"config": {"mantissa": ours, "baseline": args.baseline,
+                                  "torch_python": args.torch_python,
                                   "rounds": args.rounds, "steps": args.steps,
                                   "warmup": args.warmup, "batch_size": args.batch_size,
                                   "token_batch_size": args.token_batch_size,
