@@ -67,6 +67,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   } else {
     meta.grad.add_(g);
   }
+  for (auto& [id, hook] : meta.post_accumulate_hooks)
+    hook(leaf);
   return {};
 }
 
@@ -407,9 +409,19 @@ int Tensor::register_hook(TensorHook hook) const {
   return id;
 }
 
+int Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
+  MT_CHECK(requires_grad() && is_leaf(), "register_post_accumulate_grad_hook() on a ", describe(),
+           ": only a leaf that requires grad accumulates a gradient");
+  AutogradMeta& meta = impl()->autograd_meta();
+  const int id = meta.next_hook++;
+  meta.post_accumulate_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
 void Tensor::remove_hook(int handle) const {
   AutogradMeta& meta = impl()->autograd_meta();
   std::erase_if(meta.hooks, [&](const auto& h) { return h.first == handle; });
+  std::erase_if(meta.post_accumulate_hooks, [&](const auto& h) { return h.first == handle; });
   if (meta.grad_fn) {
     std::erase_if(meta.grad_fn->pre_hooks, [&](const auto& h) { return h.second.first == handle; });
   }

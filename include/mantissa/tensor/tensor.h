@@ -41,6 +41,7 @@ struct Storage {
 };
 
 using TensorHook = std::function<Tensor(const Tensor& grad)>;
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 
 struct AutogradMeta;
 struct TensorImpl;
@@ -168,6 +169,10 @@ class Tensor {
   // Called with this tensor's gradient during backward; may return a replacement (or an
   // undefined Tensor to keep it). Returns a handle for remove_hook.
   int register_hook(TensorHook hook) const;
+  // Leaves: called with this tensor after a backward has accumulated its gradient into .grad()
+  // (PyTorch's register_post_accumulate_grad_hook): the gradient of this backward is final.
+  // Returns a handle for remove_hook.
+  int register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const;
   void remove_hook(int handle) const;
   void retain_grad() const;  // keep .grad() for a non-leaf
 
@@ -189,6 +194,7 @@ struct AutogradMeta {
   uint32_t output_nr = 0;
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: the AccumulateGrad node
   std::vector<std::pair<int, TensorHook>> hooks;
+  std::vector<std::pair<int, PostAccumulateGradHook>> post_accumulate_hooks;
   int next_hook = 0;
 };
 
