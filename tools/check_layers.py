@@ -38,6 +38,9 @@ LAYERS = [
     ("optim", ["optim/"]),
     # The mixed-precision recipe on top of models and optimizers: GradScaler, opt levels.
     ("amp", ["amp/"]),
+    # Data parallel: communicators (MPI, NCCL) and the DDP gradient buckets, over models,
+    # optimizers and the loss scaler; the trainer drives it.
+    ("dist", ["dist/"]),
     ("train", ["train/"]),
     ("tools", ["mantissa", "tools:", "bench:"]),
 ]

@@ -1,0 +1,81 @@
+// Communicators: collective operations across the processes (ranks) of a data-parallel run, on
+// a proven library — MPI (OpenMPI) for CPU tensors and as the launcher (mpirun), NCCL for CUDA
+// tensors. Every collective is called by every rank in the same order (MPI's rule).
+//
+//   auto world = mantissa::dist::mpi_world();   // under `mpirun -n 2 ...`
+//   Tensor g = ...;                               // the same shape on every rank
+//   world->all_reduce(g, dist::ReduceOp::Sum);    // g = the sum over the ranks
+//
+// All collectives of one communicator run on its own thread, one after the other in the order
+// they were submitted (`submit`), so a caller can overlap them with its own work (the DDP
+// buckets, during backward) and still issue them in one order on every rank; the blocking
+// methods submit and wait. A rank whose collective fails (a peer died, MPI reported an error)
+// gets a mantissa::Error naming the operation, the rank and the cause.
+#pragma once
+
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "mantissa/tensor/tensor.h"
+
+namespace mantissa::dist {
+
+enum class ReduceOp { Sum, Max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // "single" (one process, no library), "mpi", "nccl".
+  virtual std::string backend() const = 0;
+
+  // In place over a contiguous tensor (the same shape and dtype on every rank): f32, f64, i32,
+  // i64 natively; bf16 and f16 summed pairwise in fp32 and rounded to nearest-even after each
+  // addition (what a half-precision reduction does; the order is the library's). A float Max
+  // keeps a NaN (a NaN flag on one rank reaches every rank).
+  void all_reduce(Tensor& t, ReduceOp op);
+  // Root's values into t on every rank.
+  void broadcast(Tensor& t, int root);
+  void barrier();
+
+  // Runs `job` on the communicator's thread after every job submitted before it; the future
+  // rethrows what the job threw. Jobs call the *_now methods below.
+  std::future<void> submit(std::function<void()> job);
+
+  // The collectives themselves, on the calling thread: only for jobs (or single-threaded use
+  // before any submit).
+  virtual void all_reduce_now(Tensor& t, ReduceOp op) = 0;
+  virtual void broadcast_now(Tensor& t, int root) = 0;
+  virtual void barrier_now() = 0;
+
+ protected:
+  Communicator();
+  // Stops the thread after the jobs already submitted; derived destructors call it first.
+  void stop_worker();
+
+ private:
+  struct Worker;
+  std::shared_ptr<Worker> worker_;
+};
+
+// One process alone: rank 0 of 1; every collective leaves its tensor as it is. What a run
+// without --distributed uses, so the data-parallel code path is the same for one process.
+std::shared_ptr<Communicator> single_process();
+
+// Whether this build has MPI (MANTISSA_MPI), and whether this process was started by an MPI
+// launcher (mpirun sets OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK).
+bool mpi_built();
+bool launched_by_mpi();
+
+// MPI_COMM_WORLD, initialized on the first call (MPI_Init_thread; finalized at exit). Throws a
+// mantissa::Error that says what to do when the build has no MPI.
+std::shared_ptr<Communicator> mpi_world();
+
+// Stops every rank of the MPI job (MPI_Abort) after printing `why` with this rank's number:
+// what a rank does when it cannot go on, so the others do not wait for it forever.
+[[noreturn]] void abort_job(const std::string& why, int code = 1);
+
+}  // namespace mantissa::dist

@@ -1,0 +1,112 @@
+// Data-parallel training (PyTorch's DistributedDataParallel, Apex's apex.parallel): every rank
+// holds the whole model, sees its own shard of each batch, and before the optimizer step every
+// gradient is averaged over the ranks, so every rank takes the same step and the weights stay
+// identical (bit for bit: the averaged gradient is the same bits everywhere).
+//
+//   auto world = dist::mpi_world();
+//   dist::DistributedDataParallel ddp(*model, world);   // broadcasts rank 0's weights
+//   for (batch : loader over a DistributedSampler) {
+//     opt.zero_grad();
+//     ddp.broadcast_buffers();                            // batch norm's running stats
+//     scaler.scale(loss_of(model(x), y)).backward();      // buckets all-reduce during backward
+//     ddp.finish_gradients();                             // wait; .grad = mean over ranks
+//     scaler.step(opt); scaler.update();
+//   }
+//
+// Buckets. Parameters are grouped, in reverse order of model.parameters() (roughly the order
+// backward produces their gradients), into buckets of about bucket_mb. A hook on each
+// parameter's gradient accumulation counts the bucket down; when a bucket is complete (and every
+// earlier bucket has been launched: the buckets go out in one order on every rank) it is packed
+// into one flat buffer, divided by the world size, and its all-reduce is submitted to the
+// communicator's thread, where it runs while backward goes on. finish_gradients() launches what
+// did not complete (parameters that got no gradient count as zeros), waits, and writes the means
+// back.
+//
+// Mixed precision. The buffers travel in grad_comm (fp32, bf16 or fp16); dividing before the
+// sum keeps fp16 from overflowing (PyTorch's compression hooks do the same). The mean is written
+// back in the wider of the gradient's dtype and grad_comm: fp32 gradients stay fp32 whatever
+// travelled, and bf16 gradients of an O2 model become fp32 when they travel in fp32, so the
+// optimizer applies the fp32 mean to its fp32 master. An inf or NaN in any rank's gradient
+// reaches every rank through the sum, so every rank's loss scaler skips the same step and backs
+// off the same way. Clipping after finish_gradients() sees the same gradients everywhere, so a
+// rank's norm is the global norm.
+#pragma once
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "mantissa/dist/communicator.h"
+#include "mantissa/nn/module.h"
+
+namespace mantissa::dist {
+
+struct DdpOptions {
+  double bucket_mb = 25;         // PyTorch's bucket_cap_mb; a parameter larger than it is alone
+  DType grad_comm = DType::F32;  // F32, BF16 or F16
+};
+
+// What the last finish_gradients() measured.
+struct DdpStepStats {
+  int64_t buckets = 0;
+  int64_t bytes = 0;                 // sent per rank (the buffers' size)
+  double comm_seconds = 0;           // inside the all-reduces, on the communicator's thread
+  double exposed_seconds = 0;        // what finish_gradients() waited for: not overlapped
+  int64_t launched_in_backward = 0;  // buckets that went out before finish_gradients()
+};
+
+class DistributedDataParallel {
+ public:
+  // Broadcasts rank 0's parameters and buffers to every rank, then hooks the parameters.
+  DistributedDataParallel(nn::Module& model, std::shared_ptr<Communicator> comm,
+                          DdpOptions options = {});
+  ~DistributedDataParallel();  // waits for buckets in flight, removes the hooks
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Rank 0's parameters and buffers on every rank (the constructor does it; again after loading
+  // a checkpoint on rank 0 only, say).
+  void broadcast_state();
+  // Rank 0's buffers (batch norm's running statistics) on every rank: call before each forward,
+  // as PyTorch's broadcast_buffers=True does; nothing when the model has none.
+  void broadcast_buffers();
+  // Whether the next backward's gradients are communicated: false on the micro-batches of an
+  // accumulated step (their gradients add up locally), true (the default) on its last one.
+  void set_require_sync(bool on) { require_sync_ = on; }
+  bool require_sync() const { return require_sync_; }
+  // Waits for every bucket; afterwards each parameter's .grad is the mean over the ranks.
+  void finish_gradients();
+
+  const DdpStepStats& last_step() const { return stats_; }
+  // Summed over every finish_gradients() so far, and their number.
+  const DdpStepStats& totals() const { return totals_; }
+  int64_t steps() const { return steps_; }
+  // The parameters' indices (into model.parameters()) of each bucket, in launch order.
+  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+  Communicator& communicator() { return *comm_; }
+
+ private:
+  void on_gradient(size_t param);
+  int64_t launch_ready();  // the buckets it launched
+  void launch(size_t bucket);
+
+  std::shared_ptr<Communicator> comm_;
+  DdpOptions options_;
+  std::vector<Tensor> params_, buffers_;
+  std::vector<int> hooks_;
+  std::vector<std::vector<size_t>> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<Tensor> flat_;  // each bucket's buffer, in grad_comm
+  std::vector<int64_t> pending_;
+  std::vector<bool> ready_;
+  std::vector<std::future<void>> inflight_;
+  std::vector<double> comm_seconds_;
+  size_t next_launch_ = 0;
+  int64_t launched_early_ = 0;  // buckets launched by backward's hooks this step
+  bool require_sync_ = true;
+  DdpStepStats stats_, totals_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace mantissa::dist

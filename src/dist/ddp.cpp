@@ -1,0 +1,208 @@
+// DistributedDataParallel: gradient buckets all-reduced on the communicator's thread while
+// backward runs (include/mantissa/dist/ddp.h).
+#include "mantissa/dist/ddp.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/error.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& model,
+                                                 std::shared_ptr<Communicator> comm,
+                                                 DdpOptions options)
+    : comm_(std::move(comm)), options_(options) {
+  MT_CHECK(comm_, "DistributedDataParallel: no communicator");
+  MT_CHECK(options_.grad_comm == DType::F32 || options_.grad_comm == DType::BF16 ||
+               options_.grad_comm == DType::F16,
+           "DistributedDataParallel: gradients travel in f32, bf16 or f16, not ",
+           dtype_name(options_.grad_comm));
+  MT_CHECK(options_.bucket_mb > 0, "DistributedDataParallel: bucket_mb must be positive, got ",
+           options_.bucket_mb);
+  params_ = model.parameters();
+  buffers_ = model.buffers();
+  for (const Tensor& p : params_) {
+    MT_CHECK(p.requires_grad(), "DistributedDataParallel: parameter ", p.describe(),
+             " does not require grad; freeze parameters after wrapping, or leave them out");
+    MT_CHECK(p.device() == params_[0].device(),
+             "DistributedDataParallel: the parameters are on several devices (",
+             params_[0].device().str(), ", ", p.device().str(), "); one device per rank");
+  }
+  broadcast_state();
+
+  // Buckets in reverse parameter order, each up to bucket_mb of grad_comm values.
+  const auto cap = int64_t(options_.bucket_mb * 1024 * 1024);
+  const int64_t elem = int64_t(dtype_size(options_.grad_comm));
+  bucket_of_.assign(params_.size(), 0);
+  int64_t bytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const int64_t b = params_[k].numel() * elem;
+    if (buckets_.empty() || (bytes > 0 && bytes + b > cap)) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    buckets_.back().push_back(k);
+    bucket_of_[k] = buckets_.size() - 1;
+    bytes += b;
+  }
+  const Device device = params_.empty() ? Device::cpu() : params_[0].device();
+  for (const auto& bucket : buckets_) {
+    int64_t n = 0;
+    for (size_t k : bucket)
+      n += params_[k].numel();
+    flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
+  }
+  pending_.assign(buckets_.size(), 0);
+  ready_.assign(buckets_.size(), false);
+  inflight_.resize(buckets_.size());
+  comm_seconds_.assign(buckets_.size(), 0.0);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    pending_[b] = int64_t(buckets_[b].size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    hooks_.push_back(params_[k].register_post_accumulate_grad_hook(
+        [this, k](const Tensor&) { on_gradient(k); }));
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (auto& f : inflight_) {
+    if (f.valid()) f.wait();  // the buffers must outlive the collectives that use them
+  }
+  for (size_t k = 0; k < params_.size(); ++k)
+    params_[k].remove_hook(hooks_[k]);
+}
+
+void DistributedDataParallel::broadcast_state() {
+  NoGrad ng;
+  for (std::vector<Tensor>* list : {&params_, &buffers_}) {
+    for (Tensor& t : *list) {
+      MT_CHECK(t.is_contiguous(), "DistributedDataParallel: ", t.describe(),
+               " is not contiguous; make the model's tensors contiguous before wrapping it");
+      comm_->broadcast(t, 0);
+      t.bump_version();
+    }
+  }
+}
+
+void DistributedDataParallel::broadcast_buffers() {
+  if (comm_->world_size() == 1) return;
+  NoGrad ng;
+  for (Tensor& t : buffers_) {
+    comm_->broadcast(t, 0);
+    t.bump_version();
+  }
+}
+
+void DistributedDataParallel::on_gradient(size_t param) {
+  if (!require_sync_) return;
+  const size_t b = bucket_of_[param];
+  if (--pending_[b] == 0) ready_[b] = true;
+  launched_early_ += launch_ready();
+}
+
+int64_t DistributedDataParallel::launch_ready() {
+  int64_t launched = 0;
+  for (; next_launch_ < buckets_.size() && ready_[next_launch_]; ++next_launch_, ++launched)
+    launch(next_launch_);
+  return launched;
+}
+
+void DistributedDataParallel::launch(size_t b) {
+  NoGrad ng;
+  Tensor& flat = flat_[b];
+  const double inv = 1.0 / double(comm_->world_size());
+  int64_t off = 0;
+  for (size_t k : buckets_[b]) {
+    const Tensor& p = params_[k];
+    const int64_t n = p.numel();
+    Tensor dst = flat.narrow(0, off, n);
+    const Tensor g = p.grad();
+    if (!g.defined()) {
+      dst.zero_();  // no gradient on this rank: it adds nothing to the others'
+    } else if (dtype_size(g.dtype()) >= dtype_size(flat.dtype())) {
+      // Divided before it is narrowed: an fp16 buffer never holds the undivided sum's terms.
+      dst.copy_(mul(g.reshape({n}), inv));
+    } else {
+      dst.copy_(g.reshape({n}));
+      dst.mul_(inv);
+    }
+    off += n;
+  }
+  double* seconds = &comm_seconds_[b];
+  Communicator* comm = comm_.get();
+  inflight_[b] = comm_->submit([comm, flat, seconds]() mutable {
+    const auto t0 = Clock::now();
+    comm->all_reduce_now(flat, ReduceOp::Sum);
+    *seconds = seconds_since(t0);
+  });
+}
+
+void DistributedDataParallel::finish_gradients() {
+  MT_CHECK(require_sync_,
+           "DistributedDataParallel::finish_gradients() after a backward without sync: call "
+           "set_require_sync(true) before the last micro-batch's backward");
+  const int64_t early = launched_early_;
+  launched_early_ = 0;
+  // What backward did not complete (parameters without a gradient on this rank) goes out now,
+  // in the same bucket order as on every other rank.
+  for (size_t b = next_launch_; b < buckets_.size(); ++b)
+    ready_[b] = true;
+  launch_ready();
+  double waited = 0;
+  double comm_total = 0;
+  int64_t bytes = 0;
+  NoGrad ng;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const auto w0 = Clock::now();
+    inflight_[b].get();  // rethrows a failed collective (a peer stopped, MPI failed)
+    waited += seconds_since(w0);
+    comm_total += comm_seconds_[b];
+    bytes += int64_t(flat_[b].nbytes());
+    int64_t off = 0;
+    for (size_t k : buckets_[b]) {
+      Tensor& p = params_[k];
+      const int64_t n = p.numel();
+      const Tensor mean = flat_[b].narrow(0, off, n).reshape(p.shape());
+      const Tensor g = p.grad();
+      const DType want = promote_types(g.defined() ? g.dtype() : p.dtype(), flat_[b].dtype());
+      if (g.defined() && g.dtype() == want && g.is_contiguous()) {
+        Tensor(g).copy_(mean);
+      } else {
+        p.set_grad(mean.to(want).clone());  // the buffer is reused next step
+      }
+      off += n;
+    }
+  }
+  stats_ = DdpStepStats{.buckets = int64_t(buckets_.size()),
+                        .bytes = bytes,
+                        .comm_seconds = comm_total,
+                        .exposed_seconds = waited,
+                        .launched_in_backward = early};
+  totals_.buckets += stats_.buckets;
+  totals_.bytes += stats_.bytes;
+  totals_.comm_seconds += stats_.comm_seconds;
+  totals_.exposed_seconds += stats_.exposed_seconds;
+  totals_.launched_in_backward += stats_.launched_in_backward;
+  ++steps_;
+  // Ready for the next backward.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = int64_t(buckets_[b].size());
+    ready_[b] = false;
+  }
+  next_launch_ = 0;
+}
+
+}  // namespace mantissa::dist

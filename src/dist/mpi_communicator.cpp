@@ -1,0 +1,253 @@
+// MPI_COMM_WORLD as a Communicator (OpenMPI from Debian; any MPI-3 library), and what a build
+// without MPI says instead. Collectives run on the communicator's worker thread only, so MPI is
+// initialized with MPI_THREAD_SERIALIZED (one thread in MPI at a time) — the main thread calls
+// MPI only through submit() once the worker exists.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "mantissa/core/error.h"
+#include "mantissa/dist/communicator.h"
+#include "mantissa/numerics/convert.h"
+
+#ifdef MANTISSA_HAS_MPI
+#include <mpi.h>
+#endif
+
+namespace mantissa::dist {
+
+bool mpi_built() {
+#ifdef MANTISSA_HAS_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(v)) return true;
+  }
+  return false;
+}
+
+#ifdef MANTISSA_HAS_MPI
+
+namespace {
+
+std::string mpi_error(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, size_t(len));
+}
+
+// Half-precision sums: each pairwise addition in fp32, rounded to nearest-even on store.
+template <typename H>
+void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  constexpr int kChunk = 1024;
+  float a[kChunk], b[kChunk];
+  auto* x = static_cast<const H*>(in);
+  auto* y = static_cast<H*>(inout);
+  for (int start = 0; start < *len; start += kChunk) {
+    const size_t n = size_t(std::min(kChunk, *len - start));
+    convert(x + start, a, n);
+    convert(y + start, b, n);
+    for (size_t i = 0; i < n; ++i)
+      b[i] += a[i];
+    convert(b, y + start, n);
+  }
+}
+
+// Maxima where a NaN wins (MPI_MAX and fmax drop it): a NaN flag on one rank must reach all.
+template <typename T>
+float as_float(const T& v) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    return float(v);
+  } else {
+    float f;
+    convert(&v, &f, 1);
+    return f;
+  }
+}
+
+template <typename T>
+void nan_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* x = static_cast<const T*>(in);
+  auto* y = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    if constexpr (std::is_same_v<T, double>) {
+      if (x[i] > y[i] || x[i] != x[i]) y[i] = x[i];
+    } else {
+      const float a = as_float(x[i]), b = as_float(y[i]);
+      if (a > b || a != a) y[i] = x[i];
+    }
+  }
+}
+
+class MpiWorld final : public Communicator {
+ public:
+  MpiWorld() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+      MT_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: ", mpi_error(rc));
+      MT_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI library provides thread level ",
+               provided,
+               " but Mantissa needs MPI_THREAD_SERIALIZED (its collectives run on a worker "
+               "thread); use an MPI built with thread support (OpenMPI from Debian has it)");
+      owns_mpi_ = true;
+    }
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    // Errors come back as codes (turned into mantissa::Error naming the rank), not aborts.
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Op_create(&half_sum<bfloat16>, 1, &bf16_sum_);
+    MPI_Op_create(&half_sum<half>, 1, &f16_sum_);
+    MPI_Op_create(&nan_max<bfloat16>, 1, &bf16_max_);
+    MPI_Op_create(&nan_max<half>, 1, &f16_max_);
+    MPI_Op_create(&nan_max<float>, 1, &f32_max_);
+    MPI_Op_create(&nan_max<double>, 1, &f64_max_);
+  }
+
+  ~MpiWorld() override {
+    stop_worker();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (MPI_Op* op : {&bf16_sum_, &f16_sum_, &bf16_max_, &f16_max_, &f32_max_, &f64_max_})
+      MPI_Op_free(op);
+    MPI_Comm_free(&comm_);
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void all_reduce_now(Tensor& t, ReduceOp op) override {
+    check_tensor(t, "all_reduce");
+    if (t.numel() == 0) return;
+    MPI_Datatype type;
+    MPI_Op mop = op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+    switch (t.dtype()) {
+      case DType::F32:
+        type = MPI_FLOAT;
+        if (op == ReduceOp::Max) mop = f32_max_;
+        break;
+      case DType::F64:
+        type = MPI_DOUBLE;
+        if (op == ReduceOp::Max) mop = f64_max_;
+        break;
+      case DType::I32:
+        type = MPI_INT32_T;
+        break;
+      case DType::I64:
+        type = MPI_INT64_T;
+        break;
+      case DType::BF16:
+        type = MPI_UINT16_T;
+        mop = op == ReduceOp::Sum ? bf16_sum_ : bf16_max_;
+        break;
+      case DType::F16:
+        type = MPI_UINT16_T;
+        mop = op == ReduceOp::Sum ? f16_sum_ : f16_max_;
+        break;
+      default:
+        MT_CHECK(false, "all_reduce: ", t.describe(),
+                 " has no reduction here; use f32, f64, i32, i64, bf16 or f16");
+    }
+    for_chunks(
+        t, [&](void* p, int n) { return MPI_Allreduce(MPI_IN_PLACE, p, n, type, mop, comm_); },
+        "all_reduce");
+  }
+
+  void broadcast_now(Tensor& t, int root) override {
+    check_tensor(t, "broadcast");
+    MT_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of ", size_);
+    // Bytes: any dtype, bit for bit.
+    for_chunks(
+        t, [&](void* p, int n) { return MPI_Bcast(p, n, MPI_BYTE, root, comm_); }, "broadcast",
+        /*bytes=*/true);
+  }
+
+  void barrier_now() override { check(MPI_Barrier(comm_), "barrier"); }
+
+ private:
+  void check_tensor(const Tensor& t, const char* what) const {
+    MT_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), what,
+             ": the MPI communicator takes contiguous CPU tensors, got ",
+             t.defined() ? t.describe() : std::string("an undefined tensor"),
+             " (CUDA tensors go through NCCL)");
+  }
+
+  void check(int rc, const char* what) const {
+    MT_CHECK(rc == MPI_SUCCESS, "rank ", rank_, " of ", size_, ": MPI ", what,
+             " failed: ", mpi_error(rc), " (another rank may have stopped; see its output)");
+  }
+
+  // MPI counts are ints: a tensor of more than 2^30 units (elements, or bytes) goes in pieces.
+  template <typename F>
+  void for_chunks(Tensor& t, F f, const char* what, bool bytes = false) const {
+    const int64_t unit = bytes ? 1 : int64_t(t.element_size());  // bytes per counted unit
+    const int64_t total = int64_t(t.nbytes()) / unit;
+    constexpr int64_t kMax = int64_t(1) << 30;
+    auto* base = static_cast<char*>(t.data_ptr());
+    for (int64_t start = 0; start < total; start += kMax)
+      check(f(base + start * unit, int(std::min(kMax, total - start))), what);
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  bool owns_mpi_ = false;
+  MPI_Op bf16_sum_ = MPI_OP_NULL, f16_sum_ = MPI_OP_NULL;
+  MPI_Op bf16_max_ = MPI_OP_NULL, f16_max_ = MPI_OP_NULL;
+  MPI_Op f32_max_ = MPI_OP_NULL, f64_max_ = MPI_OP_NULL;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> mpi_world() {
+  static std::mutex mu;
+  static std::shared_ptr<Communicator> world;
+  std::lock_guard lock(mu);
+  if (!world) world = std::make_shared<MpiWorld>();
+  return world;
+}
+
+[[noreturn]] void abort_job(const std::string& why, int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int rank = -1;
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "mantissa: rank %d: %s\n", rank, why.c_str());
+  std::fflush(stderr);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+#else  // no MPI in this build
+
+std::shared_ptr<Communicator> mpi_world() {
+  MT_CHECK(false,
+           "this build of Mantissa has no MPI, so it cannot run distributed: install OpenMPI "
+           "(Debian: apt-get install openmpi-bin libopenmpi-dev; scripts/setup does it) and "
+           "rebuild with -DMANTISSA_MPI=AUTO or ON");
+}
+
+[[noreturn]] void abort_job(const std::string& why, int code) {
+  std::fprintf(stderr, "mantissa: %s\n", why.c_str());
+  std::exit(code);
+}
+
+#endif
+
+}  // namespace mantissa::dist
