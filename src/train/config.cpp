@@ -59,7 +59,10 @@ namespace mantissa::train {
   _(checkpoint_path)              \
   _(resume_path)                  \
   _(log_every)                    \
-  _(progress)
+  _(progress)                     \
+  _(distributed)                  \
+  _(bucket_mb)                    \
+  _(grad_comm)
 // clang-format on
 
 std::string TrainConfig::to_json() const {
@@ -180,6 +183,12 @@ void TrainConfig::validate() const {
                (loss_scale == "dynamic" && (precision == "fp16" || precision == "auto")),
            "--init-scale starts dynamic loss scaling, which --precision fp16 uses; with ",
            precision, " and --loss-scale ", loss_scale, " there is none");
+  MT_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
+  MT_CHECK(grad_comm == "fp32" || grad_comm == "bf16" || grad_comm == "fp16",
+           "unknown --grad-comm '", grad_comm,
+           "'; use fp32, bf16 or fp16 (the dtype gradients travel in between ranks)");
+  MT_CHECK(distributed || grad_comm == "fp32",
+           "--grad-comm applies to data-parallel runs: add --distributed (under mpirun)");
   if (loss_scale != "dynamic") {
     char* end = nullptr;
     const double v = std::strtod(loss_scale.c_str(), &end);

@@ -191,10 +191,35 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   device_ = require_device(config_.device);
   set_num_threads(config_.threads > 0 ? config_.threads
                                       : int(std::max(1u, std::thread::hardware_concurrency())));
+  if (config_.distributed) {
+    MT_CHECK(device_.is_cpu(),
+             "--distributed runs on the CPU through MPI in this build; NCCL for --device cuda is "
+             "not there yet (docs/distributed.md)");
+    comm_ = dist::mpi_world();
+    check_same_config();
+  }
   build();
   if (!config_.resume_path.empty()) restore(load_checkpoint(config_.resume_path));
-  metrics_ = config_.metrics_path.empty() ? std::make_unique<MetricsWriter>()
-                                          : std::make_unique<MetricsWriter>(config_.metrics_path);
+  metrics_ = config_.metrics_path.empty() || rank() != 0
+                 ? std::make_unique<MetricsWriter>()
+                 : std::make_unique<MetricsWriter>(config_.metrics_path);
+}
+
+void Trainer::check_same_config() {
+  // FNV-1a of the configuration: every rank must run the same one (mpirun starts the same
+  // command, but a rank may read another file or a resumed checkpoint may differ).
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char ch : config_.to_json())
+    h = (h ^ ch) * 1099511628211ull;
+  const auto mine = int64_t(h >> 1);
+  Tensor hi = Tensor::from_vector(std::vector<int64_t>{mine}, {1});
+  Tensor lo = Tensor::from_vector(std::vector<int64_t>{-mine}, {1});
+  comm_->all_reduce(hi, dist::ReduceOp::Max);
+  comm_->all_reduce(lo, dist::ReduceOp::Max);
+  MT_CHECK(hi.to_vector<int64_t>()[0] == mine && -lo.to_vector<int64_t>()[0] == mine, "the ",
+           world_size(),
+           " ranks were started with different training configurations (model, precision, data, "
+           "batch size, resumed checkpoint, ...); start every rank with the same command");
 }
 
 Trainer::~Trainer() = default;
@@ -262,11 +287,22 @@ void Trainer::build() {
     // Random windows with replacement (lm_batch's layout: batch k draws its windows from Philox
     // stream k); an "epoch" is as many windows as the stream has tokens.
     const auto& windows = static_cast<const data::TokenWindows&>(*train_data_);
+    // Data parallel: the windows of the global batch (every rank's), each rank its share.
+    const int64_t global_batch = step_batch * world_size();
     const int64_t per_epoch =
-        std::max<int64_t>(1, windows.tokens().size() / (step_batch * config_.seq_len));
-    lo.sampler = std::make_shared<data::ReplacementSampler>(windows.size(), per_epoch * step_batch,
-                                                            config_.seed, step_batch);
+        std::max<int64_t>(1, windows.tokens().size() / (global_batch * config_.seq_len));
+    lo.sampler = std::make_shared<data::ReplacementSampler>(
+        windows.size(), per_epoch * global_batch, config_.seed, global_batch);
     lo.num_workers = 0;  // a batch is B * T int64 copies
+  } else if (comm_) {
+    lo.sampler = std::make_shared<data::ShuffleSampler>(train_data_->size(), config_.seed);
+  }
+  if (comm_) {
+    // Rank r takes positions r, r + N, ... of each epoch's order, the last (size % N) dropped:
+    // the shards are disjoint, and step j's batches of all ranks are the examples step j of
+    // one process with N * batch_size would see.
+    lo.sampler = std::make_shared<data::DistributedSampler>(lo.sampler, rank(), world_size(),
+                                                            data::Remainder::Drop);
   }
   loader_ = std::make_unique<data::DevicePrefetcher>(train_data_, lo, device_);
 
@@ -283,6 +319,16 @@ void Trainer::build() {
       std::make_unique<optim::LRSchedule>(optim::LRSchedule::from_name(config_.schedule, so));
 
   amp_ = std::make_unique<amp::Amp>(initialize_precision(*model_, *optimizer_, config_));
+  if (comm_) {
+    // After amp::initialize, which may replace the parameters by half copies: the hooks go on
+    // the tensors that train. Broadcasts rank 0's weights.
+    dist::DdpOptions o;
+    o.bucket_mb = config_.bucket_mb;
+    o.grad_comm = config_.grad_comm == "bf16"   ? DType::BF16
+                  : config_.grad_comm == "fp16" ? DType::F16
+                                                : DType::F32;
+    ddp_ = std::make_unique<dist::DistributedDataParallel>(*model_, comm_, o);
+  }
 }
 
 void Trainer::build_images(nn::ModelConfig& mc) {
@@ -369,6 +415,7 @@ void Trainer::save(const std::string& path) const {
 Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skipped) {
   schedule_->apply(*optimizer_, state_.step);
   optimizer_->zero_grad(true);
+  if (ddp_) ddp_->broadcast_buffers();  // rank 0's batch-norm statistics, as PyTorch's DDP
   amp::GradScaler& sc = scaler();
   const Tensor& x = batch.x();
   const Tensor& y = batch.y();
@@ -405,6 +452,8 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
     for (int64_t start = 0; start < n; start += config_.batch_size) {
       const int64_t len = std::min(config_.batch_size, n - start);
       const Tensor xm = x.narrow(0, start, len), ym = y.narrow(0, start, len);
+      // Data parallel: only the last micro-batch's backward communicates (the sum of all).
+      if (ddp_) ddp_->set_require_sync(start + len >= n);
       const Tensor logits = amp_->forward(*model_, xm);
       const Tensor part = div(loss_of(logits, ym, Reduction::Sum), double(total));
       sc.scale(part).backward();
@@ -413,6 +462,9 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
       loss = loss.defined() ? add(loss, part.detach()) : part.detach();
     }
   }
+  // Every rank's gradients become their mean over the ranks (an inf or NaN anywhere reaches
+  // every rank, so all skip the same steps); a rank's norm is then the global norm.
+  if (ddp_) ddp_->finish_gradients();
   if (config_.clip_grad_norm > 0) {
     sc.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
     optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm);
@@ -536,6 +588,7 @@ EvalResult Trainer::evaluate_and_report(int64_t epoch, const char* when) {
     j["eval_seconds"] = r.seconds;
     metrics_->write(j.dump());
   }
+  if (rank() != 0) return r;
   if (when != nullptr && language_model_) {
     std::fprintf(stderr,
                  "%s step %lld: val loss %.4f, perplexity %.2f, next-token accuracy %.2f%%\n", when,
@@ -553,7 +606,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   const int64_t batches = loader_->num_batches();
   const int64_t epochs =
       config_.epochs > 0 ? config_.epochs : (config_.max_steps + batches - 1) / batches;
-  Progress progress(config_.progress, config_.log_every);
+  Progress progress(config_.progress && rank() == 0, config_.log_every);
   auto steps_done = [&] { return config_.max_steps > 0 && state_.step >= config_.max_steps; };
   // Reading a device value back (the loss, the correct count) waits for the GPU to finish the
   // step. On the GPU the losses and counts are kept on the device and read once every
@@ -686,9 +739,9 @@ TrainResult Trainer::fit(int64_t max_epochs) {
                     er.test.loss, 100 * er.test.accuracy, er.seconds, er.samples_per_s,
                     format_bytes(memory_stats(device_).peak_bytes).c_str());
     }
-    progress.end_epoch(line);
+    if (rank() == 0) progress.end_epoch(line);
     result.epochs.push_back(er);
-    if (!config_.checkpoint_path.empty()) save(config_.checkpoint_path);
+    if (!config_.checkpoint_path.empty() && rank() == 0) save(config_.checkpoint_path);
   }
   result.train_seconds = state_.train_seconds;
   result.steps = state_.step;
@@ -728,6 +781,21 @@ std::string Trainer::summary_json(const TrainResult& result) const {
   j["model"] = config_.model;
   j["parameters"] = model_->num_parameters();
   j["device"] = device_.str();
+  if (ddp_) {
+    // Gradient communication over the run, as this rank (0) saw it: the buckets and bytes of a
+    // step, the seconds inside the all-reduces and those the step waited for (not overlapped
+    // with backward), in all.
+    const dist::DdpStepStats& last = ddp_->last_step();
+    const dist::DdpStepStats& total = ddp_->totals();
+    j["world_size"] = world_size();
+    j["grad_comm"] = config_.grad_comm;
+    j["comm"] = {{"steps", ddp_->steps()},
+                 {"buckets", last.buckets},
+                 {"bytes_per_step", last.bytes},
+                 {"comm_seconds", total.comm_seconds},
+                 {"exposed_seconds", total.exposed_seconds},
+                 {"launched_in_backward", total.launched_in_backward}};
+  }
   return j.dump();
 }
 

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "mantissa/core/error.h"
+#include "mantissa/dist/communicator.h"
 
 namespace {
 
@@ -67,9 +68,16 @@ int main(int argc, char** argv) {
     try {
       return commands.at(sub)();
     } catch (const mantissa::Error& e) {
+      const int code = e.internal() ? 1 : cli::kUsageError;
+      // Under mpirun the other ranks would wait for this one forever: stop the whole job.
+      if (mantissa::dist::launched_by_mpi()) {
+        mantissa::dist::abort_job(sub->get_name() + ": " + e.message(), code);
+      }
       std::fprintf(stderr, "mantissa %s: %s\n", sub->get_name().c_str(), e.message().c_str());
-      return e.internal() ? 1 : cli::kUsageError;
+      return code;
     } catch (const std::exception& e) {
+      if (mantissa::dist::launched_by_mpi())
+        mantissa::dist::abort_job(sub->get_name() + ": " + e.what());
       std::fprintf(stderr, "mantissa %s: %s\n", sub->get_name().c_str(), e.what());
       return 1;
     }

@@ -194,6 +194,17 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--resume", c.resume_path, "Continue the run saved in checkpoint FILE");
   cmd->add_option("--log-every", c.log_every, "Steps between metric records / progress lines")
       ->capture_default_str();
+  cmd->add_flag("--distributed", c.distributed,
+                "Data parallel across the ranks of `mpirun -n N` (docs/distributed.md): each "
+                "rank trains on its shard with --batch-size examples a step, gradients averaged; "
+                "rank 0 prints and writes");
+  cmd->add_option("--bucket-mb", c.bucket_mb,
+                  "--distributed: gradients go out in buckets of this many MiB during backward")
+      ->capture_default_str();
+  cmd->add_option("--grad-comm", c.grad_comm,
+                  "--distributed: fp32, bf16 or fp16, the dtype gradients travel in (divided by "
+                  "the world size first; applied in fp32)")
+      ->capture_default_str();
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
   cmd->add_flag("--json", args->json, "Print the final result as JSON");
   return [args, cmd] {
@@ -231,12 +242,17 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--eval-every")) merged.eval_every = config.eval_every;
       if (cmd->count("--eval-batches")) merged.eval_batches = config.eval_batches;
       if (cmd->count("--log-every")) merged.log_every = config.log_every;
+      // A run saved by N ranks goes on with M: the state is the same on every rank.
+      merged.distributed = config.distributed;
+      if (cmd->count("--bucket-mb")) merged.bucket_mb = config.bucket_mb;
+      if (cmd->count("--grad-comm")) merged.grad_comm = config.grad_comm;
+      if (!merged.distributed) merged.grad_comm = "fp32";
       merged.progress = config.progress;
       config = merged;
     }
     train::Trainer trainer(config);
     const train::TrainResult r = trainer.fit();
-    print_result(r, trainer, args->json);
+    if (trainer.rank() == 0) print_result(r, trainer, args->json);
     return 0;
   };
 }

@@ -91,6 +91,14 @@ struct TrainConfig {
   uint64_t seed = 0;
   int threads = 0;  // 0: every core
   int workers = 2;  // data-loader threads
+  // Data parallel (`mpirun -n N mantissa train ... --distributed`, docs/distributed.md): every
+  // rank trains on its shard of each epoch with batch_size examples a step (N * batch_size in
+  // all), gradients averaged over the ranks in buckets of bucket_mb that travel in grad_comm
+  // (fp32 | bf16 | fp16) while backward runs; rank 0 alone prints, writes metrics and
+  // checkpoints.
+  bool distributed = false;
+  double bucket_mb = 25;
+  std::string grad_comm = "fp32";
 
   // outputs
   std::string metrics_path;     // JSON lines; empty: none

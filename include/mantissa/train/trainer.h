@@ -14,6 +14,7 @@
 #include "mantissa/amp/amp.h"
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/data/loader.h"
+#include "mantissa/dist/ddp.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/optim/optimizer.h"
@@ -88,6 +89,13 @@ class Trainer {
   int64_t batches_per_epoch() const;
   // Whether the model is a language model (tokens in, next-token logits out).
   bool language_model() const { return language_model_; }
+  // Data parallel (config.distributed): this process's rank and the number of ranks (0 and 1
+  // otherwise); rank 0 alone prints, writes metrics and checkpoints.
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int world_size() const { return comm_ ? comm_->world_size() : 1; }
+  // The data-parallel wrapper (nullptr without config.distributed): its last step's
+  // communication figures.
+  const dist::DistributedDataParallel* ddp() const { return ddp_.get(); }
 
   void save(const std::string& path) const;  // a checkpoint of the current state
   // A run's result as one JSON object: what the metrics file's "summary" record holds (accuracy,
@@ -97,6 +105,8 @@ class Trainer {
 
  private:
   void build();
+  // Data parallel: every rank's configuration is this one's, or a mantissa::Error.
+  void check_same_config();
   void restore(const Checkpoint& ckpt);
   void build_images(nn::ModelConfig& mc);
   void build_tokens(nn::ModelConfig& mc);
@@ -126,6 +136,8 @@ class Trainer {
   std::unique_ptr<data::DevicePrefetcher> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<float> step_losses_;
+  std::shared_ptr<dist::Communicator> comm_;            // config.distributed
+  std::unique_ptr<dist::DistributedDataParallel> ddp_;  // config.distributed
 };
 
 // The device named by `text` (cpu, cuda, cuda:N), checked to exist: a mantissa::Error in one
