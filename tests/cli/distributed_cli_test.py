@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""`mpirun -n 2 mantissa train --distributed` as a user runs it, on this machine's real mpirun:
+one result line (rank 0's), one metrics file with the world size, a checkpoint that resumes in
+one process; ranks started with different configurations refuse to train; a rank killed with
+SIGKILL makes the job stop, non-zero, within 30 s, with a message naming the rank.
+
+  distributed_cli_test.py MANTISSA MPIRUN [MPIRUN_FLAGS...]
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN, MPIRUN, FLAGS = sys.argv[1], sys.argv[2], sys.argv[3:]
+failures = []
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def mpirun(*ranks, timeout=240):
+    """ranks: one argument list per rank group (MPMD), each run by -n 1."""
+    cmd = [MPIRUN, *FLAGS]
+    for i, args in enumerate(ranks):
+        cmd += ([":"] if i else []) + ["-n", "1", BIN, *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return p.returncode, p.stdout, p.stderr
+
+
+small = ["train", "--data", "synthetic", "--synthetic-size", "2048", "--model", "mlp",
+         "--batch-size", "32", "--threads", "1", "--workers", "0", "--no-progress",
+         "--distributed"]
+with tempfile.TemporaryDirectory() as tmp:
+    ckpt = os.path.join(tmp, "run.safetensors")
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    args = small + ["--epochs", "1", "--json", "--checkpoint", ckpt, "--metrics", metrics]
+    rc, out, err = mpirun(args, args)
+    check(rc == 0, f"2 ranks train ({rc}): {err[-800:]}")
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    check(len(lines) == 1, f"only rank 0 prints the result: {out!r}")
+    result = json.loads(lines[0]) if lines else {}
+    check(result.get("world_size") == 2 and result.get("comm", {}).get("buckets", 0) >= 1,
+          f"the result names the world and the communication: {result}")
+    # 2048 examples, 2 ranks x 32: 32 steps an epoch.
+    check(result.get("steps") == 32, f"an epoch is 2048 / (2 x 32) steps: {result.get('steps')}")
+    summaries = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
+    check(sum(1 for r in summaries if r.get("kind") == "summary") == 1,
+          "one summary record: rank 0 alone writes metrics")
+    check(err.count("epoch 1/1") == 1, f"one epoch line, rank 0's: {err[-500:]!r}")
+
+    # The 2-rank checkpoint goes on in one process.
+    p = subprocess.run([BIN, "train", "--resume", ckpt, "--epochs", "2", "--json",
+                        "--no-progress"], capture_output=True, text=True, env=ENV, timeout=240)
+    check(p.returncode == 0 and json.loads(p.stdout).get("steps", 0) > 32,
+          f"a 2-rank checkpoint resumes on 1 rank ({p.returncode}): {p.stderr[-500:]}")
+
+    # Ranks started differently refuse, naming why.
+    rc, out, err = mpirun(small + ["--steps", "5", "--lr", "0.1"],
+                          small + ["--steps", "5", "--lr", "0.2"])
+    check(rc != 0 and "different training configurations" in err,
+          f"mismatched ranks are refused ({rc}): {err[-500:]!r}")
+
+    # A rank killed mid-run: the job stops within 30 s, non-zero, the rank named.
+    long_run = small[:] + ["--epochs", "100"]
+    cmd = [MPIRUN, *FLAGS, "-n", "2", BIN, *long_run]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=ENV)
+    victim = None
+    deadline = time.time() + 60
+    while victim is None and time.time() < deadline and job.poll() is None:
+        time.sleep(0.5)
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                exe = os.readlink(f"/proc/{pid}/exe")
+            except OSError:
+                continue
+            if os.path.basename(exe) == "mantissa" and b"OMPI_COMM_WORLD_RANK=1" in environ:
+                victim = int(pid)
+    check(victim is not None, "found rank 1's process")
+    if victim is not None:
+        time.sleep(3)  # training is under way
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.time()
+        try:
+            output, _ = job.communicate(timeout=30)
+            took = time.time() - t0
+            check(job.returncode != 0, f"the job exits non-zero after a rank dies ({job.returncode})")
+            check("rank 1" in output, f"the message names the rank: {output[-800:]!r}")
+            print(f"killed rank 1: the job stopped {took:.1f} s later, exit {job.returncode}")
+        except subprocess.TimeoutExpired:
+            job.kill()
+            check(False, "the job still ran 30 s after rank 1 was killed")
+    else:
+        job.kill()
+
+if failures:
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1)
+print("ok")

@@ -1,0 +1,191 @@
+// Data parallel in one process: the post-accumulate hook DDP rides on, the communicator's job
+// queue, and DistributedDataParallel over the one-process communicator (the code path of N ranks
+// with N = 1: buckets, dtypes, accumulation, unused parameters). The N-rank behaviour is tested
+// under mpirun (tests/dist/mpi_ranks_test.cpp, CTest dist_mpi_2ranks).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <vector>
+
+#include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/error.h"
+#include "mantissa/dist/communicator.h"
+#include "mantissa/dist/ddp.h"
+#include "mantissa/nn/layers.h"
+#include "mantissa/nn/models.h"
+#include "mantissa/tensor/ops.h"
+#include "mantissa/train/config.h"
+
+namespace mantissa {
+namespace {
+
+std::vector<float> values(const Tensor& t) {
+  return t.to(DType::F32).to_vector<float>();
+}
+
+TEST(PostAccumulateGradHook, RunsOnceAfterTheWholeGradientIsAccumulated) {
+  Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  w.set_requires_grad(true);
+  std::vector<std::vector<float>> seen;
+  const int h = w.register_post_accumulate_grad_hook(
+      [&](const Tensor& leaf) { seen.push_back(values(leaf.grad())); });
+  // w used twice: the hook sees the sum of both uses, once.
+  sum(add(mul(w, 2.0), mul(w, w))).backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (std::vector<float>{4, 6, 8}));
+  // A second backward accumulates into .grad before the hook runs.
+  sum(w).backward();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], (std::vector<float>{5, 7, 9}));
+  w.remove_hook(h);
+  sum(w).backward();
+  EXPECT_EQ(seen.size(), 2u);
+  // Only leaves accumulate.
+  EXPECT_THROW(mul(w, 2.0).register_post_accumulate_grad_hook([](const Tensor&) {}), Error);
+}
+
+TEST(Communicator, JobsRunInSubmitOrderAndRethrow) {
+  auto comm = dist::single_process();
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->world_size(), 1);
+  std::vector<int> order;
+  std::vector<std::future<void>> done;
+  for (int i = 0; i < 50; ++i)
+    done.push_back(comm->submit([&order, i] { order.push_back(i); }));
+  auto failing = comm->submit([] { throw std::runtime_error("peer stopped"); });
+  for (auto& f : done)
+    f.get();
+  for (int i = 0; i < 50; ++i)
+    EXPECT_EQ(order[size_t(i)], i);
+  EXPECT_THROW(failing.get(), std::runtime_error);
+  Tensor t = Tensor::from_vector(std::vector<float>{1.5f, -2}, {2});
+  comm->all_reduce(t, dist::ReduceOp::Sum);  // one rank: the sum is itself
+  EXPECT_EQ(values(t), (std::vector<float>{1.5f, -2}));
+  EXPECT_THROW(comm->broadcast(t, 1), Error);
+}
+
+// A small MLP's gradients for a fixed batch, with and without DDP.
+struct MlpCase {
+  std::shared_ptr<nn::Module> model = nn::make_model("mlp", {.seed = 3});
+  Tensor x = Tensor::uniform({8, 1, 28, 28}, 0, 1, 11);
+  Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
+  void backward() { cross_entropy((*model)(x), y).backward(); }
+  std::vector<std::vector<float>> grads() {
+    std::vector<std::vector<float>> g;
+    for (const Tensor& p : model->parameters())
+      g.push_back(p.grad().defined() ? values(p.grad()) : std::vector<float>());
+    return g;
+  }
+};
+
+TEST(DistributedDataParallel, OneRankLeavesTheGradientsAsTheyAre) {
+  MlpCase plain, wrapped;
+  plain.backward();
+  dist::DistributedDataParallel ddp(*wrapped.model, dist::single_process(), {.bucket_mb = 0.25});
+  wrapped.backward();
+  ddp.finish_gradients();
+  EXPECT_EQ(plain.grads(), wrapped.grads());
+  const dist::DdpStepStats& s = ddp.last_step();
+  EXPECT_EQ(s.buckets, int64_t(ddp.buckets().size()));
+  EXPECT_EQ(s.launched_in_backward, s.buckets);  // every bucket went out during backward
+  // 784*256 f32 (784 KiB) is above 0.25 MiB: alone; buckets in reverse parameter order.
+  const std::vector<Tensor> params = wrapped.model->parameters();
+  ASSERT_GE(ddp.buckets().size(), 2u);
+  EXPECT_EQ(ddp.buckets().front().front(), params.size() - 1);
+  EXPECT_EQ(ddp.buckets().back().back(), 0u);
+  size_t listed = 0;
+  for (const auto& b : ddp.buckets())
+    listed += b.size();
+  EXPECT_EQ(listed, params.size());
+}
+
+TEST(DistributedDataParallel, HalfPrecisionCommunicationRoundsAndKeepsTheGradientDtype) {
+  for (const DType comm : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(comm));
+    MlpCase plain, wrapped;
+    plain.backward();
+    dist::DistributedDataParallel ddp(*wrapped.model, dist::single_process(), {.grad_comm = comm});
+    wrapped.backward();
+    ddp.finish_gradients();
+    const std::vector<Tensor> pp = plain.model->parameters(), wp = wrapped.model->parameters();
+    for (size_t i = 0; i < pp.size(); ++i) {
+      EXPECT_EQ(wp[i].grad().dtype(), DType::F32);  // applied in fp32
+      EXPECT_EQ(values(wp[i].grad()), values(pp[i].grad().to(comm)));
+    }
+  }
+}
+
+TEST(DistributedDataParallel, HalfParametersGetFp32MeansWhenTheyTravelInFp32) {
+  MlpCase s;
+  {
+    NoGrad ng;
+    s.model->to(DType::BF16);
+  }
+  dist::DistributedDataParallel ddp(*s.model, dist::single_process());
+  cross_entropy((*s.model)(s.x.to(DType::BF16)), s.y).backward();
+  std::vector<std::vector<float>> before;
+  for (const Tensor& p : s.model->parameters())
+    before.push_back(values(p.grad()));
+  ddp.finish_gradients();
+  const std::vector<Tensor> params = s.model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].grad().dtype(), DType::F32);
+    EXPECT_EQ(values(params[i].grad()), before[i]);  // bf16 values are exact in fp32
+  }
+}
+
+TEST(DistributedDataParallel, AccumulationCommunicatesOnlyOnTheLastMicroBatch) {
+  MlpCase plain, wrapped;
+  plain.backward();
+  plain.backward();  // two micro-batches: the gradients add up
+  dist::DistributedDataParallel ddp(*wrapped.model, dist::single_process());
+  ddp.set_require_sync(false);
+  wrapped.backward();
+  EXPECT_THROW(ddp.finish_gradients(), Error);  // nothing to finish without a synced backward
+  ddp.set_require_sync(true);
+  wrapped.backward();
+  ddp.finish_gradients();
+  EXPECT_EQ(plain.grads(), wrapped.grads());
+  EXPECT_EQ(ddp.last_step().launched_in_backward, ddp.last_step().buckets);
+}
+
+TEST(DistributedDataParallel, ParametersWithoutAGradientCountAsZeros) {
+  nn::Sequential model;
+  auto used = model.push_back(std::make_shared<nn::Linear>(4, 3, 1));
+  auto unused = model.push_back(std::make_shared<nn::Linear>(4, 3, 2));
+  dist::DistributedDataParallel ddp(model, dist::single_process(), {.bucket_mb = 1e-5});
+  sum((*used)(Tensor::ones({2, 4}))).backward();
+  ddp.finish_gradients();  // does not wait for the unused parameters' hooks forever
+  EXPECT_LT(ddp.last_step().launched_in_backward, ddp.last_step().buckets);
+  for (const Tensor& p : unused->parameters())
+    for (float v : values(p.grad()))
+      EXPECT_EQ(v, 0.0f);
+}
+
+TEST(DistributedDataParallel, MistakesAreNamed) {
+  MlpCase s;
+  EXPECT_THROW(
+      dist::DistributedDataParallel(*s.model, dist::single_process(), {.grad_comm = DType::F64}),
+      Error);
+  EXPECT_THROW(dist::DistributedDataParallel(*s.model, dist::single_process(), {.bucket_mb = 0}),
+               Error);
+  train::TrainConfig c;
+  c.grad_comm = "bf16";
+  EXPECT_THROW(c.validate(), Error);  // --grad-comm without --distributed
+  c.distributed = true;
+  EXPECT_NO_THROW(c.validate());
+  c.grad_comm = "fp8";
+  EXPECT_THROW(c.validate(), Error);
+  if (!dist::mpi_built()) {
+    try {
+      dist::mpi_world();
+      ADD_FAILURE() << "mpi_world() in a build without MPI";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("apt-get install openmpi-bin"), std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mantissa

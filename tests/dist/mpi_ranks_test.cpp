@@ -1,0 +1,245 @@
+// Data parallel across real processes: this program runs under `mpirun -n 2` (CTest
+// dist_mpi_2ranks), every rank runs every test in the same order, so the collectives match.
+//
+// - the collectives against values computed here;
+// - 2 ranks x batch 32 against 1 process x batch 64 (computed on each rank), 20 SGD and 20 AdamW
+//   steps, to 1e-5 relative; the weights bitwise identical on both ranks;
+// - fp16 O2 with an inf in one rank's gradient: both ranks skip, weights untouched, the scale
+//   backs off once;
+// - the Trainer with --grad-comm bf16 against fp32 over 200 mlp steps: within 1 %.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "mantissa/amp/amp.h"
+#include "mantissa/dist/communicator.h"
+#include "mantissa/dist/ddp.h"
+#include "mantissa/nn/models.h"
+#include "mantissa/optim/optimizer.h"
+#include "mantissa/tensor/ops.h"
+#include "mantissa/train/trainer.h"
+
+namespace mantissa {
+namespace {
+
+dist::Communicator& world() {
+  static std::shared_ptr<dist::Communicator> w = dist::mpi_world();
+  return *w;
+}
+
+std::vector<float> values(const Tensor& t) {
+  return t.to(DType::F32).to_vector<float>();
+}
+
+// Whether t has the same bits on every rank.
+bool same_on_every_rank(const Tensor& t) {
+  const Tensor mine = t.contiguous().clone();
+  Tensor root = mine.clone();
+  world().broadcast(root, 0);
+  const int64_t differs = std::memcmp(mine.data_ptr(), root.data_ptr(), mine.nbytes()) != 0;
+  Tensor flag = Tensor::from_vector(std::vector<int64_t>{differs}, {1});
+  world().all_reduce(flag, dist::ReduceOp::Max);
+  return flag.to_vector<int64_t>()[0] == 0;
+}
+
+TEST(Ranks, CollectivesGiveTheSumsMaximaAndTheRootsValues) {
+  ASSERT_EQ(world().world_size(), 2) << "run under mpirun -n 2";
+  const auto r = float(world().rank());
+  for (const DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor t = Tensor::from_vector(std::vector<float>{r + 1, 0.5f * (r + 1), -r}, {3}).to(dt);
+    world().all_reduce(t, dist::ReduceOp::Sum);
+    EXPECT_EQ(values(t), (std::vector<float>{3, 1.5f, -1}));
+    Tensor m = Tensor::from_vector(std::vector<float>{r, -r, 2}, {3}).to(dt);
+    world().all_reduce(m, dist::ReduceOp::Max);
+    EXPECT_EQ(values(m), (std::vector<float>{1, 0, 2}));
+  }
+  Tensor i = Tensor::from_vector(std::vector<int64_t>{int64_t(r) << 40, 7}, {2});
+  world().all_reduce(i, dist::ReduceOp::Sum);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{int64_t(1) << 40, 14}));
+  // A NaN on one rank reaches the other through Max too (MPI_MAX would drop it).
+  for (const DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    const float q = std::numeric_limits<float>::quiet_NaN();
+    Tensor nan =
+        Tensor::from_vector(std::vector<float>{r == 1 ? q : 1.0f, r == 0 ? q : 1.0f}, {2}).to(dt);
+    world().all_reduce(nan, dist::ReduceOp::Max);
+    EXPECT_TRUE(std::isnan(values(nan)[0]) && std::isnan(values(nan)[1])) << dtype_name(dt);
+  }
+  Tensor b = Tensor::uniform({5, 7}, -1, 1, 40 + uint64_t(r)).to(DType::BF16);
+  world().broadcast(b, 1);
+  EXPECT_EQ(values(b), values(Tensor::uniform({5, 7}, -1, 1, 41).to(DType::BF16)));
+  world().barrier();
+}
+
+// One batch of 64 for step s, the same on every rank; rank r's shard is rows r, r + 2, ...
+struct Batch {
+  Tensor x, y;
+};
+Batch full_batch(int64_t step) {
+  std::vector<int64_t> labels(64);
+  for (int64_t i = 0; i < 64; ++i)
+    labels[size_t(i)] = (i * 7 + step) % 10;
+  return {Tensor::uniform({64, 1, 28, 28}, 0, 1, 1000 + uint64_t(step)),
+          Tensor::from_vector(labels, {64})};
+}
+Batch my_shard(const Batch& b) {
+  const int64_t r = world().rank();
+  return {b.x.reshape({32, 2, 1, 28, 28}).select(1, r).contiguous(),
+          b.y.reshape({32, 2}).select(1, r).contiguous()};
+}
+
+std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, nn::Module& m) {
+  if (kind == "sgd") {
+    return std::make_unique<optim::SGD>(m.parameters(),
+                                        optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  }
+  return std::make_unique<optim::AdamW>(m.parameters(),
+                                        optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.01});
+}
+
+// ||a - b|| / ||b|| over the whole tensor.
+double relative_gap(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = values(a), y = values(b);
+  double gap = 0, norm = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    gap += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+    norm += double(y[i]) * y[i];
+  }
+  return norm > 0 ? std::sqrt(gap / norm) : std::sqrt(gap);
+}
+
+// Three trajectories from the same initial weights over the same 20 batches of 64:
+//   whole — one process, batch 64;
+//   split — one process, the two shards of each batch one after the other, each loss halved,
+//           the gradients accumulated (the same arithmetic as 2 ranks, no communication);
+//   ddp   — 2 ranks, each its shard of 32, gradients averaged by DistributedDataParallel.
+// ddp must equal split bit for bit, and stay within 1e-5 of whole under SGD. Under AdamW the
+// split itself moves away from whole: its first steps are lr * sign(g), and a gradient element
+// near zero, summed in another order over the batch, can change sign; that gap is the
+// optimizer's sensitivity to summation order, not communication, and ddp shows exactly it.
+TEST(Ranks, TwoRanksOfHalfTheBatchMatchOneProcessWithTheWholeBatch) {
+  for (const std::string kind : {"sgd", "adamw"}) {
+    SCOPED_TRACE(kind);
+    auto whole = nn::make_model("mlp", {.seed = 5});
+    auto split = nn::make_model("mlp", {.seed = 5});
+    auto whole_opt = make_opt(kind, *whole), split_opt = make_opt(kind, *split);
+    // Rank 1 starts from other weights, which the wrapper replaces by rank 0's.
+    auto model = nn::make_model("mlp", {.seed = 5 + uint64_t(world().rank())});
+    dist::DistributedDataParallel ddp(*model, dist::mpi_world(), {.bucket_mb = 0.5});
+    auto opt = make_opt(kind, *model);
+    for (int64_t step = 0; step < 20; ++step) {
+      const Batch b = full_batch(step);
+      whole_opt->zero_grad();
+      cross_entropy((*whole)(b.x), b.y).backward();
+      whole_opt->step();
+      split_opt->zero_grad();
+      for (int64_t r = 0; r < 2; ++r) {
+        const Tensor x = b.x.reshape({32, 2, 1, 28, 28}).select(1, r).contiguous();
+        const Tensor y = b.y.reshape({32, 2}).select(1, r).contiguous();
+        mul(cross_entropy((*split)(x), y), 0.5).backward();
+      }
+      split_opt->step();
+      const Batch mine = my_shard(b);
+      opt->zero_grad();
+      cross_entropy((*model)(mine.x), mine.y).backward();
+      ddp.finish_gradients();
+      opt->step();
+    }
+    EXPECT_GE(ddp.last_step().launched_in_backward, 1);
+    const std::vector<Tensor> p = model->parameters(), s = split->parameters(),
+                              w = whole->parameters();
+    double worst = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      EXPECT_EQ(values(p[i]), values(s[i])) << "parameter " << i << ": 2 ranks != split batch";
+      EXPECT_TRUE(same_on_every_rank(p[i])) << "parameter " << i << " differs between ranks";
+      worst = std::max(worst, relative_gap(p[i], w[i]));
+    }
+    if (kind == "sgd") {
+      EXPECT_LE(worst, 1e-5);
+    }
+    if (world().rank() == 0) {
+      std::printf("%s: 20 steps, 2 ranks x 32 vs 1 process x 64: largest relative gap %.3g\n",
+                  kind.c_str(), worst);
+    }
+  }
+}
+
+TEST(Ranks, AnInfOnOneRankMakesEveryRankSkipTheStep) {
+  auto model = nn::make_model("mlp", {.seed = 9});
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  amp::Amp amp = amp::initialize(*model, opt, amp::OptLevel::O2, DType::F16);
+  dist::DistributedDataParallel ddp(*model, dist::mpi_world());
+  const std::vector<Tensor> params = model->parameters();
+  int hook = -1;
+  if (world().rank() == 1) {
+    // Before accumulation, so before the bucket is packed: this rank's gradient holds an inf.
+    hook = params[0].register_hook([](const Tensor& g) {
+      Tensor bad = g.clone();
+      bad.reshape({bad.numel()}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
+      return bad;
+    });
+  }
+  std::vector<std::vector<float>> before;
+  for (const Tensor& p : params)
+    before.push_back(values(p));
+  const double scale = amp.scaler().get_scale();
+  const Batch b = my_shard(full_batch(0));
+  opt.zero_grad();
+  amp.scaler().scale(cross_entropy(amp.forward(*model, b.x), b.y)).backward();
+  ddp.finish_gradients();
+  const amp::StepResult r = amp.scaler().step(opt);
+  amp.scaler().update();
+  EXPECT_TRUE(r.skipped());
+  EXPECT_EQ(amp.scaler().get_scale(), scale * 0.5);
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(values(params[i]), before[i]) << "parameter " << i << " moved on a skipped step";
+  if (hook >= 0) params[0].remove_hook(hook);
+  // The next step is clean on both ranks and keeps them identical.
+  opt.zero_grad();
+  amp.scaler().scale(cross_entropy(amp.forward(*model, b.x), b.y)).backward();
+  ddp.finish_gradients();
+  EXPECT_FALSE(amp.scaler().step(opt).skipped());
+  amp.scaler().update();
+  for (const Tensor& p : params)
+    EXPECT_TRUE(same_on_every_rank(p));
+}
+
+train::TrainResult train_mlp(const std::string& grad_comm) {
+  train::TrainConfig c;
+  c.model = "mlp";
+  c.data = "fashion-mnist";  // synthetic images are learnt perfectly within 200 steps
+  c.batch_size = 32;
+  c.max_steps = 200;
+  c.epochs = 0;
+  c.lr = 0.02;
+  c.distributed = true;
+  c.grad_comm = grad_comm;
+  c.progress = false;
+  c.workers = 0;
+  c.threads = 1;
+  return train::Trainer(c).fit();
+}
+
+TEST(Ranks, Bf16GradientCommunicationConvergesLikeFp32) {
+  if (!std::filesystem::exists(std::string(train::kDefaultFashionMnistDir) +
+                               "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
+  }
+  const train::TrainResult f32 = train_mlp("fp32"), bf16 = train_mlp("bf16");
+  if (world().rank() == 0) {
+    std::printf(
+        "mlp, 200 steps of 2 x 32 on Fashion-MNIST: test loss %.5f (fp32 communication), "
+        "%.5f (bf16)\n",
+        f32.test.loss, bf16.test.loss);
+  }
+  EXPECT_EQ(f32.steps, 200);
+  EXPECT_LE(std::fabs(bf16.test.loss - f32.test.loss), 0.01 * f32.test.loss)
+      << "fp32 communication " << f32.test.loss << ", bf16 " << bf16.test.loss;
+}
+
+}  // namespace
+}  // namespace mantissa
