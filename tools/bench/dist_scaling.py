@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Data-parallel scaling on this machine: `mantissa train` on synthetic data, one process with 1
+and with 2 threads against `mpirun -n 2 ... --distributed` with 1 thread per rank, runs
+alternating, each --rounds times (the best kept). Per row: throughput (samples or tokens/s over
+the training time), the ratio to one process with 1 thread, peak tensor memory of rank 0, and for
+the 2-rank runs the time inside the gradient all-reduces and the share of it hidden behind
+backward (1 - waited / inside).
+
+  python3 tools/bench/dist_scaling.py [--models cnn,gpt2_tiny] [--steps 60] [--rounds 2]
+      [--batch-size 64] [--grad-comm fp32,bf16] [--json-out FILE]
+
+The aims of issue 15: 2 ranks >= 1.8x one rank's throughput; 2 ranks x 1 thread >= 0.9x one
+process x 2 threads (at the same global batch: 2 x the per-rank batch).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from bench_util import ROOT, bench_env
+
+# mpirun as the tests run it (tests/CMakeLists.txt explains each flag).
+MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+
+
+def run(cmd):
+    env = bench_env()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--models", default="cnn,gpt2_tiny")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64, help="per rank (images)")
+    ap.add_argument("--token-batch-size", type=int, default=16, help="per rank (tokens)")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--grad-comm", default="fp32", help="comma-separated, for the 2-rank rows")
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    binary = os.path.join(args.build, "mantissa")
+    if not os.path.exists(binary):
+        sys.exit(f"{binary} is missing: build first (scripts/setup)")
+
+    rows = []
+    print(f"{'model':<10} {'setup':<28} {'throughput':>12} {'vs 1x1':>7} {'peak MiB':>9} "
+          f"{'comm s':>7} {'hidden':>7}")
+    for model in args.models.split(","):
+        tokens = model in ("gpt2_tiny", "gpt2", "lstm")
+        b = args.token_batch_size if tokens else args.batch_size
+        base = ["train", "--model", model, "--steps", str(args.steps), "--json", "--no-progress",
+                "--workers", "0", "--log-every", "1000"]
+        base += (["--data", "synthetic-text", "--seq-len", str(args.seq_len),
+                  "--synthetic-size", "2000000"] if tokens else
+                 ["--data", "synthetic", "--synthetic-size", "20000"])
+        setups = [("1 process x 1 thread, B", 1, 1, b, None),
+                  ("1 process x 2 threads, B", 1, 2, b, None),
+                  ("1 process x 2 threads, 2B", 1, 2, 2 * b, None)]
+        for comm in args.grad_comm.split(","):
+            setups.append((f"2 ranks x 1 thread, B ({comm})", 2, 1, b, comm))
+        best = {}
+        for _ in range(args.rounds):
+            for name, ranks, threads, batch, comm in setups:
+                cmd = base + ["--threads", str(threads), "--batch-size", str(batch)]
+                if ranks > 1:
+                    cmd = [args.mpirun, *MPIRUN_FLAGS, "-n", str(ranks), binary, *cmd,
+                           "--distributed", "--grad-comm", comm]
+                else:
+                    cmd = [binary, *cmd]
+                r = run(cmd)
+                unit = args.seq_len if tokens else 1
+                per_s = r["steps"] * batch * ranks * unit / r["train_seconds"]
+                if name not in best or per_s > best[name]["per_s"]:
+                    best[name] = {"per_s": per_s, "result": r}
+        one = best[setups[0][0]]["per_s"]
+        for name, ranks, threads, batch, comm in setups:
+            r = best[name]["result"]
+            c = r.get("comm", {})
+            inside, waited = c.get("comm_seconds", 0), c.get("exposed_seconds", 0)
+            hidden = 1 - waited / inside if inside > 0 else float("nan")
+            row = {"model": model, "setup": name, "ranks": ranks, "threads": threads,
+                   "batch_per_rank": batch, "per_s": best[name]["per_s"],
+                   "unit": "tokens/s" if tokens else "samples/s",
+                   "vs_one": best[name]["per_s"] / one, "peak_bytes": r["peak_memory_bytes"],
+                   "comm_seconds": inside, "exposed_seconds": waited, "hidden": hidden}
+            rows.append(row)
+            comm_txt = f"{inside:>7.2f} {100 * hidden:>6.0f}%" if ranks > 1 else ""
+            print(f"{model:<10} {name:<28} {row['per_s']:>12.0f} {row['vs_one']:>6.2f}x "
+                  f"{r['peak_memory_bytes'] / 2**20:>9.1f} {comm_txt}", flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
