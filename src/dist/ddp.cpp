@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
@@ -65,6 +66,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       n += params_[k].numel();
     flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
   }
+  marked_.assign(params_.size(), false);
   pending_.assign(buckets_.size(), 0);
   ready_.assign(buckets_.size(), false);
   inflight_.resize(buckets_.size());
@@ -98,16 +100,40 @@ void DistributedDataParallel::broadcast_state() {
 }
 
 void DistributedDataParallel::broadcast_buffers() {
-  if (comm_->world_size() == 1) return;
+  if (comm_->world_size() == 1 || buffers_.empty()) return;
   NoGrad ng;
+  // One collective for all of them (a resnet has 60): their bytes packed into one buffer.
+  if (!buffer_bytes_.defined()) {
+    int64_t n = 0;
+    for (const Tensor& t : buffers_)
+      n += int64_t(t.nbytes());
+    buffer_bytes_ = Tensor::empty({n}, DType::U8, buffers_[0].device());
+  }
+  auto* flat = static_cast<char*>(buffer_bytes_.data_ptr());
+  MT_CHECK(buffers_[0].device().is_cpu(), "DistributedDataParallel: buffers on ",
+           buffers_[0].device().str(), " need the NCCL communicator, which is not there yet");
+  if (comm_->rank() == 0) {
+    for (const Tensor& t : buffers_) {
+      std::memcpy(flat, t.data_ptr(), t.nbytes());
+      flat += t.nbytes();
+    }
+  }
+  comm_->broadcast(buffer_bytes_, 0);
+  flat = static_cast<char*>(buffer_bytes_.data_ptr());
   for (Tensor& t : buffers_) {
-    comm_->broadcast(t, 0);
+    if (comm_->rank() != 0) std::memcpy(t.data_ptr(), flat, t.nbytes());
+    flat += t.nbytes();
     t.bump_version();
   }
 }
 
 void DistributedDataParallel::on_gradient(size_t param) {
   if (!require_sync_) return;
+  // Its bucket may already be on its way: a second gradient would not be in the sum.
+  MT_CHECK(!marked_[param], "DistributedDataParallel: parameter ", param,
+           " got a gradient twice before finish_gradients(); for several backward passes per "
+           "step, call set_require_sync(false) before all but the last");
+  marked_[param] = true;
   const size_t b = bucket_of_[param];
   if (--pending_[b] == 0) ready_[b] = true;
   launched_early_ += launch_ready();
@@ -198,6 +224,7 @@ void DistributedDataParallel::finish_gradients() {
   totals_.launched_in_backward += stats_.launched_in_backward;
   ++steps_;
   // Ready for the next backward.
+  std::fill(marked_.begin(), marked_.end(), false);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b] = int64_t(buckets_[b].size());
     ready_[b] = false;

@@ -148,6 +148,9 @@ TEST(DistributedDataParallel, AccumulationCommunicatesOnlyOnTheLastMicroBatch) {
   ddp.finish_gradients();
   EXPECT_EQ(plain.grads(), wrapped.grads());
   EXPECT_EQ(ddp.last_step().launched_in_backward, ddp.last_step().buckets);
+  // Two synced backward passes in one step: the second would miss the buckets already sent.
+  wrapped.backward();
+  EXPECT_THROW(wrapped.backward(), Error);
 }
 
 TEST(DistributedDataParallel, ParametersWithoutAGradientCountAsZeros) {

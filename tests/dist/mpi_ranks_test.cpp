@@ -208,6 +208,24 @@ TEST(Ranks, AnInfOnOneRankMakesEveryRankSkipTheStep) {
     EXPECT_TRUE(same_on_every_rank(p));
 }
 
+TEST(Ranks, BatchNormStatisticsComeFromRankZero) {
+  auto model = nn::make_model("cnn", {.seed = 2});
+  dist::DistributedDataParallel ddp(*model, dist::mpi_world());
+  // Each rank's own batch moves its running statistics its own way ...
+  const Tensor x = Tensor::uniform({8, 1, 28, 28}, -1, 1, 70 + uint64_t(world().rank()));
+  (*model)(x);
+  std::vector<Tensor> buffers = model->buffers();
+  ASSERT_FALSE(buffers.empty());
+  bool differ = false;
+  for (const Tensor& b : buffers)
+    differ = differ || !same_on_every_rank(b);
+  EXPECT_TRUE(differ) << "the ranks' batches should have moved the statistics apart";
+  // ... until the next step starts from rank 0's.
+  ddp.broadcast_buffers();
+  for (const Tensor& b : buffers)
+    EXPECT_TRUE(same_on_every_rank(b)) << b.describe();
+}
+
 train::TrainResult train_mlp(const std::string& grad_comm) {
   train::TrainConfig c;
   c.model = "mlp";

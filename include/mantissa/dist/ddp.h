@@ -98,8 +98,10 @@ class DistributedDataParallel {
   std::vector<std::vector<size_t>> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<Tensor> flat_;  // each bucket's buffer, in grad_comm
+  Tensor buffer_bytes_;       // the model's buffers, packed for one broadcast
   std::vector<int64_t> pending_;
   std::vector<bool> ready_;
+  std::vector<bool> marked_;  // parameters whose gradient this step has counted
   std::vector<std::future<void>> inflight_;
   std::vector<double> comm_seconds_;
   size_t next_launch_ = 0;

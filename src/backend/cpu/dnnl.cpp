@@ -221,6 +221,18 @@ void execute(const Entry& e, std::initializer_list<const void*> ptrs) {
   dnnl::stream& s = stream();
   void* scratch = e.scratch_bytes ? scratch_buffer(e.scratch_bytes) : nullptr;
   auto scratch_mem = [&](const memory::desc& md) { return memory(md, engine(), scratch); };
+  // An argument's reorder between the user's layout and the primitive's.
+  auto reorder = [&](const ArgPlan& a, const memory& from, const memory& to) {
+    ArgList r;
+    r.add(DNNL_ARG_FROM, from);
+    r.add(DNNL_ARG_TO, to);
+    memory rs;
+    if (a.reorder_scratch_md.get_size()) {
+      rs = scratch_mem(a.reorder_scratch_md);
+      r.add(DNNL_ARG_SCRATCHPAD, rs);
+    }
+    r.run(*a.reorder, s);
+  };
   // The memory objects must outlive the calls that name them.
   std::array<memory, kMaxArgs> users, prims;
   std::array<Tensor, kMaxArgs> staging;  // the primitive-layout copies, alive until the end
@@ -236,17 +248,7 @@ void execute(const Entry& e, std::initializer_list<const void*> ptrs) {
     }
     staging[i] = Tensor::empty({int64_t(a.prim_md.get_size())}, DType::U8);
     prims[i] = memory(a.prim_md, engine(), staging[i].data_ptr());
-    if (!a.output) {
-      ArgList r;
-      r.add(DNNL_ARG_FROM, users[i]);
-      r.add(DNNL_ARG_TO, prims[i]);
-      memory rs;
-      if (a.reorder_scratch_md.get_size()) {
-        rs = scratch_mem(a.reorder_scratch_md);
-        r.add(DNNL_ARG_SCRATCHPAD, rs);
-      }
-      r.run(*a.reorder, s);
-    }
+    if (!a.output) reorder(a, users[i], prims[i]);
     args.add(a.arg, prims[i]);
   }
   if (e.scratch_md.get_size()) {
@@ -256,16 +258,7 @@ void execute(const Entry& e, std::initializer_list<const void*> ptrs) {
   args.run(e.prim, s);
   for (size_t i = 0; i < e.args.size(); ++i) {
     const ArgPlan& a = e.args[i];
-    if (!a.reorder || !a.output) continue;
-    ArgList r;
-    r.add(DNNL_ARG_FROM, prims[i]);
-    r.add(DNNL_ARG_TO, users[i]);
-    memory rs;
-    if (a.reorder_scratch_md.get_size()) {
-      rs = scratch_mem(a.reorder_scratch_md);
-      r.add(DNNL_ARG_SCRATCHPAD, rs);
-    }
-    r.run(*a.reorder, s);
+    if (a.reorder && a.output) reorder(a, prims[i], users[i]);
   }
   s.wait();
 }
