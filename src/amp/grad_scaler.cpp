@@ -140,6 +140,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
     for (const Tensor& g : grads)
       g.bump_version();
   }
+  if (reducer_) reducer_(st.flag);  // every rank's overflow, before the step reads it
   st.stage = Stage::Unscaled;
 }
 

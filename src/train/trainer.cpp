@@ -328,6 +328,12 @@ void Trainer::build() {
                   : config_.grad_comm == "fp16" ? DType::F16
                                                 : DType::F32;
     ddp_ = std::make_unique<dist::DistributedDataParallel>(*model_, comm_, o);
+    // The averaged gradients carry an inf from any rank to all; the flag's all-reduce makes the
+    // skip the same everywhere whatever a rank sees alone (one 4-byte collective a step, fp16).
+    if (scaler().options().mode != amp::ScaleMode::Disabled) {
+      scaler().set_overflow_reducer(
+          [comm = comm_](Tensor& flag) { comm->all_reduce(flag, dist::ReduceOp::Max); });
+    }
   }
 }
 

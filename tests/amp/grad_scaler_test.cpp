@@ -184,6 +184,26 @@ TEST(GradScaler, GrowsAfterIntervalCleanStepsAndBacksOffOnOverflow) {
   EXPECT_EQ(r.opt.step_count(), 5);
 }
 
+// The overflow reducer sees each optimizer's flag before the step: what another rank found
+// (here: a reducer that reports an overflow) skips this rank's clean step too.
+TEST(GradScaler, TheOverflowReducerDecidesTheSkip) {
+  GradScaler s({.init_scale = 1024.0});
+  Rig r;
+  int calls = 0;
+  s.set_overflow_reducer([&](Tensor& flag) {
+    ++calls;
+    EXPECT_EQ(flag.numel(), 1);
+    EXPECT_EQ(flag.item(), 0.0);  // this rank's gradients are clean
+    flag.fill_(1.0);              // another rank's were not
+  });
+  EXPECT_TRUE(r.iterate(s, false));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(s.get_scale(), 512.0);
+  EXPECT_EQ(r.opt.step_count(), 0);
+  s.set_overflow_reducer(nullptr);
+  EXPECT_FALSE(r.iterate(s, false));
+}
+
 TEST(GradScaler, HysteresisBacksOffOnlyAfterConsecutiveOverflows) {
   GradScaler s({.init_scale = 1024.0, .growth_interval = 100, .hysteresis = 2});
   Rig r;

@@ -208,6 +208,35 @@ TEST(Ranks, AnInfOnOneRankMakesEveryRankSkipTheStep) {
     EXPECT_TRUE(same_on_every_rank(p));
 }
 
+// An overflow that only one rank sees (after the averaging: what a rank that unscales only its
+// shard meets): with the scaler's overflow reducer every rank skips and backs off alike.
+TEST(Ranks, TheOverflowReducerMakesARankLocalInfSkipEverywhere) {
+  auto model = nn::make_model("mlp", {.seed = 4});
+  optim::SGD opt(model->parameters(), {.lr = 0.05});
+  amp::Amp amp = amp::initialize(*model, opt, amp::OptLevel::O2, DType::F16);
+  dist::DistributedDataParallel ddp(*model, dist::mpi_world());
+  amp.scaler().set_overflow_reducer(
+      [](Tensor& flag) { world().all_reduce(flag, dist::ReduceOp::Max); });
+  const std::vector<Tensor> params = model->parameters();
+  std::vector<std::vector<float>> before;
+  for (const Tensor& p : params)
+    before.push_back(values(p));
+  const double scale = amp.scaler().get_scale();
+  const Batch b = my_shard(full_batch(1));
+  opt.zero_grad();
+  amp.scaler().scale(cross_entropy(amp.forward(*model, b.x), b.y)).backward();
+  ddp.finish_gradients();
+  if (world().rank() == 1) {
+    Tensor g = params[1].grad();
+    g.reshape({g.numel()}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
+  }
+  EXPECT_TRUE(amp.scaler().step(opt).skipped());
+  amp.scaler().update();
+  EXPECT_EQ(amp.scaler().get_scale(), scale * 0.5);
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(values(params[i]), before[i]) << "parameter " << i;
+}
+
 TEST(Ranks, BatchNormStatisticsComeFromRankZero) {
   auto model = nn::make_model("cnn", {.seed = 2});
   dist::DistributedDataParallel ddp(*model, dist::mpi_world());

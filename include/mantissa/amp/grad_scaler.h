@@ -38,6 +38,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 
 #include "mantissa/optim/optimizer.h"
@@ -129,6 +130,15 @@ class GradScaler {
   // Skipped steps so far (every optimizer counted), for logs.
   int64_t skipped_steps() const;
   const GradScalerOptions& options() const { return options_; }
+
+  // Data parallel: called with each optimizer's overflow flag (a one-element F32 tensor where the
+  // state lives, non-zero when a gradient was inf/NaN) as soon as unscale_ has set it, before
+  // anything reads it. It must leave the flag non-zero on every rank if it is on any (an
+  // all-reduce with max, as PyTorch's ShardedGradScaler does), so that every rank skips the same
+  // steps and keeps the same scale even when each unscales only part of the gradients. Unset
+  // (the default): the flag is this process's alone.
+  using OverflowReducer = std::function<void(Tensor& flag)>;
+  void set_overflow_reducer(OverflowReducer reducer) { reducer_ = std::move(reducer); }
   // Where the state lives (see above), and whether that is a GPU.
   Device device() const { return state_.device(); }
   bool on_device() const { return state_.device().is_cuda(); }
@@ -171,6 +181,7 @@ class GradScaler {
   mutable Tensor last_found_inf_;  // F32 scalar: the last update()'s combined flag
   // Keyed by address: an optimizer must stay alive between its unscale_/step and update().
   std::unordered_map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
+  OverflowReducer reducer_;
 };
 
 }  // namespace mantissa::amp
