@@ -68,7 +68,7 @@ with tempfile.TemporaryDirectory() as tmp:
           f"mismatched ranks are refused ({rc}): {err[-500:]!r}")
 
     # A rank killed mid-run: the job stops within 30 s, non-zero, the rank named.
-    long_run = small[:] + ["--epochs", "100"]
+    long_run = small[:] + ["--epochs", "100000"]  # runs until it is killed
     cmd = [MPIRUN, *FLAGS, "-n", "2", BIN, *long_run]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=ENV)
