@@ -168,6 +168,21 @@ TEST(Ranks, TwoRanksOfHalfTheBatchMatchOneProcessWithTheWholeBatch) {
   }
 }
 
+std::vector<std::vector<float>> snapshot(const std::vector<Tensor>& params) {
+  std::vector<std::vector<float>> v;
+  for (const Tensor& p : params)
+    v.push_back(values(p));
+  return v;
+}
+
+// One mixed-precision forward and backward of rank r's shard, the gradients averaged.
+void scaled_backward(amp::Amp& amp, nn::Module& model, dist::DistributedDataParallel& ddp,
+                     optim::Optimizer& opt, const Batch& b) {
+  opt.zero_grad();
+  amp.scaler().scale(cross_entropy(amp.forward(model, b.x), b.y)).backward();
+  ddp.finish_gradients();
+}
+
 TEST(Ranks, AnInfOnOneRankMakesEveryRankSkipTheStep) {
   auto model = nn::make_model("mlp", {.seed = 9});
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -183,25 +198,18 @@ TEST(Ranks, AnInfOnOneRankMakesEveryRankSkipTheStep) {
       return bad;
     });
   }
-  std::vector<std::vector<float>> before;
-  for (const Tensor& p : params)
-    before.push_back(values(p));
+  const std::vector<std::vector<float>> before = snapshot(params);
   const double scale = amp.scaler().get_scale();
   const Batch b = my_shard(full_batch(0));
-  opt.zero_grad();
-  amp.scaler().scale(cross_entropy(amp.forward(*model, b.x), b.y)).backward();
-  ddp.finish_gradients();
+  scaled_backward(amp, *model, ddp, opt, b);
   const amp::StepResult r = amp.scaler().step(opt);
   amp.scaler().update();
   EXPECT_TRUE(r.skipped());
   EXPECT_EQ(amp.scaler().get_scale(), scale * 0.5);
-  for (size_t i = 0; i < params.size(); ++i)
-    EXPECT_EQ(values(params[i]), before[i]) << "parameter " << i << " moved on a skipped step";
+  EXPECT_EQ(snapshot(params), before) << "a parameter moved on a skipped step";
   if (hook >= 0) params[0].remove_hook(hook);
   // The next step is clean on both ranks and keeps them identical.
-  opt.zero_grad();
-  amp.scaler().scale(cross_entropy(amp.forward(*model, b.x), b.y)).backward();
-  ddp.finish_gradients();
+  scaled_backward(amp, *model, ddp, opt, b);
   EXPECT_FALSE(amp.scaler().step(opt).skipped());
   amp.scaler().update();
   for (const Tensor& p : params)
@@ -218,14 +226,9 @@ TEST(Ranks, TheOverflowReducerMakesARankLocalInfSkipEverywhere) {
   amp.scaler().set_overflow_reducer(
       [](Tensor& flag) { world().all_reduce(flag, dist::ReduceOp::Max); });
   const std::vector<Tensor> params = model->parameters();
-  std::vector<std::vector<float>> before;
-  for (const Tensor& p : params)
-    before.push_back(values(p));
+  const std::vector<std::vector<float>> before = snapshot(params);
   const double scale = amp.scaler().get_scale();
-  const Batch b = my_shard(full_batch(1));
-  opt.zero_grad();
-  amp.scaler().scale(cross_entropy(amp.forward(*model, b.x), b.y)).backward();
-  ddp.finish_gradients();
+  scaled_backward(amp, *model, ddp, opt, my_shard(full_batch(1)));
   if (world().rank() == 1) {
     Tensor g = params[1].grad();
     g.reshape({g.numel()}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
@@ -233,8 +236,7 @@ TEST(Ranks, TheOverflowReducerMakesARankLocalInfSkipEverywhere) {
   EXPECT_TRUE(amp.scaler().step(opt).skipped());
   amp.scaler().update();
   EXPECT_EQ(amp.scaler().get_scale(), scale * 0.5);
-  for (size_t i = 0; i < params.size(); ++i)
-    EXPECT_EQ(values(params[i]), before[i]) << "parameter " << i;
+  EXPECT_EQ(snapshot(params), before) << "a parameter moved on a skipped step";
 }
 
 TEST(Ranks, BatchNormStatisticsComeFromRankZero) {
