@@ -2,7 +2,6 @@
 // backward runs (include/mantissa/dist/ddp.h).
 #include "mantissa/dist/ddp.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -66,13 +65,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       n += params_[k].numel();
     flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
   }
-  marked_.assign(params_.size(), false);
-  pending_.assign(buckets_.size(), 0);
-  ready_.assign(buckets_.size(), false);
   inflight_.resize(buckets_.size());
   comm_seconds_.assign(buckets_.size(), 0.0);
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    pending_[b] = int64_t(buckets_[b].size());
+  start_step();
   for (size_t k = 0; k < params_.size(); ++k) {
     hooks_.push_back(params_[k].register_post_accumulate_grad_hook(
         [this, k](const Tensor&) { on_gradient(k); }));
@@ -101,6 +96,8 @@ void DistributedDataParallel::broadcast_state() {
 
 void DistributedDataParallel::broadcast_buffers() {
   if (comm_->world_size() == 1 || buffers_.empty()) return;
+  MT_CHECK(buffers_[0].device().is_cpu(), "DistributedDataParallel: buffers on ",
+           buffers_[0].device().str(), " need the NCCL communicator, which is not there yet");
   NoGrad ng;
   // One collective for all of them (a resnet has 60): their bytes packed into one buffer.
   if (!buffer_bytes_.defined()) {
@@ -110,8 +107,6 @@ void DistributedDataParallel::broadcast_buffers() {
     buffer_bytes_ = Tensor::empty({n}, DType::U8, buffers_[0].device());
   }
   auto* flat = static_cast<char*>(buffer_bytes_.data_ptr());
-  MT_CHECK(buffers_[0].device().is_cpu(), "DistributedDataParallel: buffers on ",
-           buffers_[0].device().str(), " need the NCCL communicator, which is not there yet");
   if (comm_->rank() == 0) {
     for (const Tensor& t : buffers_) {
       std::memcpy(flat, t.data_ptr(), t.nbytes());
@@ -135,13 +130,13 @@ void DistributedDataParallel::on_gradient(size_t param) {
            "step, call set_require_sync(false) before all but the last");
   marked_[param] = true;
   const size_t b = bucket_of_[param];
-  if (--pending_[b] == 0) ready_[b] = true;
+  --pending_[b];
   launched_early_ += launch_ready();
 }
 
 int64_t DistributedDataParallel::launch_ready() {
   int64_t launched = 0;
-  for (; next_launch_ < buckets_.size() && ready_[next_launch_]; ++next_launch_, ++launched)
+  for (; next_launch_ < buckets_.size() && pending_[next_launch_] == 0; ++next_launch_, ++launched)
     launch(next_launch_);
   return launched;
 }
@@ -185,7 +180,7 @@ void DistributedDataParallel::finish_gradients() {
   // What backward did not complete (parameters without a gradient on this rank) goes out now,
   // in the same bucket order as on every other rank.
   for (size_t b = next_launch_; b < buckets_.size(); ++b)
-    ready_[b] = true;
+    pending_[b] = 0;
   launch_ready();
   double waited = 0;
   double comm_total = 0;
@@ -207,7 +202,8 @@ void DistributedDataParallel::finish_gradients() {
       if (g.defined() && g.dtype() == want && g.is_contiguous()) {
         Tensor(g).copy_(mean);
       } else {
-        p.set_grad(mean.to(want).clone());  // the buffer is reused next step
+        // A copy either way: the buffer is reused next step.
+        p.set_grad(want == mean.dtype() ? mean.clone() : mean.to(want));
       }
       off += n;
     }
@@ -217,18 +213,16 @@ void DistributedDataParallel::finish_gradients() {
                         .comm_seconds = comm_total,
                         .exposed_seconds = waited,
                         .launched_in_backward = early};
-  totals_.buckets += stats_.buckets;
-  totals_.bytes += stats_.bytes;
-  totals_.comm_seconds += stats_.comm_seconds;
-  totals_.exposed_seconds += stats_.exposed_seconds;
-  totals_.launched_in_backward += stats_.launched_in_backward;
+  totals_ += stats_;
   ++steps_;
-  // Ready for the next backward.
-  std::fill(marked_.begin(), marked_.end(), false);
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  start_step();
+}
+
+void DistributedDataParallel::start_step() {
+  marked_.assign(params_.size(), false);
+  pending_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b)
     pending_[b] = int64_t(buckets_[b].size());
-    ready_[b] = false;
-  }
   next_launch_ = 0;
 }
 

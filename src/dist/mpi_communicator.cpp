@@ -1,14 +1,13 @@
 // MPI_COMM_WORLD as a Communicator (OpenMPI from Debian; any MPI-3 library), and what a build
 // without MPI says instead. Collectives run on the communicator's worker thread only, so MPI is
-// initialized with MPI_THREAD_SERIALIZED (one thread in MPI at a time) — the main thread calls
-// MPI only through submit() once the worker exists.
+// initialized with MPI_THREAD_SERIALIZED (one thread in MPI at a time): after MPI_Init the main
+// thread calls MPI only through submit(), or in abort_job when it stops the job.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "mantissa/core/error.h"
 #include "mantissa/dist/communicator.h"
@@ -64,10 +63,11 @@ void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 // Maxima where a NaN wins (MPI_MAX and fmax drop it): a NaN flag on one rank must reach all.
+// Halves compare as floats, float and double as themselves.
 template <typename T>
-float as_float(const T& v) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    return float(v);
+auto comparable(const T& v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return v;
   } else {
     float f;
     convert(&v, &f, 1);
@@ -80,12 +80,8 @@ void nan_max(void* in, void* inout, int* len, MPI_Datatype*) {
   auto* x = static_cast<const T*>(in);
   auto* y = static_cast<T*>(inout);
   for (int i = 0; i < *len; ++i) {
-    if constexpr (std::is_same_v<T, double>) {
-      if (x[i] > y[i] || x[i] != x[i]) y[i] = x[i];
-    } else {
-      const float a = as_float(x[i]), b = as_float(y[i]);
-      if (a > b || a != a) y[i] = x[i];
-    }
+    const auto a = comparable(x[i]), b = comparable(y[i]);
+    if (a > b || a != a) y[i] = x[i];
   }
 }
 
@@ -226,11 +222,22 @@ std::shared_ptr<Communicator> mpi_world() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  int rank = -1;
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "mantissa: rank %d: %s\n", rank, why.c_str());
+  const bool live = initialized && !finalized;
+  // Before MPI is up (a bad flag), the launcher's environment still names the rank.
+  std::string rank;
+  if (live) {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    rank = std::to_string(r);
+  } else if (const char* r = std::getenv("OMPI_COMM_WORLD_RANK")) {
+    rank = r;
+  } else if (const char* p = std::getenv("PMI_RANK")) {
+    rank = p;
+  }
+  const std::string who = rank.empty() ? "" : "rank " + rank + ": ";
+  std::fprintf(stderr, "mantissa: %s%s\n", who.c_str(), why.c_str());
   std::fflush(stderr);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  if (live) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
 }
 

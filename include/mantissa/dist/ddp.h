@@ -54,6 +54,14 @@ struct DdpStepStats {
   double comm_seconds = 0;           // inside the all-reduces, on the communicator's thread
   double exposed_seconds = 0;        // what finish_gradients() waited for: not overlapped
   int64_t launched_in_backward = 0;  // buckets that went out before finish_gradients()
+  DdpStepStats& operator+=(const DdpStepStats& o) {
+    buckets += o.buckets;
+    bytes += o.bytes;
+    comm_seconds += o.comm_seconds;
+    exposed_seconds += o.exposed_seconds;
+    launched_in_backward += o.launched_in_backward;
+    return *this;
+  }
 };
 
 class DistributedDataParallel {
@@ -89,6 +97,7 @@ class DistributedDataParallel {
  private:
   void on_gradient(size_t param);
   int64_t launch_ready();  // the buckets it launched
+  void start_step();       // every bucket waits for all its gradients again
   void launch(size_t bucket);
 
   std::shared_ptr<Communicator> comm_;
@@ -97,11 +106,10 @@ class DistributedDataParallel {
   std::vector<int> hooks_;
   std::vector<std::vector<size_t>> buckets_;
   std::vector<size_t> bucket_of_;
-  std::vector<Tensor> flat_;  // each bucket's buffer, in grad_comm
-  Tensor buffer_bytes_;       // the model's buffers, packed for one broadcast
-  std::vector<int64_t> pending_;
-  std::vector<bool> ready_;
-  std::vector<bool> marked_;  // parameters whose gradient this step has counted
+  std::vector<Tensor> flat_;      // each bucket's buffer, in grad_comm
+  Tensor buffer_bytes_;           // the model's buffers, packed for one broadcast
+  std::vector<int64_t> pending_;  // parameters of each bucket still without a gradient
+  std::vector<bool> marked_;      // parameters whose gradient this step has counted
   std::vector<std::future<void>> inflight_;
   std::vector<double> comm_seconds_;
   size_t next_launch_ = 0;
