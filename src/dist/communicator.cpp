@@ -69,6 +69,40 @@ void Communicator::broadcast(Tensor& t, int root) {
   submit([&] { broadcast_now(t, root); }).get();
 }
 
+void Communicator::reduce_scatter(const Tensor& in, Tensor& out, std::span<const int64_t> counts) {
+  submit([&] { reduce_scatter_now(in, out, counts); }).get();
+}
+
+void Communicator::all_gather(Tensor& t, std::span<const int64_t> counts) {
+  submit([&] { all_gather_now(t, counts); }).get();
+}
+
+void Communicator::gather(const Tensor& mine, Tensor& all, std::span<const int64_t> counts,
+                          int root) {
+  submit([&] { gather_now(mine, all, counts, root); }).get();
+}
+
+void Communicator::check_segments(const char* what, std::span<const int64_t> counts,
+                                  const Tensor& whole, const Tensor* part) const {
+  MT_CHECK(int(counts.size()) == world_size(), what, ": ", counts.size(),
+           " segment counts for a world of ", world_size(), " ranks; give one per rank");
+  int64_t total = 0;
+  for (const int64_t c : counts) {
+    MT_CHECK(c >= 0, what, ": a segment count is negative (", c, ")");
+    total += c;
+  }
+  MT_CHECK(whole.defined() && whole.is_contiguous() && whole.numel() == total, what,
+           ": the whole tensor must be contiguous with the ", total,
+           " elements the counts add up to, got ",
+           whole.defined() ? whole.describe() : std::string("an undefined tensor"));
+  if (part == nullptr) return;
+  MT_CHECK(part->defined() && part->is_contiguous() && part->dtype() == whole.dtype() &&
+               part->device() == whole.device() && part->numel() == counts[size_t(rank())],
+           what, ": rank ", rank(), "'s segment must be a contiguous ", dtype_name(whole.dtype()),
+           " tensor of ", counts[size_t(rank())], " elements on ", whole.device().str(), ", got ",
+           part->defined() ? part->describe() : std::string("an undefined tensor"));
+}
+
 void Communicator::barrier() {
   submit([&] { barrier_now(); }).get();
 }
@@ -87,6 +121,19 @@ class SingleProcess final : public Communicator {
   void broadcast_now(Tensor& t, int root) override {
     MT_CHECK(root == 0, "broadcast: root ", root, " is not a rank of a one-process run");
     (void)t;
+  }
+  void reduce_scatter_now(const Tensor& in, Tensor& out, std::span<const int64_t> counts) override {
+    check_segments("reduce_scatter", counts, in, &out);
+    out.copy_(in.reshape(out.shape()));
+  }
+  void all_gather_now(Tensor& t, std::span<const int64_t> counts) override {
+    check_segments("all_gather", counts, t, nullptr);
+  }
+  void gather_now(const Tensor& mine, Tensor& all, std::span<const int64_t> counts,
+                  int root) override {
+    MT_CHECK(root == 0, "gather: root ", root, " is not a rank of a one-process run");
+    check_segments("gather", counts, all, &mine);
+    all.copy_(mine.reshape(all.shape()));
   }
   void barrier_now() override {}
 };

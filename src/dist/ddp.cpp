@@ -2,6 +2,7 @@
 // backward runs (include/mantissa/dist/ddp.h).
 #include "mantissa/dist/ddp.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -21,6 +22,23 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
+std::vector<int> zero_partition(const std::vector<Tensor>& params, int world_size) {
+  MT_CHECK(world_size >= 1, "zero_partition: world_size must be >= 1, got ", world_size);
+  std::vector<size_t> order(params.size());
+  for (size_t k = 0; k < order.size(); ++k)
+    order[k] = k;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  std::vector<int64_t> load(size_t(world_size), 0);
+  std::vector<int> owner(params.size(), 0);
+  for (const size_t k : order) {
+    const auto r = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[k] = int(r);
+    load[r] += params[k].numel();
+  }
+  return owner;
+}
+
 DistributedDataParallel::DistributedDataParallel(nn::Module& model,
                                                  std::shared_ptr<Communicator> comm,
                                                  DdpOptions options)
@@ -32,6 +50,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
            dtype_name(options_.grad_comm));
   MT_CHECK(options_.bucket_mb > 0, "DistributedDataParallel: bucket_mb must be positive, got ",
            options_.bucket_mb);
+  MT_CHECK(options_.zero_stage == 0 || options_.zero_stage == 1,
+           "DistributedDataParallel: ZeRO stage ", options_.zero_stage,
+           " is not there; stage 0 (none) or 1 (optimizer state sharded)");
   params_ = model.parameters();
   buffers_ = model.buffers();
   for (const Tensor& p : params_) {
@@ -59,12 +80,32 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     bytes += b;
   }
   const Device device = params_.empty() ? Device::cpu() : params_[0].device();
-  for (const auto& bucket : buckets_) {
+  const int world = comm_->world_size();
+  owner_ = options_.zero_stage == 1 ? zero_partition(params_, world)
+                                    : std::vector<int>(params_.size(), comm_->rank());
+  int64_t largest = 0;
+  for (auto& bucket : buckets_) {
     int64_t n = 0;
     for (size_t k : bucket)
       n += params_[k].numel();
     flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
+    if (options_.zero_stage == 0) continue;
+    // Grouped by owner: rank r's parameters are segment r of the reduce-scatter.
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [&](size_t a, size_t b) { return owner_[a] < owner_[b]; });
+    std::vector<int64_t> counts(size_t(world), 0), seg_bytes(size_t(world), 0);
+    int64_t total = 0;
+    for (size_t k : bucket) {
+      counts[size_t(owner_[k])] += params_[k].numel();
+      seg_bytes[size_t(owner_[k])] += int64_t(params_[k].nbytes());
+      total += int64_t(params_[k].nbytes());
+    }
+    shard_.push_back(Tensor::zeros({counts[size_t(comm_->rank())]}, options_.grad_comm, device));
+    largest = std::max(largest, total);
+    segment_counts_.push_back(std::move(counts));
+    segment_bytes_.push_back(std::move(seg_bytes));
   }
+  if (options_.zero_stage == 1) param_bytes_ = Tensor::empty({largest}, DType::U8, device);
   inflight_.resize(buckets_.size());
   comm_seconds_.assign(buckets_.size(), 0.0);
   start_step();
@@ -164,6 +205,17 @@ void DistributedDataParallel::launch(size_t b) {
   }
   double* seconds = &comm_seconds_[b];
   Communicator* comm = comm_.get();
+  if (options_.zero_stage == 1) {
+    // Half an all-reduce's traffic: each rank receives the sum of its own segment only.
+    Tensor shard = shard_[b];
+    const std::vector<int64_t>* counts = &segment_counts_[b];
+    inflight_[b] = comm_->submit([comm, flat, shard, counts, seconds]() mutable {
+      const auto t0 = Clock::now();
+      comm->reduce_scatter_now(flat, shard, *counts);
+      *seconds = seconds_since(t0);
+    });
+    return;
+  }
   inflight_[b] = comm_->submit([comm, flat, seconds]() mutable {
     const auto t0 = Clock::now();
     comm->all_reduce_now(flat, ReduceOp::Sum);
@@ -192,11 +244,17 @@ void DistributedDataParallel::finish_gradients() {
     waited += seconds_since(w0);
     comm_total += comm_seconds_[b];
     bytes += int64_t(flat_[b].nbytes());
+    // The means: the whole bucket, or (ZeRO-1) this rank's segment of it.
+    const Tensor& means = options_.zero_stage == 1 ? shard_[b] : flat_[b];
     int64_t off = 0;
     for (size_t k : buckets_[b]) {
       Tensor& p = params_[k];
+      if (owner_[k] != comm_->rank()) {
+        p.set_grad(Tensor());  // another rank updates it: its sum went there
+        continue;
+      }
       const int64_t n = p.numel();
-      const Tensor mean = flat_[b].narrow(0, off, n).reshape(p.shape());
+      const Tensor mean = means.narrow(0, off, n).reshape(p.shape());
       const Tensor g = p.grad();
       const DType want = promote_types(g.defined() ? g.dtype() : p.dtype(), flat_[b].dtype());
       if (g.defined() && g.dtype() == want && g.is_contiguous()) {
@@ -216,6 +274,71 @@ void DistributedDataParallel::finish_gradients() {
   totals_ += stats_;
   ++steps_;
   start_step();
+}
+
+std::vector<bool> DistributedDataParallel::owned_mask(
+    const std::vector<Tensor>& optimizer_params) const {
+  std::vector<bool> mask;
+  for (const Tensor& p : optimizer_params) {
+    size_t k = 0;
+    while (k < params_.size() && !params_[k].is_same(p))
+      ++k;
+    MT_CHECK(k < params_.size(), "DistributedDataParallel::owned_mask: optimizer parameter ",
+             mask.size(), " (", p.describe(),
+             ") is not a parameter of the wrapped model; make the optimizer over the model's "
+             "parameters (after amp::initialize, which may replace them)");
+    mask.push_back(owner_[k] == comm_->rank());
+  }
+  return mask;
+}
+
+void DistributedDataParallel::all_gather_parameters() {
+  if (options_.zero_stage == 0 || comm_->world_size() == 1) return;
+  MT_CHECK(param_bytes_.device().is_cpu(), "DistributedDataParallel: ZeRO-1 on ",
+           param_bytes_.device().str(), " needs the NCCL communicator, which is not there yet");
+  NoGrad ng;
+  const size_t me = size_t(comm_->rank());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const std::vector<int64_t>& bytes = segment_bytes_[b];
+    int64_t total = 0, live = 0;
+    for (const int64_t n : bytes)
+      total += n;
+    for (size_t k : buckets_[b])
+      live += int64_t(params_[k].nbytes());
+    // The segments were laid out at construction: a parameter cast since would not fit.
+    MT_CHECK(live == total,
+             "DistributedDataParallel: parameters changed dtype after wrapping; "
+             "wrap the model after amp::initialize (which casts it)");
+    Tensor buf = param_bytes_.narrow(0, 0, total);
+    auto* base = static_cast<char*>(buf.data_ptr());
+    // Segment r holds rank r's parameters of the bucket, in bucket order; this rank fills its own.
+    char* at = base;
+    for (size_t r = 0; r < me; ++r)
+      at += bytes[r];
+    for (size_t k : buckets_[b]) {
+      if (size_t(owner_[k]) != me) continue;
+      std::memcpy(at, params_[k].data_ptr(), params_[k].nbytes());
+      at += params_[k].nbytes();
+    }
+    comm_->all_gather(buf, bytes);
+    at = base;
+    for (size_t k : buckets_[b]) {
+      Tensor& p = params_[k];
+      // The owner's own values stay as they are (its optimizer's master knows them).
+      if (size_t(owner_[k]) != me) {
+        std::memcpy(p.data_ptr(), at, p.nbytes());
+        p.bump_version();
+      }
+      at += p.nbytes();
+    }
+  }
+}
+
+optim::NormCombiner DistributedDataParallel::norm_combiner() const {
+  if (options_.zero_stage == 0) return {};
+  return [comm = comm_](Tensor& partial, bool max) {
+    comm->all_reduce(partial, max ? ReduceOp::Max : ReduceOp::Sum);
+  };
 }
 
 void DistributedDataParallel::start_step() {

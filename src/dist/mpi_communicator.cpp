@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "mantissa/core/error.h"
 #include "mantissa/dist/communicator.h"
@@ -131,38 +133,38 @@ class MpiWorld final : public Communicator {
   void all_reduce_now(Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
     if (t.numel() == 0) return;
-    MPI_Datatype type;
-    MPI_Op mop = op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
-    switch (t.dtype()) {
-      case DType::F32:
-        type = MPI_FLOAT;
-        if (op == ReduceOp::Max) mop = f32_max_;
-        break;
-      case DType::F64:
-        type = MPI_DOUBLE;
-        if (op == ReduceOp::Max) mop = f64_max_;
-        break;
-      case DType::I32:
-        type = MPI_INT32_T;
-        break;
-      case DType::I64:
-        type = MPI_INT64_T;
-        break;
-      case DType::BF16:
-        type = MPI_UINT16_T;
-        mop = op == ReduceOp::Sum ? bf16_sum_ : bf16_max_;
-        break;
-      case DType::F16:
-        type = MPI_UINT16_T;
-        mop = op == ReduceOp::Sum ? f16_sum_ : f16_max_;
-        break;
-      default:
-        MT_CHECK(false, "all_reduce: ", t.describe(),
-                 " has no reduction here; use f32, f64, i32, i64, bf16 or f16");
-    }
+    const auto [type, mop] = reduction(t, op, "all_reduce");
     for_chunks(
         t, [&](void* p, int n) { return MPI_Allreduce(MPI_IN_PLACE, p, n, type, mop, comm_); },
         "all_reduce");
+  }
+
+  void reduce_scatter_now(const Tensor& in, Tensor& out, std::span<const int64_t> counts) override {
+    check_segments("reduce_scatter", counts, in, &out);
+    check_tensor(in, "reduce_scatter");
+    const std::vector<int> n = int_counts(counts, 1, "reduce_scatter");
+    const auto [type, mop] = reduction(in, ReduceOp::Sum, "reduce_scatter");
+    // MPI reads `in` (const in MPI-3) and writes only `out`.
+    check(MPI_Reduce_scatter(in.data_ptr(), out.data_ptr(), n.data(), type, mop, comm_),
+          "reduce_scatter");
+  }
+
+  void all_gather_now(Tensor& t, std::span<const int64_t> counts) override {
+    check_segments("all_gather", counts, t, nullptr);
+    check_tensor(t, "all_gather");
+    // Bytes: any dtype, bit for bit; each rank's segment is already in place.
+    const std::vector<int> n = int_counts(counts, int64_t(t.element_size()), "all_gather");
+    std::vector<int> displs(n.size(), 0);
+    int64_t at = 0;
+    for (size_t r = 0; r < n.size(); ++r) {
+      displs[r] = int(at);
+      at += n[r];
+    }
+    MT_CHECK(at <= kMaxCount, "all_gather: ", at,
+             " bytes at once is more than MPI's int offsets reach; gather in pieces");
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.data_ptr(), n.data(), displs.data(),
+                         MPI_BYTE, comm_),
+          "all_gather");
   }
 
   void broadcast_now(Tensor& t, int root) override {
@@ -174,9 +176,72 @@ class MpiWorld final : public Communicator {
         /*bytes=*/true);
   }
 
+  void gather_now(const Tensor& mine, Tensor& all, std::span<const int64_t> counts,
+                  int root) override {
+    MT_CHECK(root >= 0 && root < size_, "gather: root ", root, " is not a rank of ", size_);
+    check_tensor(mine, "gather");
+    MT_CHECK(mine.numel() == counts[size_t(rank_)], "gather: rank ", rank_, " sends ", mine.numel(),
+             " elements but its count is ", counts[size_t(rank_)]);
+    const int64_t unit = int64_t(mine.element_size());
+    const std::vector<int> n = int_counts(counts, unit, "gather");
+    std::vector<int> displs(n.size(), 0);
+    void* out = nullptr;
+    if (rank_ == root) {
+      check_segments("gather", counts, all, &mine);
+      check_tensor(all, "gather");
+      int64_t at = 0;
+      for (size_t r = 0; r < n.size(); ++r) {
+        displs[r] = int(at);
+        at += n[r];
+      }
+      MT_CHECK(at <= kMaxCount, "gather: ", at,
+               " bytes at once is more than MPI's int offsets reach; gather in pieces");
+      out = all.data_ptr();
+    }
+    check(MPI_Gatherv(mine.data_ptr(), n[size_t(rank_)], MPI_BYTE, out, n.data(), displs.data(),
+                      MPI_BYTE, root, comm_),
+          "gather");
+  }
+
   void barrier_now() override { check(MPI_Barrier(comm_), "barrier"); }
 
  private:
+  static constexpr int64_t kMaxCount = (int64_t(1) << 31) - 1;
+
+  // The MPI type and operation of a reduction over t's dtype.
+  std::pair<MPI_Datatype, MPI_Op> reduction(const Tensor& t, ReduceOp op, const char* what) const {
+    const bool sum = op == ReduceOp::Sum;
+    switch (t.dtype()) {
+      case DType::F32:
+        return {MPI_FLOAT, sum ? MPI_SUM : f32_max_};
+      case DType::F64:
+        return {MPI_DOUBLE, sum ? MPI_SUM : f64_max_};
+      case DType::I32:
+        return {MPI_INT32_T, sum ? MPI_SUM : MPI_MAX};
+      case DType::I64:
+        return {MPI_INT64_T, sum ? MPI_SUM : MPI_MAX};
+      case DType::BF16:
+        return {MPI_UINT16_T, sum ? bf16_sum_ : bf16_max_};
+      case DType::F16:
+        return {MPI_UINT16_T, sum ? f16_sum_ : f16_max_};
+      default:
+        MT_CHECK(false, what, ": ", t.describe(),
+                 " has no reduction here; use f32, f64, i32, i64, bf16 or f16");
+    }
+  }
+
+  // Segment counts in MPI's ints, in units of `unit` bytes each (1: elements as they are).
+  static std::vector<int> int_counts(std::span<const int64_t> counts, int64_t unit,
+                                     const char* what) {
+    std::vector<int> out;
+    for (const int64_t c : counts) {
+      MT_CHECK(c * unit <= kMaxCount, what, ": a segment of ", c * unit,
+               " units is more than an MPI count reaches (2^31 - 1); use smaller buckets");
+      out.push_back(int(c * unit));
+    }
+    return out;
+  }
+
   void check_tensor(const Tensor& t, const char* what) const {
     MT_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), what,
              ": the MPI communicator takes contiguous CPU tensors, got ",

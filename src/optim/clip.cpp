@@ -31,27 +31,37 @@ std::vector<Tensor> gradients_of(const std::vector<Tensor>& params, const char* 
 }
 
 Tensor norm_of(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-               double norm_type) {
+               double norm_type, const NormCombiner& combine) {
   MT_CHECK(norm_type > 0, "a gradient norm needs norm_type > 0 (or inf), got ", norm_type);
   const Device device =
       grads.empty() ? (params.empty() ? Device::cpu() : params[0].device()) : grads[0].device();
   // The result lives where the gradients do (a device backend writes device memory).
   Tensor out = Tensor::zeros(Shape{}, DType::F64, device);
   if (!grads.empty()) backend::backend_for(device).multi_tensor_norm(grads, norm_type, out);
-  return out;
+  if (!combine) return out;
+  NoGrad ng;
+  if (std::isinf(norm_type)) {
+    combine(out, true);
+    return out;
+  }
+  // The ranks' sums of |g|^p add up; the p-th root of the total is the norm of them all.
+  Tensor partial = pow(out, norm_type).contiguous();
+  combine(partial, false);
+  return pow(partial, 1.0 / norm_type);
 }
 
 }  // namespace
 
-Tensor grad_norm(const std::vector<Tensor>& params, double norm_type) {
-  return norm_of(params, gradients_of(params, "grad_norm"), norm_type);
+Tensor grad_norm(const std::vector<Tensor>& params, double norm_type, const NormCombiner& combine) {
+  return norm_of(params, gradients_of(params, "grad_norm"), norm_type, combine);
 }
 
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                      const NormCombiner& combine) {
   MT_CHECK(std::isfinite(max_norm) && max_norm >= 0,
            "clip_grad_norm: max_norm must be finite and >= 0, got ", max_norm);
   std::vector<Tensor> grads = gradients_of(params, "clip_grad_norm");
-  const Tensor total = norm_of(params, grads, norm_type);
+  const Tensor total = norm_of(params, grads, norm_type, combine);
   if (grads.empty()) return total;
   NoGrad ng;
   // min(1, max_norm / (norm + 1e-6)) in f64 on the device; where(ratio >= 1, 1, ratio) keeps a

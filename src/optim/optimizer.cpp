@@ -206,7 +206,7 @@ std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
   for (size_t i : groups_[group].members) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || !owns(i)) continue;
     // A parameter may have been converted (Module::to) since the optimizer was made.
     MT_CHECK(p.is_floating_point() && p.device() == device, "optimizer parameter ", i, " is now a ",
              p.describe(), "; parameters must stay floating and on ", device.str());
@@ -291,12 +291,35 @@ void Optimizer::set_master_weights(bool on) {
   if (!on) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    if (p.dtype() == DType::F64) continue;
+    if (p.dtype() == DType::F64 || !owns(i)) continue;
     Master& m = masters_[i];
     m.value = own_copy(p.to(DType::F32), p.device());
     m.data = p.data_ptr();
     m.version = p.version();
   }
+}
+
+void Optimizer::set_owned(std::vector<bool> owned) {
+  MT_CHECK(owned.empty() || owned.size() == params_.size(), "Optimizer::set_owned: ", owned.size(),
+           " flags for ", params_.size(), " parameters");
+  owned_ = std::move(owned);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owns(i)) continue;
+    state_[i].tensors.clear();
+    if (i < masters_.size()) masters_[i] = Master{};
+  }
+}
+
+int64_t Optimizer::state_nbytes() const {
+  int64_t n = 0;
+  for (const ParamState& s : state_) {
+    for (const Tensor& t : s.tensors)
+      n += int64_t(t.nbytes());
+  }
+  for (const Master& m : masters_) {
+    if (m.value.defined()) n += int64_t(m.value.nbytes());
+  }
+  return n;
 }
 
 const Tensor& Optimizer::master(size_t i) const {
@@ -496,6 +519,13 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
       MT_CHECK(found[i][n], "optimizer state 'state.", i, ".", n == 0 ? "step" : names[n - 1],
                "' is missing (the other state of parameter ", i, " is there)");
     }
+  }
+  // A sharded optimizer (set_owned) keeps the entries of the parameters it owns.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owns(i)) continue;
+    fresh[i].tensors.clear();
+    counts[i] = 0;
+    masters[i] = Tensor();
   }
   state_ = std::move(fresh);
   counts.back() = step;

@@ -62,7 +62,8 @@ namespace mantissa::train {
   _(progress)                     \
   _(distributed)                  \
   _(bucket_mb)                    \
-  _(grad_comm)
+  _(grad_comm)                    \
+  _(zero)
 // clang-format on
 
 std::string TrainConfig::to_json() const {
@@ -189,6 +190,11 @@ void TrainConfig::validate() const {
            "'; use fp32, bf16 or fp16 (the dtype gradients travel in between ranks)");
   MT_CHECK(distributed || grad_comm == "fp32",
            "--grad-comm applies to data-parallel runs: add --distributed (under mpirun)");
+  MT_CHECK(zero == 0 || zero == 1, "--zero ", zero,
+           " is not there; use 0 (every rank keeps the whole optimizer state) or 1 (sharded)");
+  MT_CHECK(distributed || zero == 0,
+           "--zero shards the optimizer state across data-parallel ranks: add --distributed "
+           "(under mpirun)");
   if (loss_scale != "dynamic") {
     char* end = nullptr;
     const double v = std::strtod(loss_scale.c_str(), &end);

@@ -327,7 +327,10 @@ void Trainer::build() {
     o.grad_comm = config_.grad_comm == "bf16"   ? DType::BF16
                   : config_.grad_comm == "fp16" ? DType::F16
                                                 : DType::F32;
+    o.zero_stage = config_.zero;
     ddp_ = std::make_unique<dist::DistributedDataParallel>(*model_, comm_, o);
+    // ZeRO-1: this rank's optimizer keeps state for, and updates, its own share.
+    if (config_.zero == 1) optimizer_->set_owned(ddp_->owned_mask(optimizer_->params()));
     // The averaged gradients carry an inf from any rank to all; the flag's all-reduce makes the
     // skip the same everywhere whatever a rank sees alone (one 4-byte collective a step, fp16).
     if (scaler().options().mode != amp::ScaleMode::Disabled) {
@@ -412,10 +415,14 @@ int64_t Trainer::batches_per_epoch() const {
 }
 
 void Trainer::save(const std::string& path) const {
+  // ZeRO-1: the optimizer's state is spread over the ranks; every rank sends its share to rank 0,
+  // which writes the whole of it, as an unsharded run would.
+  NamedTensors opt_state = optimizer_->state_dict();
+  if (ddp_ && ddp_->zero_stage() == 1) opt_state = dist::gather_state_dict(opt_state, *comm_);
+  if (rank() != 0) return;
   TrainState s = state_;
   s.generator = generator_state();
-  save_checkpoint(path, config_, s, model_->state_dict(), optimizer_->state_dict(),
-                  amp_->scaler().state_dict());
+  save_checkpoint(path, config_, s, model_->state_dict(), opt_state, amp_->scaler().state_dict());
 }
 
 Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skipped) {
@@ -473,12 +480,15 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   if (ddp_) ddp_->finish_gradients();
   if (config_.clip_grad_norm > 0) {
     sc.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
-    optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm);
+    // ZeRO-1: each rank holds its own share of the gradients; the norm is over all ranks'.
+    optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm, 2.0,
+                          ddp_ ? ddp_->norm_combiner() : optim::NormCombiner{});
   }
   const amp::StepResult stepped = sc.step(*optimizer_);
   // On a GPU the answer is read back with the losses (read_back), not here: no wait per step.
   *skipped = !sc.on_device() && stepped.skipped();
   sc.update();
+  if (ddp_) ddp_->all_gather_parameters();  // ZeRO-1: every owner's update to every rank
   ++state_.step;
   return loss.detach().to(DType::F32);
 }
@@ -747,13 +757,22 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     }
     if (rank() == 0) progress.end_epoch(line);
     result.epochs.push_back(er);
-    if (!config_.checkpoint_path.empty() && rank() == 0) save(config_.checkpoint_path);
+    if (!config_.checkpoint_path.empty()) save(config_.checkpoint_path);  // rank 0 writes
   }
   result.train_seconds = state_.train_seconds;
   result.steps = state_.step;
   result.loss_scale = scaler().get_scale();
   result.underflow = underflow_;
   result.peak_memory_bytes = memory_stats(device_).peak_bytes;
+  result.optimizer_state_bytes = optimizer_->state_nbytes();
+  if (comm_) {
+    // Per rank, the largest: what a machine must hold for one rank.
+    Tensor most = Tensor::from_vector(
+        std::vector<int64_t>{result.peak_memory_bytes, result.optimizer_state_bytes}, {2});
+    comm_->all_reduce(most, dist::ReduceOp::Max);
+    result.peak_memory_bytes = most.to_vector<int64_t>()[0];
+    result.optimizer_state_bytes = most.to_vector<int64_t>()[1];
+  }
   result.dataset_bytes = dataset_bytes_;
   if (metrics_->enabled()) {
     auto j = record("summary");
@@ -770,6 +789,7 @@ std::string Trainer::summary_json(const TrainResult& result) const {
   if (language_model_) j["val_perplexity"] = result.test.perplexity();
   j["train_seconds"] = result.train_seconds;
   j["peak_memory_bytes"] = result.peak_memory_bytes;
+  j["optimizer_state_bytes"] = result.optimizer_state_bytes;
   j["dataset_bytes"] = result.dataset_bytes;
   j["steps"] = result.steps;
   j["skipped_steps"] = result.skipped_steps;
@@ -795,6 +815,7 @@ std::string Trainer::summary_json(const TrainResult& result) const {
     const dist::DdpStepStats& total = ddp_->totals();
     j["world_size"] = world_size();
     j["grad_comm"] = config_.grad_comm;
+    j["zero"] = config_.zero;
     j["comm"] = {{"steps", ddp_->steps()},
                  {"buckets", last.buckets},
                  {"bytes_per_step", last.bytes},

@@ -2,13 +2,16 @@
 """`mpirun -n 2 mantissa train --distributed` as a user runs it, on this machine's real mpirun:
 one result line (rank 0's), one metrics file with the world size, a checkpoint that resumes in
 one process; ranks started with different configurations refuse to train; a rank killed with
-SIGKILL makes the job stop, non-zero, within 30 s, with a message naming the rank.
+SIGKILL makes the job stop, non-zero, within 30 s, with a message naming the rank. With --zero 1
+(ZeRO-1) the checkpoint holds the same tensors as without, bit for bit, the optimizer state per
+rank is smaller, and a sharded run resumes to the same result as an unsharded one.
 
   distributed_cli_test.py MANTISSA MPIRUN [MPIRUN_FLAGS...]
 """
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,15 @@ def mpirun(*ranks, timeout=240):
         cmd += ([":"] if i else []) + ["-n", "1", BIN, *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
     return p.returncode, p.stdout, p.stderr
+
+
+def tensors(path):
+    """A safetensors file's tensors as raw bytes, by name (the metadata left out)."""
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
 
 
 small = ["train", "--data", "synthetic", "--synthetic-size", "2048", "--model", "mlp",
@@ -60,6 +72,44 @@ with tempfile.TemporaryDirectory() as tmp:
                         "--no-progress"], capture_output=True, text=True, env=ENV, timeout=240)
     check(p.returncode == 0 and json.loads(p.stdout).get("steps", 0) > 32,
           f"a 2-rank checkpoint resumes on 1 rank ({p.returncode}): {p.stderr[-500:]}")
+
+    # ZeRO-1: AdamW with fp32 masters (bf16 O2), the state sharded; everything else as without.
+    results, ckpts = {}, {}
+    for zero in ("0", "1"):
+        ckpts[zero] = os.path.join(tmp, f"zero{zero}.safetensors")
+        zargs = small + ["--optimizer", "adamw", "--lr", "1e-3", "--precision", "bf16",
+                         "--opt-level", "O2", "--epochs", "1", "--json", "--zero", zero,
+                         "--checkpoint", ckpts[zero]]
+        rc, out, err = mpirun(zargs, zargs)
+        check(rc == 0, f"2 ranks train with --zero {zero} ({rc}): {err[-800:]}")
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        results[zero] = json.loads(lines[0]) if lines else {}
+    if results["0"] and results["1"]:
+        check(results["1"]["test_loss"] == results["0"]["test_loss"],
+              f"ZeRO-1 trains as plain data parallel: {results['1']['test_loss']} vs "
+              f"{results['0']['test_loss']}")
+        s0, s1 = results["0"]["optimizer_state_bytes"], results["1"]["optimizer_state_bytes"]
+        check(s1 < s0, f"ZeRO-1 holds less optimizer state per rank: {s1} vs {s0}")
+        print(f"mlp bf16 O2 AdamW, 2 ranks: optimizer state per rank {s0} B -> {s1} B (ZeRO-1)")
+    if all(os.path.exists(c) for c in ckpts.values()):
+        t0, t1 = tensors(ckpts["0"]), tensors(ckpts["1"])
+        check(list(t0) == list(t1) and all(t0[k] == t1[k] for k in t0),
+              "a ZeRO-1 checkpoint holds the unsharded run's tensors, bit for bit")
+        # Resumed, sharded or not, from either checkpoint: the same run.
+        finals = []
+        for zero, ck in (("0", ckpts["0"]), ("1", ckpts["1"])):
+            rargs = ["train", "--resume", ck, "--epochs", "2", "--json", "--no-progress",
+                     "--distributed", "--zero", zero, "--threads", "1", "--workers", "0"]
+            rc, out, err = mpirun(rargs, rargs)
+            check(rc == 0, f"resume with --zero {zero} ({rc}): {err[-500:]}")
+            lines = [l for l in out.splitlines() if l.startswith("{")]
+            finals.append(json.loads(lines[0]).get("test_loss") if lines else None)
+        check(finals[0] is not None and finals[0] == finals[1],
+              f"resumed with and without ZeRO-1: the same result {finals}")
+    p = subprocess.run([BIN, *small[:-1], "--steps", "2", "--zero", "1"], capture_output=True,
+                       text=True, env=ENV, timeout=60)
+    check(p.returncode != 0 and "--zero" in p.stderr and "--distributed" in p.stderr,
+          f"--zero without --distributed is refused, naming both ({p.returncode}): {p.stderr!r}")
 
     # Ranks started differently refuse, naming why.
     rc, out, err = mpirun(small + ["--steps", "5", "--lr", "0.1"],

@@ -4,6 +4,7 @@
 // under mpirun (tests/dist/mpi_ranks_test.cpp, CTest dist_mpi_2ranks).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "mantissa/dist/ddp.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
+#include "mantissa/optim/optimizer.h"
 #include "mantissa/tensor/ops.h"
 #include "mantissa/train/config.h"
 
@@ -63,6 +65,18 @@ TEST(Communicator, JobsRunInSubmitOrderAndRethrow) {
   comm->all_reduce(t, dist::ReduceOp::Sum);  // one rank: the sum is itself
   EXPECT_EQ(values(t), (std::vector<float>{1.5f, -2}));
   EXPECT_THROW(comm->broadcast(t, 1), Error);
+  // The segment collectives of one rank: its segment is the whole.
+  Tensor out = Tensor::zeros({2});
+  const std::vector<int64_t> two = {2};
+  comm->reduce_scatter(t, out, two);
+  EXPECT_EQ(values(out), (std::vector<float>{1.5f, -2}));
+  comm->all_gather(t, two);
+  Tensor all = Tensor::zeros({2});
+  comm->gather(t, all, two, 0);
+  EXPECT_EQ(values(all), (std::vector<float>{1.5f, -2}));
+  const std::vector<int64_t> wrong = {3}, many = {1, 1};
+  EXPECT_THROW(comm->reduce_scatter(t, out, wrong), Error);
+  EXPECT_THROW(comm->all_gather(t, many), Error);
 }
 
 // A small MLP's gradients for a fixed batch, with and without DDP.
@@ -166,6 +180,74 @@ TEST(DistributedDataParallel, ParametersWithoutAGradientCountAsZeros) {
       EXPECT_EQ(v, 0.0f);
 }
 
+TEST(Zero, PartitionIsGreedyLargestFirstAndTheSameEverywhere) {
+  std::vector<Tensor> params;
+  for (const int64_t n : {10, 70, 20, 30, 30, 5})
+    params.push_back(Tensor::zeros({n}));
+  // 70 -> 0; 30 -> 1; 30 -> 1 (30 < 70); 20 -> 1 (60 < 70); 10 -> 0 (70 < 80); 5 -> 0 (a tie
+  // at 80: the lower rank).
+  EXPECT_EQ(dist::zero_partition(params, 2), (std::vector<int>{0, 0, 1, 1, 1, 0}));
+  EXPECT_EQ(dist::zero_partition(params, 1), (std::vector<int>(6, 0)));
+  // More ranks than parameters: some own nothing.
+  const std::vector<int> eight = dist::zero_partition(params, 8);
+  EXPECT_EQ(eight, (std::vector<int>{4, 0, 3, 1, 2, 5}));
+  // Balanced to within the largest parameter on a real model.
+  auto model = nn::make_model("resnet", {.seed = 1});
+  const std::vector<Tensor> rp = model->parameters();
+  for (const int world : {2, 3, 4}) {
+    const std::vector<int> owner = dist::zero_partition(rp, world);
+    std::vector<int64_t> load(size_t(world), 0);
+    int64_t largest = 0;
+    for (size_t k = 0; k < rp.size(); ++k) {
+      load[size_t(owner[k])] += rp[k].numel();
+      largest = std::max(largest, rp[k].numel());
+    }
+    const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    EXPECT_LE(*hi - *lo, largest) << world << " ranks";
+  }
+  EXPECT_THROW(dist::zero_partition(params, 0), Error);
+}
+
+TEST(Zero, OneRankOwnsEverythingAndStepsAsWithoutIt) {
+  MlpCase plain, wrapped;
+  optim::AdamW plain_opt(plain.model->parameters(), {.lr = 0.01});
+  optim::AdamW opt(wrapped.model->parameters(), {.lr = 0.01});
+  dist::DistributedDataParallel ddp(*wrapped.model, dist::single_process(),
+                                    {.bucket_mb = 0.25, .zero_stage = 1});
+  opt.set_owned(ddp.owned_mask(opt.params()));
+  for (int step = 0; step < 3; ++step) {
+    plain_opt.zero_grad();
+    plain.backward();
+    plain_opt.step();
+    opt.zero_grad();
+    wrapped.backward();
+    ddp.finish_gradients();
+    opt.step();
+    ddp.all_gather_parameters();
+  }
+  EXPECT_EQ(ddp.zero_stage(), 1);
+  EXPECT_FALSE(ddp.norm_combiner() == nullptr);
+  EXPECT_EQ(plain.grads(), wrapped.grads());
+  const std::vector<Tensor> pp = plain.model->parameters(), wp = wrapped.model->parameters();
+  for (size_t i = 0; i < pp.size(); ++i)
+    EXPECT_EQ(values(wp[i]), values(pp[i])) << i;
+  EXPECT_EQ(opt.state_nbytes(), plain_opt.state_nbytes());
+  // The checkpoint's state is what the unsharded optimizer writes.
+  const NamedTensors gathered = dist::gather_state_dict(opt.state_dict(), ddp.communicator());
+  const NamedTensors expected = plain_opt.state_dict();
+  ASSERT_EQ(gathered.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(gathered[i].first, expected[i].first);
+    EXPECT_EQ(gathered[i].second.shape(), expected[i].second.shape()) << expected[i].first;
+    EXPECT_EQ(gathered[i].second.dtype(), expected[i].second.dtype()) << expected[i].first;
+    EXPECT_EQ(values(gathered[i].second), values(expected[i].second)) << expected[i].first;
+  }
+  // A parameter the model does not have cannot be owned.
+  Tensor stranger = Tensor::zeros({3});
+  stranger.set_requires_grad();
+  EXPECT_THROW(ddp.owned_mask({stranger}), Error);
+}
+
 TEST(DistributedDataParallel, MistakesAreNamed) {
   MlpCase s;
   EXPECT_THROW(
@@ -180,6 +262,15 @@ TEST(DistributedDataParallel, MistakesAreNamed) {
   EXPECT_NO_THROW(c.validate());
   c.grad_comm = "fp8";
   EXPECT_THROW(c.validate(), Error);
+  c.grad_comm = "fp32";
+  c.zero = 2;
+  EXPECT_THROW(c.validate(), Error);  // no ZeRO-2 here
+  c.zero = 1;
+  EXPECT_NO_THROW(c.validate());
+  c.distributed = false;
+  EXPECT_THROW(c.validate(), Error);  // --zero without --distributed
+  EXPECT_THROW(dist::DistributedDataParallel(*s.model, dist::single_process(), {.zero_stage = 2}),
+               Error);
   if (!dist::mpi_built()) {
     try {
       dist::mpi_world();

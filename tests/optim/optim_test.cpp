@@ -758,6 +758,112 @@ TEST(Clip, EdgeCases) {
   EXPECT_TRUE(std::isnan(a.grad().to_vector<double>()[0]));
 }
 
+// A sharded run's clipping: each "rank" holds part of the gradients, the combiner adds the other
+// part's partial norm, and the result is the norm of all of them, the clipping the same.
+TEST(Clip, ACombinerMakesAPartialNormGlobal) {
+  const Case s{{{300, 100}, {2000}, {777}, {5}}, {DType::F32, DType::BF16, DType::F32, DType::F16}};
+  std::vector<Tensor> all = make_params(s);
+  set_grads(s, all, 4);
+  const std::vector<Tensor> mine = {all[0], all[2]}, theirs = {all[1], all[3]};
+  for (const double p : {2.0, 1.0, double(INFINITY)}) {
+    SCOPED_TRACE(p);
+    int calls = 0;
+    const NormCombiner add_theirs = [&](Tensor& partial, bool max) {
+      ++calls;
+      EXPECT_EQ(max, std::isinf(p));
+      const double other = grad_norm(theirs, p).item();
+      const double mine_part = partial.item();
+      partial.fill_(max ? std::max(mine_part, other) : mine_part + std::pow(other, p));
+    };
+    const double whole = grad_norm(all, p).item();
+    EXPECT_NEAR(grad_norm(mine, p, add_theirs).item(), whole, 1e-12 * whole);
+    EXPECT_EQ(calls, 1);
+  }
+  // Clipping scales my part by the global factor, as clipping everything does.
+  std::vector<Tensor> copy = make_params(s);
+  set_grads(s, copy, 4);
+  const NormCombiner add_theirs = [&](Tensor& partial, bool) {
+    partial.fill_(partial.item() + std::pow(grad_norm(theirs).item(), 2.0));
+  };
+  const double total = clip_grad_norm(mine, 0.5, 2.0, add_theirs).item();
+  EXPECT_NEAR(total, clip_grad_norm(copy, 0.5).item(), 1e-12 * total);
+  for (const size_t i : {size_t(0), size_t(2)}) {
+    const std::vector<float> a = all[i].grad().to_vector<float>(),
+                             b = copy[i].grad().to_vector<float>();
+    for (size_t j = 0; j < a.size(); ++j)
+      ASSERT_NEAR(a[j], b[j], 2e-7 * std::fabs(b[j])) << "parameter " << i << "[" << j << "]";
+  }
+  // A rank without gradients still takes part (the combiner is a collective).
+  int calls = 0;
+  Tensor none = Tensor::zeros({3});
+  EXPECT_EQ(clip_grad_norm({none}, 1.0, 2.0,
+                           [&](Tensor& partial, bool) {
+                             ++calls;
+                             partial.fill_(16.0);
+                           })
+                .item(),
+            4.0);
+  EXPECT_EQ(calls, 1);
+}
+
+// ---- sharding (ZeRO-1) -------------------------------------------------------------------------
+
+TEST(Sharding, OnlyOwnedParametersAreUpdatedAndKeepState) {
+  const Case s{{{40, 3}, {17}, {9, 2}}, {DType::BF16, DType::BF16, DType::F16}};
+  std::vector<Tensor> full_p = make_params(s), shard_p = make_params(s);
+  AdamW full(full_p, {.lr = 0.01}), shard(shard_p, {.lr = 0.01});
+  full.set_master_weights(true);
+  shard.set_master_weights(true);
+  const int64_t full_bytes = full.state_nbytes();
+  shard.set_owned({true, false, true});
+  EXPECT_FALSE(shard.owns(1));
+  EXPECT_TRUE(shard.master(0).defined() && shard.master(2).defined());
+  EXPECT_FALSE(shard.master(1).defined());
+  // fp32 masters of every half parameter, and of the owned ones.
+  EXPECT_EQ(full_bytes, (120 + 17 + 18) * 4);
+  EXPECT_EQ(shard.state_nbytes(), (120 + 18) * 4);
+  const std::vector<float> frozen = shard_p[1].to_vector<float>();
+  for (int step = 0; step < 3; ++step) {
+    set_grads(s, full_p, 10 + step);
+    set_grads(s, shard_p, 10 + step);  // parameter 1 has a gradient but is not owned
+    full.step();
+    shard.step();
+  }
+  EXPECT_EQ(shard_p[1].to_vector<float>(), frozen);
+  for (const size_t i : {size_t(0), size_t(2)})
+    EXPECT_EQ(shard_p[i].to_vector<float>(), full_p[i].to_vector<float>()) << i;
+  // State: moments and masters of parameters 0 and 2 only.
+  EXPECT_EQ(shard.state_nbytes(), (120 + 18) * 4 * 3);
+  EXPECT_EQ(full.state_nbytes(), (120 + 17 + 18) * 4 * 3);
+  EXPECT_EQ(shard.updates(1), 0);
+  EXPECT_EQ(shard.step_count(), 3);
+  NamedTensors owned_only;
+  for (auto& [k, t] : full.state_dict()) {
+    if (k.find(".1.") == std::string::npos && k != "master.1") owned_only.emplace_back(k, t);
+  }
+  const NamedTensors sd = shard.state_dict();
+  ASSERT_EQ(sd.size(), owned_only.size());
+  for (size_t i = 0; i < sd.size(); ++i) {
+    EXPECT_EQ(sd[i].first, owned_only[i].first);
+    EXPECT_EQ(sd[i].second.to_vector<float>(), owned_only[i].second.to_vector<float>())
+        << sd[i].first;
+  }
+  // A whole optimizer's dict loads into a sharded one, which keeps its own share.
+  std::vector<Tensor> other_p = make_params(s);
+  AdamW other(other_p, {.lr = 0.01});
+  other.set_master_weights(true);
+  other.set_owned({false, true, false});
+  other.load_state_dict(full.state_dict());
+  EXPECT_EQ(other.updates(1), 3);
+  EXPECT_EQ(other.updates(0), 0);
+  EXPECT_FALSE(other.master(0).defined());
+  EXPECT_EQ(other.state_nbytes(), 17 * 4 * 3);
+  EXPECT_THROW(other.set_owned({true}), Error);
+  // Owning everything again: the dropped state starts afresh at the next update.
+  shard.set_owned({});
+  EXPECT_TRUE(shard.owns(1));
+}
+
 // ---- schedules ---------------------------------------------------------------------------------
 
 TEST(Schedule, Constant) {

@@ -205,6 +205,10 @@ Command add_train_command(CLI::App& app) {
                   "--distributed: fp32, bf16 or fp16, the dtype gradients travel in (divided by "
                   "the world size first; applied in fp32)")
       ->capture_default_str();
+  cmd->add_option("--zero", c.zero,
+                  "--distributed: 1 shards the optimizer state (moments, fp32 masters) across "
+                  "the ranks, ZeRO-1; 0 keeps it whole on every rank")
+      ->capture_default_str();
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
   cmd->add_flag("--json", args->json, "Print the final result as JSON");
   return [args, cmd] {
@@ -247,6 +251,8 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--bucket-mb")) merged.bucket_mb = config.bucket_mb;
       if (cmd->count("--grad-comm")) merged.grad_comm = config.grad_comm;
       if (!merged.distributed) merged.grad_comm = "fp32";
+      // Checkpoints hold the whole optimizer state, sharded or not.
+      merged.zero = merged.distributed ? config.zero : 0;
       merged.progress = config.progress;
       config = merged;
     }

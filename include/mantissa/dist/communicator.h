@@ -16,6 +16,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "mantissa/tensor/tensor.h"
@@ -39,6 +40,19 @@ class Communicator {
   void all_reduce(Tensor& t, ReduceOp op);
   // Root's values into t on every rank.
   void broadcast(Tensor& t, int root);
+  // The sum over the ranks of `in` (counts[0] + ... + counts[N-1] elements, the same on every
+  // rank), of which this rank keeps its segment: `out` (counts[rank] elements) receives elements
+  // counts[0] + ... + counts[rank-1] onwards. What ZeRO-1 does with gradients: each rank gets
+  // the mean of the part it updates. Dtypes and the half-precision sums as all_reduce's Sum.
+  void reduce_scatter(const Tensor& in, Tensor& out, std::span<const int64_t> counts);
+  // In place: segment r of t (counts[r] elements at counts[0] + ... + counts[r-1]) is rank r's
+  // on every rank afterwards; each rank's own segment is what it contributes. Any dtype, bit
+  // for bit. What ZeRO-1 does with the updated parameters.
+  void all_gather(Tensor& t, std::span<const int64_t> counts);
+  // Every rank's `mine` (counts[rank] elements) into `all` on `root` only, segment r from rank
+  // r (counts[0] + ... elements; other ranks may pass an undefined `all`). Any dtype, bit for
+  // bit: how a ZeRO-1 checkpoint collects the sharded optimizer state on rank 0.
+  void gather(const Tensor& mine, Tensor& all, std::span<const int64_t> counts, int root);
   void barrier();
 
   // Runs `job` on the communicator's thread after every job submitted before it; the future
@@ -49,12 +63,21 @@ class Communicator {
   // before any submit).
   virtual void all_reduce_now(Tensor& t, ReduceOp op) = 0;
   virtual void broadcast_now(Tensor& t, int root) = 0;
+  virtual void reduce_scatter_now(const Tensor& in, Tensor& out,
+                                  std::span<const int64_t> counts) = 0;
+  virtual void all_gather_now(Tensor& t, std::span<const int64_t> counts) = 0;
+  virtual void gather_now(const Tensor& mine, Tensor& all, std::span<const int64_t> counts,
+                          int root) = 0;
   virtual void barrier_now() = 0;
 
  protected:
   Communicator();
   // Stops the thread after the jobs already submitted; derived destructors call it first.
   void stop_worker();
+  // The arguments of a reduce_scatter / all_gather checked (one count per rank, none negative,
+  // sizes matching, contiguous): a mantissa::Error naming what is wrong.
+  void check_segments(const char* what, std::span<const int64_t> counts, const Tensor& whole,
+                      const Tensor* part) const;
 
  private:
   struct Worker;

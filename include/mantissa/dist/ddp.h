@@ -30,6 +30,23 @@
 // reaches every rank through the sum, so every rank's loss scaler skips the same step and backs
 // off the same way. Clipping after finish_gradients() sees the same gradients everywhere, so a
 // rank's norm is the global norm.
+//
+// ZeRO-1 (zero_stage = 1; DeepSpeed's stage 1, PyTorch's ZeroRedundancyOptimizer): the optimizer
+// state — moments and fp32 masters, 8 to 12 bytes per parameter against the 2 to 4 of the
+// parameter itself — is sharded, each parameter owned by one rank (zero_partition: greedy by
+// size, as PyTorch's). Inside each bucket the parameters are grouped by owner, and the bucket is
+// reduce-scattered instead of all-reduced (half the traffic): each rank receives the mean
+// gradients of the parameters it owns, and the others' gradients are dropped. The optimizer,
+// told what it owns (Optimizer::set_owned, with owned_mask()), updates those alone and keeps
+// state for those alone; all_gather_parameters() then sends every owner's updated parameters
+// to every rank, bucket by bucket. Clipping needs the norm over all ranks (norm_combiner());
+// the loss scaler's overflow flag must be all-reduced (GradScaler::set_overflow_reducer), since
+// each rank now sees only its own gradients.
+//
+//   DistributedDataParallel ddp(*model, world, {.zero_stage = 1});
+//   opt.set_owned(ddp.owned_mask(opt.params()));
+//   ... backward; ddp.finish_gradients(); scaler.step(opt); scaler.update();
+//   ddp.all_gather_parameters();
 #pragma once
 
 #include <cstdint>
@@ -39,13 +56,27 @@
 
 #include "mantissa/dist/communicator.h"
 #include "mantissa/nn/module.h"
+#include "mantissa/optim/clip.h"
 
 namespace mantissa::dist {
 
 struct DdpOptions {
   double bucket_mb = 25;         // PyTorch's bucket_cap_mb; a parameter larger than it is alone
   DType grad_comm = DType::F32;  // F32, BF16 or F16
+  int zero_stage = 0;            // 0: every rank gets every mean gradient; 1: ZeRO-1 (above)
 };
+
+// ZeRO's partition of `params` over `world_size` ranks: the owner of each, assigned largest
+// first (ties in order) to the rank that owns the fewest elements so far (lowest rank on ties):
+// PyTorch ZeroRedundancyOptimizer's greedy rule. The same on every rank.
+std::vector<int> zero_partition(const std::vector<Tensor>& params, int world_size);
+
+// A ZeRO-1 checkpoint's optimizer state: every rank's Optimizer::state_dict() (its owned
+// parameters' "state.<i>.*" and "master.<i>" entries) merged on `root` into the dict an unsharded
+// optimizer writes — root's "step", "lr" and "group.<g>.lr", then every parameter's state by
+// index, then the masters by index — so the checkpoint loads at any world size, sharded or not.
+// Other ranks get an empty dict. Every rank calls it (one gather of the packed bytes).
+NamedTensors gather_state_dict(const NamedTensors& mine, Communicator& comm, int root = 0);
 
 // What the last finish_gradients() measured.
 struct DdpStepStats {
@@ -83,8 +114,25 @@ class DistributedDataParallel {
   // accumulated step (their gradients add up locally), true (the default) on its last one.
   void set_require_sync(bool on) { require_sync_ = on; }
   bool require_sync() const { return require_sync_; }
-  // Waits for every bucket; afterwards each parameter's .grad is the mean over the ranks.
+  // Waits for every bucket; afterwards each parameter's .grad is the mean over the ranks (ZeRO-1:
+  // of the parameters this rank owns; the others' gradients are dropped).
   void finish_gradients();
+
+  // ---- ZeRO-1 --------------------------------------------------------------------------------
+  int zero_stage() const { return options_.zero_stage; }
+  // The rank that updates model parameter k (its index in model.parameters()); this rank for
+  // every parameter without ZeRO.
+  int owner(size_t k) const { return owner_[k]; }
+  // For an optimizer over (some of) the model's parameters, in its order: whether this rank owns
+  // each one (Optimizer::set_owned's argument). A parameter not of the model is refused.
+  std::vector<bool> owned_mask(const std::vector<Tensor>& optimizer_params) const;
+  // After the optimizer step: every parameter receives its owner's values (bit for bit), one
+  // collective per bucket. Nothing to do without ZeRO (every rank took the same step).
+  void all_gather_parameters();
+  // What clip_grad_norm / grad_norm need to make a rank's partial norm global: an all-reduce
+  // over the ranks (sum, or max for the inf-norm). Unset without ZeRO (every rank has every
+  // gradient, so its norm is already the global one).
+  optim::NormCombiner norm_combiner() const;
 
   const DdpStepStats& last_step() const { return stats_; }
   // Summed over every finish_gradients() so far, and their number.
@@ -106,7 +154,13 @@ class DistributedDataParallel {
   std::vector<int> hooks_;
   std::vector<std::vector<size_t>> buckets_;
   std::vector<size_t> bucket_of_;
-  std::vector<Tensor> flat_;      // each bucket's buffer, in grad_comm
+  std::vector<Tensor> flat_;  // each bucket's buffer, in grad_comm
+  std::vector<int> owner_;    // of each parameter
+  // ZeRO-1: each bucket's elements per owner (its parameters are grouped by owner), this rank's
+  // segment of the reduced sum, and the parameters' bytes per owner.
+  std::vector<std::vector<int64_t>> segment_counts_, segment_bytes_;
+  std::vector<Tensor> shard_;
+  Tensor param_bytes_;            // all_gather_parameters' buffer, for the largest bucket
   Tensor buffer_bytes_;           // the model's buffers, packed for one broadcast
   std::vector<int64_t> pending_;  // parameters of each bucket still without a gradient
   std::vector<bool> marked_;      // parameters whose gradient this step has counted

@@ -124,6 +124,19 @@ class Optimizer {
   // for SGD with momentum; "exp_avg", "exp_avg_sq").
   virtual std::vector<std::string> state_names(size_t group = 0) const = 0;
 
+  // ---- sharding (ZeRO-1) ---------------------------------------------------------------------
+  // Which parameters this optimizer updates: owned[i] for parameter i (an empty vector: all of
+  // them, the default). A parameter it does not own is never stepped, even with a gradient, and
+  // keeps no state and no master: ZeRO-1's memory saving, where each rank of a data-parallel run
+  // owns a share of the parameters, updates it, and sends the result to the others
+  // (dist::DistributedDataParallel with zero_stage 1). Setting it drops the state and masters of
+  // the parameters not owned. state_dict() then holds the owned parameters' entries (and "step",
+  // "lr", ...), and load_state_dict() takes a whole optimizer's dict and keeps what it owns.
+  void set_owned(std::vector<bool> owned);
+  bool owns(size_t i) const { return owned_.empty() || owned_[i]; }
+  // Bytes of state this optimizer holds: its state tensors and fp32 masters.
+  int64_t state_nbytes() const;
+
   // ---- mixed precision -----------------------------------------------------------------------
   // On: copies every parameter not stored in f64 into an fp32 master now (call it while the
   // parameters still hold their fp32 values, i.e. before casting the model, as
@@ -196,6 +209,7 @@ class Optimizer {
   std::vector<Group> groups_;
   std::vector<std::vector<Tensor>> group_params_;
   std::vector<ParamState> state_;
+  std::vector<bool> owned_;  // set_owned(); empty: all
   // I64 (params + 1), on the parameters' device: the updates of each parameter so far, then
   // the optimizer's completed steps.
   Tensor step_counts_;

@@ -95,10 +95,13 @@ struct TrainConfig {
   // rank trains on its shard of each epoch with batch_size examples a step (N * batch_size in
   // all), gradients averaged over the ranks in buckets of bucket_mb that travel in grad_comm
   // (fp32 | bf16 | fp16) while backward runs; rank 0 alone prints, writes metrics and
-  // checkpoints.
+  // checkpoints. zero = 1 shards the optimizer state (ZeRO-1): each rank keeps the moments and
+  // fp32 masters of its share of the parameters, gradients are reduce-scattered and the updated
+  // parameters all-gathered; checkpoints hold the whole state, as without it.
   bool distributed = false;
   double bucket_mb = 25;
   std::string grad_comm = "fp32";
+  int zero = 0;
 
   // outputs
   std::string metrics_path;     // JSON lines; empty: none

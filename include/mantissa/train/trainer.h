@@ -58,11 +58,14 @@ struct TrainResult {
   EvalResult test;                  // the last evaluation
   double train_seconds = 0;         // all training time, resumed runs included
   int64_t steps = 0;
-  int64_t skipped_steps = 0;      // fp16: steps skipped for inf/NaN gradients (this run)
-  double loss_scale = 1;          // fp16: the scale at the end
-  int64_t peak_memory_bytes = 0;  // tensor bytes on the run's device, over this run
-  int64_t dataset_bytes = 0;      // of which the train and test sets (held as tensors)
-  UnderflowStats underflow;       // with TrainConfig::underflow_every
+  int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients (this run)
+  double loss_scale = 1;      // fp16: the scale at the end
+  // Tensor bytes on the run's device, over this run (data parallel: the largest rank's), and the
+  // optimizer's state (moments, fp32 masters) at the end (ZeRO-1 shares it out).
+  int64_t peak_memory_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t dataset_bytes = 0;  // of which the train and test sets (held as tensors)
+  UnderflowStats underflow;   // with TrainConfig::underflow_every
 };
 
 class Trainer {
@@ -97,7 +100,9 @@ class Trainer {
   // communication figures.
   const dist::DistributedDataParallel* ddp() const { return ddp_.get(); }
 
-  void save(const std::string& path) const;  // a checkpoint of the current state
+  // A checkpoint of the current state. Data parallel: every rank calls it (ZeRO-1 gathers the
+  // optimizer's shards), rank 0 writes.
+  void save(const std::string& path) const;
   // A run's result as one JSON object: what the metrics file's "summary" record holds (accuracy,
   // loss, time, peak memory, steps, skipped steps, loss scale, precision, opt level, underflow,
   // model, parameters, device).
