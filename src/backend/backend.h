@@ -77,8 +77,10 @@ struct Pool2dParams {
 //   f32) is what the update reads and writes, and the parameter then receives the updated
 //   master rounded to its own dtype. An undefined entry updates the parameter itself.
 // - the rounding of every store into a narrower parameter dtype: NearestEven, or Stochastic with
-//   element j of tensor i at its t-th update drawing random_bits(seed, t, (ids[i] << 40) + j):
-//   fresh bits at every update, and bits that depend neither on which other parameters have
+//   element j of tensor i at its t-th update drawing random_bits(seed, t, (ids[i] << 40) +
+//   element_offsets[i] + j) (offsets: 0 when empty; a tensor that is a slice of its parameter,
+//   as a ZeRO-1 shard, names where it starts so its bits are the whole parameter's): fresh bits
+//   at every update, and bits that depend neither on which other parameters have
 //   gradients nor on skipped steps. Stores into f32/f64 parameters are exact: the rounding mode
 //   does not apply to them.
 // - the loss scaler's device-side skip: `found_inf`, when given, is a one-element F32 tensor on
@@ -87,8 +89,9 @@ struct Pool2dParams {
 // check_step_call (multi_tensor_check.cpp) is the one validation of these arguments, shared by
 // every backend.
 struct MultiTensorOptions {
-  std::span<const uint64_t> ids;  // one per parameter: its index in the optimizer
-  Tensor* step_counts = nullptr;  // I64 (parameters of the optimizer), on this device
+  std::span<const uint64_t> ids;              // one per parameter: its index in the optimizer
+  std::span<const uint64_t> element_offsets;  // empty, or one per parameter (above)
+  Tensor* step_counts = nullptr;              // I64 (parameters of the optimizer), on this device
   std::span<Tensor> masters;
   RoundingMode store_rounding = RoundingMode::NearestEven;  // NearestEven | Stochastic
   uint64_t seed = 0;

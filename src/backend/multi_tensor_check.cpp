@@ -36,6 +36,8 @@ void check_step_call(const char* kernel, Device device, std::span<const Tensor> 
             ": one gradient and one id per parameter");
   MT_ASSERT(o.masters.empty() || o.masters.size() == params.size(), kernel,
             ": one master entry per parameter");
+  MT_ASSERT(o.element_offsets.empty() || o.element_offsets.size() == params.size(), kernel,
+            ": one element offset per parameter");
   MT_ASSERT(o.step_counts != nullptr, kernel, ": no step counts");
   const Tensor& counts = *o.step_counts;
   MT_ASSERT(counts.dtype() == DType::I64 && counts.dim() == 1 && counts.is_contiguous() &&

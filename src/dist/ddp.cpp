@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <unordered_map>
 
+#include "dist/zero_state.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
@@ -22,21 +24,10 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-std::vector<int> zero_partition(const std::vector<Tensor>& params, int world_size) {
-  MT_CHECK(world_size >= 1, "zero_partition: world_size must be >= 1, got ", world_size);
-  std::vector<size_t> order(params.size());
-  for (size_t k = 0; k < order.size(); ++k)
-    order[k] = k;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
-  std::vector<int64_t> load(size_t(world_size), 0);
-  std::vector<int> owner(params.size(), 0);
-  for (const size_t k : order) {
-    const auto r = size_t(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[k] = int(r);
-    load[r] += params[k].numel();
-  }
-  return owner;
+optim::ElementRange zero_segment(int64_t n, int rank, int world_size) {
+  MT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "zero_segment: rank ", rank,
+           " of a world of ", world_size);
+  return {n * rank / world_size, n * (rank + 1) / world_size};
 }
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& model,
@@ -81,31 +72,40 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   }
   const Device device = params_.empty() ? Device::cpu() : params_[0].device();
   const int world = comm_->world_size();
-  owner_ = options_.zero_stage == 1 ? zero_partition(params_, world)
-                                    : std::vector<int>(params_.size(), comm_->rank());
+  const bool zero = options_.zero_stage == 1;
+  if (zero) ranges_.assign(size_t(world), std::vector<optim::ElementRange>(params_.size()));
+  offset_.assign(params_.size(), 0);
   int64_t largest = 0;
-  for (auto& bucket : buckets_) {
-    int64_t n = 0;
-    for (size_t k : bucket)
-      n += params_[k].numel();
-    flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
-    if (options_.zero_stage == 0) continue;
-    // Grouped by owner: rank r's parameters are segment r of the reduce-scatter.
-    std::stable_sort(bucket.begin(), bucket.end(),
-                     [&](size_t a, size_t b) { return owner_[a] < owner_[b]; });
-    std::vector<int64_t> counts(size_t(world), 0), seg_bytes(size_t(world), 0);
-    int64_t total = 0;
+  for (const auto& bucket : buckets_) {
+    int64_t n = 0, bytes_total = 0;
     for (size_t k : bucket) {
-      counts[size_t(owner_[k])] += params_[k].numel();
-      seg_bytes[size_t(owner_[k])] += int64_t(params_[k].nbytes());
-      total += int64_t(params_[k].nbytes());
+      offset_[k] = n;
+      n += params_[k].numel();
+      bytes_total += int64_t(params_[k].nbytes());
+    }
+    flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
+    if (!zero) continue;
+    // ZeRO-1: rank r owns elements zero_segment(n, r) of the bucket, whichever parameters they
+    // fall in; in bytes its parameters' values are one stretch of the bucket's too.
+    std::vector<int64_t> counts(size_t(world), 0), seg_bytes(size_t(world), 0);
+    for (int r = 0; r < world; ++r) {
+      const optim::ElementRange seg = zero_segment(n, r, world);
+      counts[size_t(r)] = seg.size();
+      for (size_t k : bucket) {
+        const int64_t lo = std::max(seg.begin, offset_[k]);
+        const int64_t hi = std::min(seg.end, offset_[k] + params_[k].numel());
+        if (lo >= hi) continue;
+        ranges_[size_t(r)][k] = {lo - offset_[k], hi - offset_[k]};
+        seg_bytes[size_t(r)] += (hi - lo) * int64_t(params_[k].element_size());
+      }
     }
     shard_.push_back(Tensor::zeros({counts[size_t(comm_->rank())]}, options_.grad_comm, device));
-    largest = std::max(largest, total);
+    segment_start_.push_back(zero_segment(n, comm_->rank(), world).begin);
+    largest = std::max(largest, bytes_total);
     segment_counts_.push_back(std::move(counts));
     segment_bytes_.push_back(std::move(seg_bytes));
   }
-  if (options_.zero_stage == 1) param_bytes_ = Tensor::empty({largest}, DType::U8, device);
+  if (zero) param_bytes_ = Tensor::empty({largest}, DType::U8, device);
   inflight_.resize(buckets_.size());
   comm_seconds_.assign(buckets_.size(), 0.0);
   start_step();
@@ -245,25 +245,38 @@ void DistributedDataParallel::finish_gradients() {
     comm_total += comm_seconds_[b];
     bytes += int64_t(flat_[b].nbytes());
     // The means: the whole bucket, or (ZeRO-1) this rank's segment of it.
-    const Tensor& means = options_.zero_stage == 1 ? shard_[b] : flat_[b];
-    int64_t off = 0;
+    const bool zero = options_.zero_stage == 1;
+    const Tensor& means = zero ? shard_[b] : flat_[b];
+    const int64_t first = zero ? segment_start_[b] : 0;
     for (size_t k : buckets_[b]) {
       Tensor& p = params_[k];
-      if (owner_[k] != comm_->rank()) {
-        p.set_grad(Tensor());  // another rank updates it: its sum went there
+      const int64_t n = p.numel();
+      const optim::ElementRange mine = owned_range(comm_->rank(), k);
+      if (mine.size() == 0) {
+        p.set_grad(Tensor());  // other ranks update it: its sums went there
         continue;
       }
-      const int64_t n = p.numel();
-      const Tensor mean = means.narrow(0, off, n).reshape(p.shape());
-      const Tensor g = p.grad();
+      const Tensor mean = means.narrow(0, offset_[k] + mine.begin - first, mine.size());
+      Tensor g = p.grad();
       const DType want = promote_types(g.defined() ? g.dtype() : p.dtype(), flat_[b].dtype());
-      if (g.defined() && g.dtype() == want && g.is_contiguous()) {
-        Tensor(g).copy_(mean);
+      const bool reuse = g.defined() && g.dtype() == want && g.is_contiguous();
+      if (mine.size() < n) {
+        // Part of it: the mean there, zeros elsewhere (no norm or overflow from what this rank
+        // does not own; the optimizer reads the owned slice alone).
+        if (reuse) {
+          g.zero_();
+        } else {
+          g = Tensor::zeros(p.shape(), want, p.device());
+          p.set_grad(g);
+        }
+        g.reshape({n}).narrow(0, mine.begin, mine.size()).copy_(mean);
+      } else if (reuse) {
+        g.copy_(mean.reshape(p.shape()));
       } else {
         // A copy either way: the buffer is reused next step.
-        p.set_grad(want == mean.dtype() ? mean.clone() : mean.to(want));
+        p.set_grad(want == mean.dtype() ? mean.reshape(p.shape()).clone()
+                                        : mean.reshape(p.shape()).to(want));
       }
-      off += n;
     }
   }
   stats_ = DdpStepStats{.buckets = int64_t(buckets_.size()),
@@ -276,20 +289,29 @@ void DistributedDataParallel::finish_gradients() {
   start_step();
 }
 
-std::vector<bool> DistributedDataParallel::owned_mask(
-    const std::vector<Tensor>& optimizer_params) const {
-  std::vector<bool> mask;
-  for (const Tensor& p : optimizer_params) {
-    size_t k = 0;
-    while (k < params_.size() && !params_[k].is_same(p))
-      ++k;
-    MT_CHECK(k < params_.size(), "DistributedDataParallel::owned_mask: optimizer parameter ",
-             mask.size(), " (", p.describe(),
-             ") is not a parameter of the wrapped model; make the optimizer over the model's "
-             "parameters (after amp::initialize, which may replace them)");
-    mask.push_back(owner_[k] == comm_->rank());
+optim::ElementRange DistributedDataParallel::owned_range(int rank, size_t k) const {
+  MT_CHECK(k < params_.size() && rank >= 0 && rank < comm_->world_size(),
+           "DistributedDataParallel::owned_range: parameter ", k, " of rank ", rank, " (",
+           params_.size(), " parameters, ", comm_->world_size(), " ranks)");
+  if (options_.zero_stage == 0) return {0, params_[k].numel()};
+  return ranges_[size_t(rank)][k];
+}
+
+size_t DistributedDataParallel::index_of(const Tensor& p, size_t position) const {
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (params_[k].is_same(p)) return k;
   }
-  return mask;
+  MT_CHECK(false, "DistributedDataParallel: optimizer parameter ", position, " (", p.describe(),
+           ") is not a parameter of the wrapped model; make the optimizer over the model's "
+           "parameters (after amp::initialize, which may replace them)");
+}
+
+std::vector<optim::ElementRange> DistributedDataParallel::owned_ranges(
+    const std::vector<Tensor>& optimizer_params) const {
+  std::vector<optim::ElementRange> out;
+  for (size_t i = 0; i < optimizer_params.size(); ++i)
+    out.push_back(owned_range(comm_->rank(), index_of(optimizer_params[i], i)));
+  return out;
 }
 
 void DistributedDataParallel::all_gather_parameters() {
@@ -297,11 +319,17 @@ void DistributedDataParallel::all_gather_parameters() {
   MT_CHECK(param_bytes_.device().is_cpu(), "DistributedDataParallel: ZeRO-1 on ",
            param_bytes_.device().str(), " needs the NCCL communicator, which is not there yet");
   NoGrad ng;
-  const size_t me = size_t(comm_->rank());
+  const int me = comm_->rank(), world = comm_->world_size();
+  // Bytes of parameter k's elements [r.begin, r.end), and where they start.
+  auto bytes_of = [&](size_t k, const optim::ElementRange& r) {
+    return std::pair<int64_t, char*>(
+        r.size() * int64_t(params_[k].element_size()),
+        static_cast<char*>(params_[k].data_ptr()) + r.begin * int64_t(params_[k].element_size()));
+  };
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const std::vector<int64_t>& bytes = segment_bytes_[b];
+    const std::vector<int64_t>& seg_bytes = segment_bytes_[b];
     int64_t total = 0, live = 0;
-    for (const int64_t n : bytes)
+    for (const int64_t n : seg_bytes)
       total += n;
     for (size_t k : buckets_[b])
       live += int64_t(params_[k].nbytes());
@@ -311,27 +339,71 @@ void DistributedDataParallel::all_gather_parameters() {
              "wrap the model after amp::initialize (which casts it)");
     Tensor buf = param_bytes_.narrow(0, 0, total);
     auto* base = static_cast<char*>(buf.data_ptr());
-    // Segment r holds rank r's parameters of the bucket, in bucket order; this rank fills its own.
+    // Segment r holds rank r's elements of the bucket, in order; this rank fills its own.
     char* at = base;
-    for (size_t r = 0; r < me; ++r)
-      at += bytes[r];
+    for (int r = 0; r < me; ++r)
+      at += seg_bytes[size_t(r)];
     for (size_t k : buckets_[b]) {
-      if (size_t(owner_[k]) != me) continue;
-      std::memcpy(at, params_[k].data_ptr(), params_[k].nbytes());
-      at += params_[k].nbytes();
+      const auto [n, src] = bytes_of(k, ranges_[size_t(me)][k]);
+      std::memcpy(at, src, size_t(n));
+      at += n;
     }
-    comm_->all_gather(buf, bytes);
+    comm_->all_gather(buf, seg_bytes);
+    // The others' elements into place; this rank's own stay as its optimizer left them.
     at = base;
-    for (size_t k : buckets_[b]) {
-      Tensor& p = params_[k];
-      // The owner's own values stay as they are (its optimizer's master knows them).
-      if (size_t(owner_[k]) != me) {
-        std::memcpy(p.data_ptr(), at, p.nbytes());
-        p.bump_version();
+    std::vector<bool> written(params_.size(), false);
+    for (int r = 0; r < world; ++r) {
+      for (size_t k : buckets_[b]) {
+        const auto [n, dst] = bytes_of(k, ranges_[size_t(r)][k]);
+        if (r != me && n > 0) {
+          std::memcpy(dst, at, size_t(n));
+          written[k] = true;
+        }
+        at += n;
       }
-      at += p.nbytes();
+    }
+    for (size_t k : buckets_[b]) {
+      if (written[k]) params_[k].bump_version();
     }
   }
+}
+
+NamedTensors DistributedDataParallel::gather_optimizer_state(const optim::Optimizer& opt,
+                                                             int root) const {
+  const NamedTensors mine = opt.state_dict();
+  if (options_.zero_stage == 0) return comm_->rank() == root ? mine : NamedTensors{};
+  std::vector<NamedTensors> parts = gather_named_tensors(mine, *comm_, root);
+  if (comm_->rank() != root) return {};
+  std::vector<size_t> model_index;
+  for (size_t i = 0; i < opt.params().size(); ++i)
+    model_index.push_back(index_of(opt.params()[i], i));
+  // The whole tensors, assembled from the ranks' slices: "state.<i>.*" and "master.<i>" of a
+  // parameter split between ranks come from each in its range ("state.<i>.step" is the same).
+  NamedTensors merged;
+  std::unordered_map<std::string, size_t> where;  // name -> position in merged
+  for (int r = 0; r < int(parts.size()); ++r) {
+    for (auto& [key, t] : parts[size_t(r)]) {
+      const auto [kind, i] = state_key_place(key);
+      if (kind == 0) {
+        if (r == root) merged.emplace_back(key, t);  // "step", "lr", "group.<g>.lr": root's
+        continue;
+      }
+      MT_CHECK(i < model_index.size(), "gather_optimizer_state: '", key, "' names no parameter");
+      const Tensor& p = params_[model_index[i]];
+      const optim::ElementRange range = ranges_[size_t(r)][model_index[i]];
+      const bool slice = !key.ends_with(".step") && range.size() < p.numel();
+      const auto [at, fresh] = where.try_emplace(key, merged.size());
+      if (fresh) merged.emplace_back(key, slice ? Tensor::zeros(p.shape(), t.dtype()) : t);
+      if (slice) {
+        Tensor whole = merged[at->second].second;
+        whole.reshape({p.numel()}).narrow(0, range.begin, range.size()).copy_(t);
+      }
+    }
+  }
+  std::stable_sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) {
+    return state_key_place(a.first) < state_key_place(b.first);
+  });
+  return merged;
 }
 
 optim::NormCombiner DistributedDataParallel::norm_combiner() const {

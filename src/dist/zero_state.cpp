@@ -1,13 +1,13 @@
-// ZeRO-1 checkpoints: the sharded optimizer state packed into bytes, gathered on one rank and
-// merged into an unsharded optimizer's state dict (include/mantissa/dist/ddp.h).
+// ZeRO-1 checkpoints: every rank's share of the optimizer state packed into bytes and gathered on
+// one rank (src/dist/zero_state.h), where DistributedDataParallel::gather_optimizer_state
+// assembles the unsharded optimizer's state dict.
 #include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <string_view>
-#include <tuple>
 
+#include "dist/zero_state.h"
 #include "mantissa/core/error.h"
-#include "mantissa/dist/ddp.h"
 
 namespace mantissa::dist {
 namespace {
@@ -73,9 +73,9 @@ void unpack(const char* data, size_t n, NamedTensors& out) {
   }
 }
 
-// Where an entry goes in an unsharded optimizer's order: the scalars first (as root wrote
-// them), then "state.<i>.*" by i, then "master.<i>" by i.
-std::tuple<int, size_t> place(std::string_view key) {
+}  // namespace
+
+std::pair<int, size_t> state_key_place(std::string_view key) {
   auto index = [&](size_t begin) {
     size_t i = 0;
     const size_t end = std::min(key.find('.', begin), key.size());
@@ -87,9 +87,8 @@ std::tuple<int, size_t> place(std::string_view key) {
   return {0, 0};
 }
 
-}  // namespace
-
-NamedTensors gather_state_dict(const NamedTensors& mine, Communicator& comm, int root) {
+std::vector<NamedTensors> gather_named_tensors(const NamedTensors& mine, Communicator& comm,
+                                               int root) {
   const int world = comm.world_size();
   const std::vector<char> bytes = pack(mine);
   // Every rank's size, then the bytes on root.
@@ -106,23 +105,13 @@ NamedTensors gather_state_dict(const NamedTensors& mine, Communicator& comm, int
   if (comm.rank() == root) all = Tensor::empty({total}, DType::U8);
   comm.gather(packed, all, counts, root);
   if (comm.rank() != root) return {};
-
-  // Stable by (place, rank order): each parameter's entries stay in their owner's order.
-  NamedTensors merged;
+  std::vector<NamedTensors> parts{size_t(world)};
   const auto* base = static_cast<const char*>(all.data_ptr());
   for (int r = 0; r < world; ++r) {
-    NamedTensors part;
-    unpack(base, size_t(counts[size_t(r)]), part);
+    unpack(base, size_t(counts[size_t(r)]), parts[size_t(r)]);
     base += counts[size_t(r)];
-    for (auto& entry : part) {
-      // The scalars ("step", "lr", "group.<g>.lr") are the same on every rank: root's are kept.
-      if (std::get<0>(place(entry.first)) == 0 && r != root) continue;
-      merged.push_back(std::move(entry));
-    }
   }
-  std::stable_sort(merged.begin(), merged.end(),
-                   [](const auto& a, const auto& b) { return place(a.first) < place(b.first); });
-  return merged;
+  return parts;
 }
 
 }  // namespace mantissa::dist

@@ -86,6 +86,7 @@ struct Optimizer::GroupStep {
   std::vector<std::vector<Tensor>> states;  // [state name][k]
   std::vector<Tensor> masters;              // [k]: empty without master weights; undefined: none
   std::vector<uint64_t> ids;                // [k]: the parameter's index
+  std::vector<uint64_t> offsets;            // [k]: where its owned part starts (ZeRO-1)
   backend::MultiTensorOptions options;
 };
 
@@ -216,6 +217,9 @@ std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
              "the gradient of optimizer parameter ", i, " is a ", g.describe(), " for a ",
              p.describe());
     if (!g.is_contiguous()) g = g.contiguous();
+    // ZeRO-1: a slice of the parameter and the same slice of its gradient.
+    const Tensor part = owned_part(i, p);
+    g = owned_part(i, g);
 
     ParamState& s = state_[i];
     const DType sd = backend::optimizer_state_dtype(p.dtype());
@@ -223,27 +227,29 @@ std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
       // A step the device may skip must leave defined state: zeros, what a first update starts
       // from, so that the next update (then the first the kernel counts) reads the same.
       for (size_t k = 0; k < names.size(); ++k) {
-        s.tensors.push_back(found_inf_.defined() ? Tensor::zeros(p.shape(), sd, device)
-                                                 : Tensor::empty(p.shape(), sd, device));
+        s.tensors.push_back(found_inf_.defined() ? Tensor::zeros(part.shape(), sd, device)
+                                                 : Tensor::empty(part.shape(), sd, device));
       }
     } else {
       MT_ASSERT(s.tensors.size() == names.size(), "optimizer state of parameter ", i);
       for (Tensor& t : s.tensors) {
-        MT_CHECK(t.shape() == p.shape(), "optimizer parameter ", i, " changed shape from ",
-                 t.shape().str(), " to ", p.shape().str(), " after its state was made");
+        MT_CHECK(t.shape() == part.shape(), "optimizer parameter ", i, " changed shape from ",
+                 t.shape().str(), " to ", part.shape().str(), " after its state was made");
         if (t.dtype() != sd || t.device() != device) t = own_copy(t.to(sd), device);
       }
     }
     b->index.push_back(i);
-    b->params.push_back(p);
+    b->params.push_back(part);
     b->grads.push_back(std::move(g));
     for (size_t k = 0; k < names.size(); ++k)
       b->states[k].push_back(s.tensors[k]);
     b->ids.push_back(uint64_t(i));
-    if (master_weights_) b->masters.push_back(prepare_master(i));
+    b->offsets.push_back(uint64_t(owned_range(i).begin));
+    if (master_weights_) b->masters.push_back(prepare_master(i, part));
   }
   backend::MultiTensorOptions& o = b->options;
   o.ids = b->ids;
+  if (!owned_.empty()) o.element_offsets = b->offsets;
   o.step_counts = &step_counts();
   o.masters = b->masters;
   o.store_rounding = store_rounding_;
@@ -290,8 +296,8 @@ void Optimizer::set_master_weights(bool on) {
   masters_.assign(params_.size(), Master{});
   if (!on) return;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
-    if (p.dtype() == DType::F64 || !owns(i)) continue;
+    if (params_[i].dtype() == DType::F64 || !owns(i)) continue;
+    const Tensor p = owned_part(i, params_[i]);
     Master& m = masters_[i];
     m.value = own_copy(p.to(DType::F32), p.device());
     m.data = p.data_ptr();
@@ -299,15 +305,55 @@ void Optimizer::set_master_weights(bool on) {
   }
 }
 
-void Optimizer::set_owned(std::vector<bool> owned) {
-  MT_CHECK(owned.empty() || owned.size() == params_.size(), "Optimizer::set_owned: ", owned.size(),
-           " flags for ", params_.size(), " parameters");
+void Optimizer::set_owned_ranges(std::vector<ElementRange> owned) {
+  MT_CHECK(owned.empty() || owned.size() == params_.size(),
+           "Optimizer::set_owned_ranges: ", owned.size(), " ranges for ", params_.size(),
+           " parameters");
+  for (size_t i = 0; i < owned.size(); ++i) {
+    const ElementRange r = owned[i];
+    MT_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= params_[i].numel(),
+             "Optimizer::set_owned_ranges: elements [", r.begin, ", ", r.end, ") of parameter ", i,
+             " (", params_[i].describe(), ") are not a range of it");
+  }
+  const std::vector<ElementRange> before(owned_);
   owned_ = std::move(owned);
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (owns(i)) continue;
+    const ElementRange was = before.empty() ? ElementRange{0, params_[i].numel()} : before[i];
+    if (owned_range(i) == was) continue;
     state_[i].tensors.clear();
-    if (i < masters_.size()) masters_[i] = Master{};
+    if (i >= masters_.size()) continue;
+    const Tensor old = masters_[i].value;
+    masters_[i] = Master{};
+    if (!master_weights_ || !owns(i) || params_[i].dtype() == DType::F64) continue;
+    // The master follows the owned part: cut from the whole one (which may hold more than the
+    // parameter's rounding: the fp32 weights amp::initialize captured), or made from the part.
+    const Tensor p = owned_part(i, params_[i]);
+    const bool whole_before = was.begin == 0 && was.end == params_[i].numel();
+    const Tensor from = old.defined() && whole_before ? owned_part(i, old) : p.to(DType::F32);
+    masters_[i] = Master{own_copy(from, p.device()), p.data_ptr(), p.version()};
   }
+}
+
+void Optimizer::set_owned(const std::vector<bool>& owned) {
+  std::vector<ElementRange> ranges;
+  for (size_t i = 0; i < owned.size() && i < params_.size(); ++i)
+    ranges.push_back({0, owned[i] ? params_[i].numel() : 0});
+  MT_CHECK(owned.size() == params_.size() || owned.empty(), "Optimizer::set_owned: ", owned.size(),
+           " flags for ", params_.size(), " parameters");
+  set_owned_ranges(std::move(ranges));
+}
+
+ElementRange Optimizer::owned_range(size_t i) const {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  return owned_.empty() ? ElementRange{0, params_[i].numel()} : owned_[i];
+}
+
+Tensor Optimizer::owned_part(size_t i, const Tensor& whole) const {
+  const ElementRange r = owned_range(i);
+  if (r.begin == 0 && r.end == whole.numel()) return whole;
+  MT_ASSERT(whole.is_contiguous(), "a slice of a non-contiguous tensor");
+  return whole.reshape({whole.numel()}).narrow(0, r.begin, r.size());
 }
 
 int64_t Optimizer::state_nbytes() const {
@@ -354,8 +400,7 @@ bool is_rounding_of(const Tensor& p, const Tensor& master) {
 
 }  // namespace
 
-Tensor& Optimizer::prepare_master(size_t i) {
-  const Tensor& p = params_[i];
+Tensor& Optimizer::prepare_master(size_t i, const Tensor& p) {
   Master& m = masters_[i];
   if (p.dtype() == DType::F32 || p.dtype() == DType::F64) {
     m = Master{};  // the update is exact in the parameter itself
@@ -520,12 +565,18 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
                "' is missing (the other state of parameter ", i, " is there)");
     }
   }
-  // A sharded optimizer (set_owned) keeps the entries of the parameters it owns.
+  // A sharded optimizer (set_owned_ranges) keeps what it owns: whole entries, or their slices.
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (owns(i)) continue;
-    fresh[i].tensors.clear();
-    counts[i] = 0;
-    masters[i] = Tensor();
+    if (!owns(i)) {
+      fresh[i].tensors.clear();
+      counts[i] = 0;
+      masters[i] = Tensor();
+      continue;
+    }
+    if (owned_range(i).size() == params_[i].numel()) continue;
+    for (Tensor& t : fresh[i].tensors)
+      t = own_copy(owned_part(i, t), device);
+    if (masters[i].defined()) masters[i] = own_copy(owned_part(i, masters[i]), device);
   }
   state_ = std::move(fresh);
   counts.back() = step;
@@ -534,7 +585,8 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
     groups_[g].lr = group_lr[g].value_or(lr0);
   for (size_t i = 0; i < masters.size(); ++i) {
     if (!masters[i].defined()) continue;
-    masters_[i] = Master{masters[i], params_[i].data_ptr(), params_[i].version()};
+    const Tensor p = owned_part(i, params_[i]);
+    masters_[i] = Master{masters[i], p.data_ptr(), p.version()};
   }
 }
 

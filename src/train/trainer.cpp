@@ -330,7 +330,7 @@ void Trainer::build() {
     o.zero_stage = config_.zero;
     ddp_ = std::make_unique<dist::DistributedDataParallel>(*model_, comm_, o);
     // ZeRO-1: this rank's optimizer keeps state for, and updates, its own share.
-    if (config_.zero == 1) optimizer_->set_owned(ddp_->owned_mask(optimizer_->params()));
+    if (config_.zero == 1) optimizer_->set_owned_ranges(ddp_->owned_ranges(optimizer_->params()));
     // The averaged gradients carry an inf from any rank to all; the flag's all-reduce makes the
     // skip the same everywhere whatever a rank sees alone (one 4-byte collective a step, fp16).
     if (scaler().options().mode != amp::ScaleMode::Disabled) {
@@ -417,8 +417,8 @@ int64_t Trainer::batches_per_epoch() const {
 void Trainer::save(const std::string& path) const {
   // ZeRO-1: the optimizer's state is spread over the ranks; every rank sends its share to rank 0,
   // which writes the whole of it, as an unsharded run would.
-  NamedTensors opt_state = optimizer_->state_dict();
-  if (ddp_ && ddp_->zero_stage() == 1) opt_state = dist::gather_state_dict(opt_state, *comm_);
+  const NamedTensors opt_state =
+      ddp_ ? ddp_->gather_optimizer_state(*optimizer_) : optimizer_->state_dict();
   if (rank() != 0) return;
   TrainState s = state_;
   s.generator = generator_state();

@@ -180,32 +180,20 @@ TEST(DistributedDataParallel, ParametersWithoutAGradientCountAsZeros) {
       EXPECT_EQ(v, 0.0f);
 }
 
-TEST(Zero, PartitionIsGreedyLargestFirstAndTheSameEverywhere) {
-  std::vector<Tensor> params;
-  for (const int64_t n : {10, 70, 20, 30, 30, 5})
-    params.push_back(Tensor::zeros({n}));
-  // 70 -> 0; 30 -> 1; 30 -> 1 (30 < 70); 20 -> 1 (60 < 70); 10 -> 0 (70 < 80); 5 -> 0 (a tie
-  // at 80: the lower rank).
-  EXPECT_EQ(dist::zero_partition(params, 2), (std::vector<int>{0, 0, 1, 1, 1, 0}));
-  EXPECT_EQ(dist::zero_partition(params, 1), (std::vector<int>(6, 0)));
-  // More ranks than parameters: some own nothing.
-  const std::vector<int> eight = dist::zero_partition(params, 8);
-  EXPECT_EQ(eight, (std::vector<int>{4, 0, 3, 1, 2, 5}));
-  // Balanced to within the largest parameter on a real model.
-  auto model = nn::make_model("resnet", {.seed = 1});
-  const std::vector<Tensor> rp = model->parameters();
-  for (const int world : {2, 3, 4}) {
-    const std::vector<int> owner = dist::zero_partition(rp, world);
-    std::vector<int64_t> load(size_t(world), 0);
-    int64_t largest = 0;
-    for (size_t k = 0; k < rp.size(); ++k) {
-      load[size_t(owner[k])] += rp[k].numel();
-      largest = std::max(largest, rp[k].numel());
+TEST(Zero, SegmentsTileABucketInEqualParts) {
+  for (const int64_t n : {int64_t(1), int64_t(7), int64_t(1000), int64_t(200704)}) {
+    for (const int world : {1, 2, 3, 8}) {
+      int64_t next = 0;
+      for (int r = 0; r < world; ++r) {
+        const optim::ElementRange seg = dist::zero_segment(n, r, world);
+        EXPECT_EQ(seg.begin, next);
+        EXPECT_LE(std::abs(seg.size() - n / world), 1) << n << " over " << world;
+        next = seg.end;
+      }
+      EXPECT_EQ(next, n);
     }
-    const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
-    EXPECT_LE(*hi - *lo, largest) << world << " ranks";
   }
-  EXPECT_THROW(dist::zero_partition(params, 0), Error);
+  EXPECT_THROW(dist::zero_segment(10, 2, 2), Error);
 }
 
 TEST(Zero, OneRankOwnsEverythingAndStepsAsWithoutIt) {
@@ -214,7 +202,7 @@ TEST(Zero, OneRankOwnsEverythingAndStepsAsWithoutIt) {
   optim::AdamW opt(wrapped.model->parameters(), {.lr = 0.01});
   dist::DistributedDataParallel ddp(*wrapped.model, dist::single_process(),
                                     {.bucket_mb = 0.25, .zero_stage = 1});
-  opt.set_owned(ddp.owned_mask(opt.params()));
+  opt.set_owned_ranges(ddp.owned_ranges(opt.params()));
   for (int step = 0; step < 3; ++step) {
     plain_opt.zero_grad();
     plain.backward();
@@ -233,7 +221,7 @@ TEST(Zero, OneRankOwnsEverythingAndStepsAsWithoutIt) {
     EXPECT_EQ(values(wp[i]), values(pp[i])) << i;
   EXPECT_EQ(opt.state_nbytes(), plain_opt.state_nbytes());
   // The checkpoint's state is what the unsharded optimizer writes.
-  const NamedTensors gathered = dist::gather_state_dict(opt.state_dict(), ddp.communicator());
+  const NamedTensors gathered = ddp.gather_optimizer_state(opt);
   const NamedTensors expected = plain_opt.state_dict();
   ASSERT_EQ(gathered.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -245,7 +233,8 @@ TEST(Zero, OneRankOwnsEverythingAndStepsAsWithoutIt) {
   // A parameter the model does not have cannot be owned.
   Tensor stranger = Tensor::zeros({3});
   stranger.set_requires_grad();
-  EXPECT_THROW(ddp.owned_mask({stranger}), Error);
+  EXPECT_THROW(ddp.owned_ranges({stranger}), Error);
+  EXPECT_EQ(ddp.owned_range(0, 0), (optim::ElementRange{0, wp[0].numel()}));
 }
 
 TEST(DistributedDataParallel, MistakesAreNamed) {

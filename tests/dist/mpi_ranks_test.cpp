@@ -8,10 +8,10 @@
 //   backs off once;
 // - the Trainer with --grad-comm bf16 against fp32 over 200 mlp steps: within 1 %;
 // - the segment collectives (reduce-scatter, all-gather, gather) against values computed here;
-// - ZeRO-1 against plain data parallel: the same weights bit for bit after 8 steps (SGD fp32,
-//   AdamW bf16 O2 with clipping, fp16 O2 with loss scaling), the state split without overlap,
-//   gathered into the unsharded optimizer's state dict exactly; an inf reaching one owner skips
-//   the step on both ranks.
+// - ZeRO-1 against plain data parallel over 8 steps: the same weights bit for bit (SGD fp32,
+//   fp16 O2 with loss scaling) or within 1e-4 (AdamW bf16 O2 clipped: the global norm summed
+//   from partial norms), the state split in halves without overlap and gathered into the
+//   unsharded optimizer's state dict; an inf reaching one owner skips the step on both ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -306,7 +306,7 @@ struct ZeroCase {
   double clip;
 };
 
-TEST(Ranks, ZeroOneTakesTheStepsOfPlainDataParallelBitForBit) {
+TEST(Ranks, ZeroOneTakesTheStepsOfPlainDataParallel) {
   for (const ZeroCase c :
        {ZeroCase{"sgd fp32", amp::OptLevel::O0, DType::F32, false, 0},
         ZeroCase{"adamw bf16 O2, clipped", amp::OptLevel::O2, DType::BF16, true, 0.5},
@@ -331,7 +331,7 @@ TEST(Ranks, ZeroOneTakesTheStepsOfPlainDataParallelBitForBit) {
       run.amp = std::make_unique<amp::Amp>(amp::initialize(*run.model, *run.opt, c.level, c.half));
       run.ddp = std::make_unique<dist::DistributedDataParallel>(
           *run.model, dist::mpi_world(), dist::DdpOptions{.bucket_mb = 0.1, .zero_stage = stage});
-      if (stage == 1) run.opt->set_owned(run.ddp->owned_mask(run.opt->params()));
+      if (stage == 1) run.opt->set_owned_ranges(run.ddp->owned_ranges(run.opt->params()));
       if (run.amp->scaler().options().mode != amp::ScaleMode::Disabled) {
         run.amp->scaler().set_overflow_reducer(
             [](Tensor& flag) { world().all_reduce(flag, dist::ReduceOp::Max); });
@@ -356,32 +356,50 @@ TEST(Ranks, ZeroOneTakesTheStepsOfPlainDataParallelBitForBit) {
         run->ddp->all_gather_parameters();
       }
     }
+    // Unclipped, bit for bit. Clipped, the norm is summed from the ranks' partial norms (each
+    // rank's gradient holds its own elements, zeros elsewhere, in fp32 chunk sums) instead of in
+    // one pass: its last bits differ, some clipped gradients move by one ulp, and AdamW carries
+    // that on — within 1e-4 after 8 steps.
+    const bool exact = c.clip == 0;
     const std::vector<Tensor> p = plain.model->parameters(), z = zero.model->parameters();
+    double worst = 0;
     for (size_t i = 0; i < p.size(); ++i) {
-      EXPECT_EQ(values(z[i]), values(p[i])) << "parameter " << i << ": ZeRO-1 != plain";
+      if (exact) {
+        EXPECT_EQ(values(z[i]), values(p[i])) << "parameter " << i << ": ZeRO-1 != plain";
+      }
+      worst = std::max(worst, relative_gap(z[i], p[i]));
       EXPECT_TRUE(same_on_every_rank(z[i])) << "parameter " << i << " differs between ranks";
     }
-    // The state is split without overlap, ...
+    EXPECT_LE(worst, 1e-4);
+    // The state is split without overlap, in halves to within an element per bucket, ...
     Tensor bytes = Tensor::from_vector(std::vector<int64_t>{zero.opt->state_nbytes()}, {1});
     world().all_reduce(bytes, dist::ReduceOp::Sum);
     EXPECT_EQ(bytes.to_vector<int64_t>()[0], plain.opt->state_nbytes());
-    EXPECT_LT(zero.opt->state_nbytes(), plain.opt->state_nbytes());
-    // ... and gathered, it is the unsharded optimizer's, key for key and bit for bit.
-    const NamedTensors gathered = dist::gather_state_dict(zero.opt->state_dict(), world());
+    EXPECT_NEAR(double(zero.opt->state_nbytes()), 0.5 * double(plain.opt->state_nbytes()),
+                0.001 * double(plain.opt->state_nbytes()));
+    // ... and gathered, it is the unsharded optimizer's, key for key (unclipped, bit for bit).
+    const NamedTensors gathered = zero.ddp->gather_optimizer_state(*zero.opt);
     if (world().rank() == 0) {
       const NamedTensors expected = plain.opt->state_dict();
       ASSERT_EQ(gathered.size(), expected.size());
       for (size_t i = 0; i < expected.size(); ++i) {
         ASSERT_EQ(gathered[i].first, expected[i].first);
         EXPECT_EQ(gathered[i].second.shape(), expected[i].second.shape()) << expected[i].first;
-        EXPECT_EQ(0, std::memcmp(gathered[i].second.data_ptr(), expected[i].second.data_ptr(),
-                                 expected[i].second.nbytes()))
-            << expected[i].first;
+        if (exact) {
+          EXPECT_EQ(0, std::memcmp(gathered[i].second.data_ptr(), expected[i].second.data_ptr(),
+                                   expected[i].second.nbytes()))
+              << expected[i].first;
+        } else if (expected[i].first.starts_with("master.")) {
+          // The moments of a gradient that is rounding noise (a convolution's bias before batch
+          // norm) follow the weights' last bits anywhere; the masters follow the weights.
+          EXPECT_LE(relative_gap(gathered[i].second, expected[i].second), 1e-4)
+              << expected[i].first;
+        }
       }
       std::printf(
-          "%s: 8 steps, ZeRO-1 == plain data parallel; optimizer state on rank 0: %lld "
-          "of %lld bytes\n",
-          c.name, (long long)zero.opt->state_nbytes(), (long long)plain.opt->state_nbytes());
+          "%s: 8 steps, ZeRO-1 vs plain data parallel: largest relative gap %.3g; optimizer "
+          "state on rank 0: %lld of %lld bytes\n",
+          c.name, worst, (long long)zero.opt->state_nbytes(), (long long)plain.opt->state_nbytes());
     } else {
       EXPECT_TRUE(gathered.empty());
     }
@@ -393,14 +411,15 @@ TEST(Ranks, ZeroOneSkipsOnBothRanksWhenAnInfReachesOneOwner) {
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
   amp::Amp amp = amp::initialize(*model, opt, amp::OptLevel::O2, DType::F16);
   dist::DistributedDataParallel ddp(*model, dist::mpi_world(), {.zero_stage = 1});
-  opt.set_owned(ddp.owned_mask(opt.params()));
+  opt.set_owned_ranges(ddp.owned_ranges(opt.params()));
   amp.scaler().set_overflow_reducer(
       [](Tensor& flag) { world().all_reduce(flag, dist::ReduceOp::Max); });
   const std::vector<Tensor> params = model->parameters();
-  // Rank 1 puts an inf into a gradient rank 0 owns: only rank 0 sees it after the reduction.
-  ASSERT_EQ(ddp.owner(0), 0);
+  // The rank that does not own the first element of parameter 0 puts an inf there: only the
+  // owner sees it after the reduction.
+  const int owner = ddp.owned_range(0, 0).begin == 0 && ddp.owned_range(0, 0).size() > 0 ? 0 : 1;
   int hook = -1;
-  if (world().rank() == 1) {
+  if (world().rank() != owner) {
     hook = params[0].register_hook([](const Tensor& g) {
       Tensor bad = g.clone();
       bad.reshape({bad.numel()}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
@@ -411,7 +430,9 @@ TEST(Ranks, ZeroOneSkipsOnBothRanksWhenAnInfReachesOneOwner) {
   const double scale = amp.scaler().get_scale();
   const Batch b = my_shard(full_batch(2));
   scaled_backward(amp, *model, ddp, opt, b);
-  EXPECT_EQ(params[0].grad().defined(), world().rank() == 0);  // the others' are dropped
+  const std::vector<float> g0 =
+      params[0].grad().defined() ? values(params[0].grad()) : std::vector<float>();
+  EXPECT_EQ(!g0.empty() && std::isinf(g0[0]), world().rank() == owner);
   EXPECT_TRUE(amp.scaler().step(opt).skipped());
   amp.scaler().update();
   ddp.all_gather_parameters();

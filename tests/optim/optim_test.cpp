@@ -864,6 +864,81 @@ TEST(Sharding, OnlyOwnedParametersAreUpdatedAndKeepState) {
   EXPECT_TRUE(shard.owns(1));
 }
 
+// Two "ranks" that split every parameter at some element, each stepping its own slice (state and
+// masters of that slice alone): put together, they are the whole optimizer's step, bit for bit,
+// with stochastic rounding too (a slice draws the bits its elements draw in the whole).
+TEST(Sharding, SlicesOfParametersStepAsTheWhole) {
+  const Case s{{{40, 3}, {17}, {9, 2}, {5}}, {DType::BF16, DType::F32, DType::F16, DType::BF16}};
+  for (const RoundingMode mode : {RoundingMode::NearestEven, RoundingMode::Stochastic}) {
+    SCOPED_TRACE(rounding_name(mode));
+    std::vector<Tensor> whole_p = make_params(s), a_p = make_params(s), b_p = make_params(s);
+    AdamW whole(whole_p, {.lr = 0.01}), a(a_p, {.lr = 0.01}), b(b_p, {.lr = 0.01});
+    std::vector<ElementRange> a_ranges, b_ranges;
+    for (size_t i = 0; i < whole_p.size(); ++i) {
+      const int64_t n = whole_p[i].numel(), cut = i == 3 ? n : n / 3;  // parameter 3: all a's
+      a_ranges.push_back({0, cut});
+      b_ranges.push_back({cut, n});
+    }
+    for (AdamW* o : {&whole, &a, &b}) {
+      o->set_master_weights(true);
+      o->set_store_rounding(mode, 99);
+    }
+    a.set_owned_ranges(a_ranges);
+    b.set_owned_ranges(b_ranges);
+    EXPECT_FALSE(b.owns(3));
+    EXPECT_EQ(a.state_nbytes() + b.state_nbytes(), whole.state_nbytes());  // the masters
+    for (int step = 0; step < 4; ++step) {
+      for (const std::vector<Tensor>* ps : {&whole_p, &a_p, &b_p})
+        set_grads(s, *ps, 20 + step);
+      whole.step();
+      a.step();
+      b.step();
+      // Each rank's elements to the other (what ZeRO-1's all-gather does).
+      for (size_t i = 0; i < whole_p.size(); ++i) {
+        const int64_t n = whole_p[i].numel();
+        Tensor fa = a_p[i].reshape({n}), fb = b_p[i].reshape({n});
+        const ElementRange ra = a_ranges[i], rb = b_ranges[i];
+        fb.narrow(0, ra.begin, ra.size()).copy_(fa.narrow(0, ra.begin, ra.size()));
+        fa.narrow(0, rb.begin, rb.size()).copy_(fb.narrow(0, rb.begin, rb.size()));
+      }
+    }
+    for (size_t i = 0; i < whole_p.size(); ++i) {
+      EXPECT_EQ(a_p[i].to_vector<float>(), whole_p[i].to_vector<float>()) << i;
+      EXPECT_EQ(b_p[i].to_vector<float>(), whole_p[i].to_vector<float>()) << i;
+    }
+    EXPECT_EQ(a.state_nbytes() + b.state_nbytes(), whole.state_nbytes());
+    // A slice's state is written flat, its own elements of the whole's.
+    const NamedTensors sa = a.state_dict(), sw = whole.state_dict();
+    auto entry = [](const NamedTensors& d, const std::string& key) {
+      for (const auto& [k, t] : d) {
+        if (k == key) return t;
+      }
+      return Tensor();
+    };
+    const Tensor slice = entry(sa, "state.0.exp_avg");
+    ASSERT_TRUE(slice.defined());
+    EXPECT_EQ(slice.shape(), Shape({40}));
+    EXPECT_EQ(slice.to_vector<float>(),
+              entry(sw, "state.0.exp_avg").reshape({120}).narrow(0, 0, 40).to_vector<float>());
+    EXPECT_EQ(entry(sa, "master.2").to_vector<float>(),
+              entry(sw, "master.2").reshape({18}).narrow(0, 0, 6).to_vector<float>());
+    // The whole optimizer's dict loads into a slice-owning one: it takes its slices.
+    std::vector<Tensor> c_p = make_params(s);
+    AdamW c(c_p, {.lr = 0.01});
+    c.set_master_weights(true);
+    c.set_owned_ranges(b_ranges);
+    c.load_state_dict(sw);
+    EXPECT_EQ(entry(c.state_dict(), "state.1.exp_avg_sq").to_vector<float>(),
+              entry(b.state_dict(), "state.1.exp_avg_sq").to_vector<float>());
+    EXPECT_EQ(entry(c.state_dict(), "master.0").to_vector<float>(),
+              entry(b.state_dict(), "master.0").to_vector<float>());
+  }
+  std::vector<Tensor> ps = make_params(s);
+  AdamW bad(ps, {});
+  EXPECT_THROW(bad.set_owned_ranges({{0, 121}, {0, 1}, {0, 1}, {0, 1}}), Error);
+  EXPECT_THROW(bad.set_owned_ranges({{3, 2}, {0, 1}, {0, 1}, {0, 1}}), Error);
+}
+
 // ---- schedules ---------------------------------------------------------------------------------
 
 TEST(Schedule, Constant) {

@@ -31,20 +31,23 @@
 // off the same way. Clipping after finish_gradients() sees the same gradients everywhere, so a
 // rank's norm is the global norm.
 //
-// ZeRO-1 (zero_stage = 1; DeepSpeed's stage 1, PyTorch's ZeroRedundancyOptimizer): the optimizer
-// state — moments and fp32 masters, 8 to 12 bytes per parameter against the 2 to 4 of the
-// parameter itself — is sharded, each parameter owned by one rank (zero_partition: greedy by
-// size, as PyTorch's). Inside each bucket the parameters are grouped by owner, and the bucket is
-// reduce-scattered instead of all-reduced (half the traffic): each rank receives the mean
-// gradients of the parameters it owns, and the others' gradients are dropped. The optimizer,
-// told what it owns (Optimizer::set_owned, with owned_mask()), updates those alone and keeps
-// state for those alone; all_gather_parameters() then sends every owner's updated parameters
-// to every rank, bucket by bucket. Clipping needs the norm over all ranks (norm_combiner());
-// the loss scaler's overflow flag must be all-reduced (GradScaler::set_overflow_reducer), since
-// each rank now sees only its own gradients.
+// ZeRO-1 (zero_stage = 1; DeepSpeed's stage 1, llm.c's sharded optimizer): the optimizer state —
+// moments and fp32 masters, 8 to 12 bytes per parameter against the 2 to 4 of the parameter
+// itself — is sharded by element: rank r owns segment r of every bucket (zero_segment: N equal
+// parts of the bucket's flat elements, whatever parameters they fall in; a parameter may be
+// split between ranks), so every rank holds 1/N of the state to within one element a bucket.
+// Each bucket is reduce-scattered instead of all-reduced (half the traffic): a rank receives the
+// mean gradient of its segment; a parameter's gradient then holds its owned elements' means and
+// zeros elsewhere, and the gradients of parameters it owns nothing of are dropped. The optimizer,
+// told what it owns (Optimizer::set_owned_ranges, with owned_ranges()), updates those elements
+// alone and keeps state for them alone; all_gather_parameters() then sends every rank's updated
+// elements to every rank, bucket by bucket. Clipping needs the norm over all ranks
+// (norm_combiner()); the loss scaler's overflow flag must be all-reduced
+// (GradScaler::set_overflow_reducer), since each rank now sees only its own gradients. A
+// checkpoint takes gather_optimizer_state(): the unsharded optimizer's state dict, on rank 0.
 //
 //   DistributedDataParallel ddp(*model, world, {.zero_stage = 1});
-//   opt.set_owned(ddp.owned_mask(opt.params()));
+//   opt.set_owned_ranges(ddp.owned_ranges(opt.params()));
 //   ... backward; ddp.finish_gradients(); scaler.step(opt); scaler.update();
 //   ddp.all_gather_parameters();
 #pragma once
@@ -57,6 +60,7 @@
 #include "mantissa/dist/communicator.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/optim/clip.h"
+#include "mantissa/optim/optimizer.h"
 
 namespace mantissa::dist {
 
@@ -66,17 +70,8 @@ struct DdpOptions {
   int zero_stage = 0;            // 0: every rank gets every mean gradient; 1: ZeRO-1 (above)
 };
 
-// ZeRO's partition of `params` over `world_size` ranks: the owner of each, assigned largest
-// first (ties in order) to the rank that owns the fewest elements so far (lowest rank on ties):
-// PyTorch ZeroRedundancyOptimizer's greedy rule. The same on every rank.
-std::vector<int> zero_partition(const std::vector<Tensor>& params, int world_size);
-
-// A ZeRO-1 checkpoint's optimizer state: every rank's Optimizer::state_dict() (its owned
-// parameters' "state.<i>.*" and "master.<i>" entries) merged on `root` into the dict an unsharded
-// optimizer writes — root's "step", "lr" and "group.<g>.lr", then every parameter's state by
-// index, then the masters by index — so the checkpoint loads at any world size, sharded or not.
-// Other ranks get an empty dict. Every rank calls it (one gather of the packed bytes).
-NamedTensors gather_state_dict(const NamedTensors& mine, Communicator& comm, int root = 0);
+// The elements of a bucket of n that ZeRO-1 gives `rank`: [n * rank / N, n * (rank + 1) / N).
+optim::ElementRange zero_segment(int64_t n, int rank, int world_size);
 
 // What the last finish_gradients() measured.
 struct DdpStepStats {
@@ -120,15 +115,22 @@ class DistributedDataParallel {
 
   // ---- ZeRO-1 --------------------------------------------------------------------------------
   int zero_stage() const { return options_.zero_stage; }
-  // The rank that updates model parameter k (its index in model.parameters()); this rank for
-  // every parameter without ZeRO.
-  int owner(size_t k) const { return owner_[k]; }
-  // For an optimizer over (some of) the model's parameters, in its order: whether this rank owns
-  // each one (Optimizer::set_owned's argument). A parameter not of the model is refused.
-  std::vector<bool> owned_mask(const std::vector<Tensor>& optimizer_params) const;
-  // After the optimizer step: every parameter receives its owner's values (bit for bit), one
+  // The elements of model parameter k (its index in model.parameters()) that `rank` updates:
+  // all of them without ZeRO.
+  optim::ElementRange owned_range(int rank, size_t k) const;
+  // For an optimizer over (some of) the model's parameters, in its order: the elements this rank
+  // owns of each (Optimizer::set_owned_ranges's argument). A parameter not of the model is
+  // refused.
+  std::vector<optim::ElementRange> owned_ranges(const std::vector<Tensor>& optimizer_params) const;
+  // After the optimizer step: every element receives its owner's value (bit for bit), one
   // collective per bucket. Nothing to do without ZeRO (every rank took the same step).
   void all_gather_parameters();
+  // For a checkpoint: the state dict of `opt` (an optimizer over the model's parameters,
+  // sharded with owned_ranges()) as the unsharded optimizer writes it — every rank's slices of
+  // "state.<i>.*" and "master.<i>" assembled into whole tensors, in state_dict()'s order — on
+  // `root`, and an empty dict elsewhere. It loads at any world size, sharded or not. Every rank
+  // calls it (one gather). Without ZeRO: opt.state_dict() on root.
+  NamedTensors gather_optimizer_state(const optim::Optimizer& opt, int root = 0) const;
   // What clip_grad_norm / grad_norm need to make a rank's partial norm global: an all-reduce
   // over the ranks (sum, or max for the inf-norm). Unset without ZeRO (every rank has every
   // gradient, so its norm is already the global one).
@@ -145,7 +147,9 @@ class DistributedDataParallel {
  private:
   void on_gradient(size_t param);
   int64_t launch_ready();  // the buckets it launched
-  void start_step();       // every bucket waits for all its gradients again
+  // The index in params_ of an optimizer's parameter (its `position` there, for the message).
+  size_t index_of(const Tensor& p, size_t position) const;
+  void start_step();  // every bucket waits for all its gradients again
   void launch(size_t bucket);
 
   std::shared_ptr<Communicator> comm_;
@@ -154,11 +158,13 @@ class DistributedDataParallel {
   std::vector<int> hooks_;
   std::vector<std::vector<size_t>> buckets_;
   std::vector<size_t> bucket_of_;
-  std::vector<Tensor> flat_;  // each bucket's buffer, in grad_comm
-  std::vector<int> owner_;    // of each parameter
-  // ZeRO-1: each bucket's elements per owner (its parameters are grouped by owner), this rank's
-  // segment of the reduced sum, and the parameters' bytes per owner.
+  std::vector<Tensor> flat_;     // each bucket's buffer, in grad_comm
+  std::vector<int64_t> offset_;  // each parameter's first element in its bucket
+  // ZeRO-1: [rank][parameter] the elements each rank owns; each bucket's elements and parameter
+  // bytes per rank, where this rank's segment starts, and its segment of the reduced sum.
+  std::vector<std::vector<optim::ElementRange>> ranges_;
   std::vector<std::vector<int64_t>> segment_counts_, segment_bytes_;
+  std::vector<int64_t> segment_start_;
   std::vector<Tensor> shard_;
   Tensor param_bytes_;            // all_gather_parameters' buffer, for the largest bucket
   Tensor buffer_bytes_;           // the model's buffers, packed for one broadcast

@@ -69,6 +69,14 @@ struct ParamGroup {
 // empty one is left out.
 std::vector<ParamGroup> weight_decay_groups(const NamedTensors& named_params, double weight_decay);
 
+// Elements [begin, end) of a tensor, in its row-major order.
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const ElementRange&) const = default;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer();
@@ -111,7 +119,8 @@ class Optimizer {
   //   "state.<i>.step"     I64 scalar: updates(i)
   //   "state.<i>.<name>"   state tensor `name` of parameter i (state_names()), its shape
   //   "master.<i>"         F32: the fp32 master of parameter i (with master weights on)
-  // Parameters never updated have no "state.<i>.*" entries.
+  // Parameters never updated have no "state.<i>.*" entries. A sharded optimizer
+  // (set_owned_ranges) writes the entries of what it owns, a slice's state and master flat.
   virtual NamedTensors state_dict() const;
   // Strict: every key must be one state_dict() could write for these parameters, "step" and
   // "lr" must be there, a parameter's entries must be complete, and dtypes and shapes must
@@ -125,15 +134,23 @@ class Optimizer {
   virtual std::vector<std::string> state_names(size_t group = 0) const = 0;
 
   // ---- sharding (ZeRO-1) ---------------------------------------------------------------------
-  // Which parameters this optimizer updates: owned[i] for parameter i (an empty vector: all of
-  // them, the default). A parameter it does not own is never stepped, even with a gradient, and
-  // keeps no state and no master: ZeRO-1's memory saving, where each rank of a data-parallel run
-  // owns a share of the parameters, updates it, and sends the result to the others
-  // (dist::DistributedDataParallel with zero_stage 1). Setting it drops the state and masters of
-  // the parameters not owned. state_dict() then holds the owned parameters' entries (and "step",
-  // "lr", ...), and load_state_dict() takes a whole optimizer's dict and keeps what it owns.
-  void set_owned(std::vector<bool> owned);
-  bool owns(size_t i) const { return owned_.empty() || owned_[i]; }
+  // Which elements of each parameter this optimizer updates: owned[i] for parameter i (an empty
+  // vector: all of every parameter, the default). ZeRO-1's memory saving: each rank of a
+  // data-parallel run owns a share of the elements, updates it, keeps state and masters for it
+  // alone, and sends the result to the others (dist::DistributedDataParallel with zero_stage
+  // 1). A parameter may be owned whole, not at all (an empty range: never stepped, even with a
+  // gradient; no state, no master) or in part: a step then updates that slice of it (the
+  // gradient's same slice; stochastic rounding draws the bits the whole parameter would), and
+  // its state and master hold the slice alone, flat. Setting it drops what is no longer owned
+  // (a changed range starts its state afresh). state_dict() holds the owned entries (a slice's
+  // flat), for dist::DistributedDataParallel::gather_optimizer_state to assemble; and
+  // load_state_dict() takes a whole optimizer's dict and keeps what it owns.
+  void set_owned_ranges(std::vector<ElementRange> owned);
+  // Whole parameters or none: owned[i] for parameter i.
+  void set_owned(const std::vector<bool>& owned);
+  // Whether any element of parameter i is owned, and which.
+  bool owns(size_t i) const { return owned_.empty() || owned_[i].size() > 0; }
+  ElementRange owned_range(size_t i) const;
   // Bytes of state this optimizer holds: its state tensors and fp32 masters.
   int64_t state_nbytes() const;
 
@@ -201,15 +218,18 @@ class Optimizer {
   std::unique_ptr<GroupStep> begin_group(size_t group);
   // The step counts on the parameters' device (they follow the parameters there).
   Tensor& step_counts();
-  // The master of parameter i for this step (made, kept, dropped or restarted as documented).
-  Tensor& prepare_master(size_t i);
+  // The master of parameter i for this step (made, kept, dropped or restarted as documented);
+  // `p` is the part of it owned.
+  Tensor& prepare_master(size_t i, const Tensor& p);
 
   std::vector<Tensor> params_;
   std::vector<size_t> group_of_;  // the group of each parameter
   std::vector<Group> groups_;
   std::vector<std::vector<Tensor>> group_params_;
   std::vector<ParamState> state_;
-  std::vector<bool> owned_;  // set_owned(); empty: all
+  std::vector<ElementRange> owned_;  // set_owned_ranges(); empty: all
+  // Parameter i, or the slice of it owned (a flat view of the same storage).
+  Tensor owned_part(size_t i, const Tensor& whole) const;
   // I64 (params + 1), on the parameters' device: the updates of each parameter so far, then
   // the optimizer's completed steps.
   Tensor step_counts_;

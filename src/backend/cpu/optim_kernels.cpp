@@ -76,7 +76,8 @@ class ParamChunk {
         r.mode = RoundingMode::Stochastic;
         r.seed = o.seed;
         r.offset = uint64_t(step);
-        r.index = (o.ids[t] << 40) + uint64_t(start_);
+        const uint64_t first = o.element_offsets.empty() ? 0 : o.element_offsets[t];
+        r.index = (o.ids[t] << 40) + first + uint64_t(start_);
         convert(data_, store_, size_t(n_), r);
       } else {
         store_contiguous<C, T>(data_, store_, n_);

@@ -51,7 +51,8 @@ struct TensorArg {
   float* master = nullptr;
   int64_t* step_count = nullptr;  // the tensor's row of the step counts (optimizer steps)
   int64_t numel = 0;
-  uint64_t id = 0;  // the parameter's index: stochastic rounding's stream id
+  uint64_t id = 0;     // the parameter's index: stochastic rounding's stream id
+  uint64_t first = 0;  // where this tensor starts in its parameter (a ZeRO-1 slice)
   DType dtype = DType::F32;
   DType grad_dtype = DType::F32;
   bool advance = false;  // this batch holds the tensor's first chunk: it advances the count
@@ -149,7 +150,8 @@ __device__ __forceinline__ void store_param(const TensorArg& a, int64_t j, C v,
     if constexpr (is_narrow_v<S>) {
       if (r.stochastic) {
         // The format from the dtype list, as a constant: no default a new dtype falls into.
-        const uint32_t rnd = random_bits(r.seed, uint64_t(step), (a.id << 40) + uint64_t(j));
+        const uint32_t rnd =
+            random_bits(r.seed, uint64_t(step), (a.id << 40) + a.first + uint64_t(j));
         const uint32_t bits =
             encode(format_of<S>(), float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
         using Bits = std::conditional_t<sizeof(S) == 2, uint16_t, uint8_t>;
@@ -453,6 +455,7 @@ TensorArg step_arg(std::span<Tensor> params, std::span<const Tensor> grads,
   a.dtype = params[i].dtype();
   a.grad_dtype = grads[i].dtype();
   a.id = o.ids[i];
+  if (!o.element_offsets.empty()) a.first = o.element_offsets[i];
   a.step_count = static_cast<int64_t*>(o.step_counts->data_ptr()) + o.ids[i];
   if (i < o.masters.size() && o.masters[i].defined()) {
     a.master = static_cast<float*>(o.masters[i].data_ptr());
