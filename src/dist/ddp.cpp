@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <unordered_map>
 
 #include "dist/zero_state.h"
@@ -75,37 +74,30 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   const bool zero = options_.zero_stage == 1;
   if (zero) ranges_.assign(size_t(world), std::vector<optim::ElementRange>(params_.size()));
   offset_.assign(params_.size(), 0);
-  int64_t largest = 0;
   for (const auto& bucket : buckets_) {
-    int64_t n = 0, bytes_total = 0;
+    int64_t n = 0;
     for (size_t k : bucket) {
       offset_[k] = n;
       n += params_[k].numel();
-      bytes_total += int64_t(params_[k].nbytes());
     }
     flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
     if (!zero) continue;
     // ZeRO-1: rank r owns elements zero_segment(n, r) of the bucket, whichever parameters they
-    // fall in; in bytes its parameters' values are one stretch of the bucket's too.
-    std::vector<int64_t> counts(size_t(world), 0), seg_bytes(size_t(world), 0);
+    // fall in.
+    std::vector<int64_t> counts(size_t(world), 0);
     for (int r = 0; r < world; ++r) {
       const optim::ElementRange seg = zero_segment(n, r, world);
       counts[size_t(r)] = seg.size();
       for (size_t k : bucket) {
         const int64_t lo = std::max(seg.begin, offset_[k]);
         const int64_t hi = std::min(seg.end, offset_[k] + params_[k].numel());
-        if (lo >= hi) continue;
-        ranges_[size_t(r)][k] = {lo - offset_[k], hi - offset_[k]};
-        seg_bytes[size_t(r)] += (hi - lo) * int64_t(params_[k].element_size());
+        if (lo < hi) ranges_[size_t(r)][k] = {lo - offset_[k], hi - offset_[k]};
       }
     }
     shard_.push_back(Tensor::zeros({counts[size_t(comm_->rank())]}, options_.grad_comm, device));
     segment_start_.push_back(zero_segment(n, comm_->rank(), world).begin);
-    largest = std::max(largest, bytes_total);
     segment_counts_.push_back(std::move(counts));
-    segment_bytes_.push_back(std::move(seg_bytes));
   }
-  if (zero) param_bytes_ = Tensor::empty({largest}, DType::U8, device);
   inflight_.resize(buckets_.size());
   comm_seconds_.assign(buckets_.size(), 0.0);
   start_step();
@@ -135,31 +127,58 @@ void DistributedDataParallel::broadcast_state() {
   }
 }
 
+namespace {
+
+// t as one flat row (a view: t is contiguous).
+Tensor flat_view(const Tensor& t) {
+  return t.reshape({t.numel()});
+}
+
+// The tensors grouped by dtype, in order: one flat buffer and collective per dtype.
+std::vector<std::vector<size_t>> by_dtype(const std::vector<Tensor>& ts,
+                                          const std::vector<size_t>& which) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<DType> dtypes;
+  for (size_t k : which) {
+    const auto at = size_t(std::find(dtypes.begin(), dtypes.end(), ts[k].dtype()) - dtypes.begin());
+    if (at == dtypes.size()) {
+      dtypes.push_back(ts[k].dtype());
+      groups.emplace_back();
+    }
+    groups[at].push_back(k);
+  }
+  return groups;
+}
+
+}  // namespace
+
 void DistributedDataParallel::broadcast_buffers() {
   if (comm_->world_size() == 1 || buffers_.empty()) return;
-  MT_CHECK(buffers_[0].device().is_cpu(), "DistributedDataParallel: buffers on ",
-           buffers_[0].device().str(), " need the NCCL communicator, which is not there yet");
   NoGrad ng;
-  // One collective for all of them (a resnet has 60): their bytes packed into one buffer.
-  if (!buffer_bytes_.defined()) {
+  // One collective per dtype (a resnet has 60 buffers: running statistics and counts), through
+  // one flat buffer each, on whatever device they live.
+  std::vector<size_t> all(buffers_.size());
+  for (size_t i = 0; i < all.size(); ++i)
+    all[i] = i;
+  for (const std::vector<size_t>& group : by_dtype(buffers_, all)) {
     int64_t n = 0;
-    for (const Tensor& t : buffers_)
-      n += int64_t(t.nbytes());
-    buffer_bytes_ = Tensor::empty({n}, DType::U8, buffers_[0].device());
-  }
-  auto* flat = static_cast<char*>(buffer_bytes_.data_ptr());
-  if (comm_->rank() == 0) {
-    for (const Tensor& t : buffers_) {
-      std::memcpy(flat, t.data_ptr(), t.nbytes());
-      flat += t.nbytes();
+    for (size_t i : group)
+      n += buffers_[i].numel();
+    Tensor flat = Tensor::empty({n}, buffers_[group[0]].dtype(), buffers_[group[0]].device());
+    int64_t off = 0;
+    for (size_t i : group) {
+      if (comm_->rank() == 0)
+        flat.narrow(0, off, buffers_[i].numel()).copy_(flat_view(buffers_[i]));
+      off += buffers_[i].numel();
     }
-  }
-  comm_->broadcast(buffer_bytes_, 0);
-  flat = static_cast<char*>(buffer_bytes_.data_ptr());
-  for (Tensor& t : buffers_) {
-    if (comm_->rank() != 0) std::memcpy(t.data_ptr(), flat, t.nbytes());
-    flat += t.nbytes();
-    t.bump_version();
+    comm_->broadcast(flat, 0);
+    off = 0;
+    for (size_t i : group) {
+      Tensor dst = flat_view(buffers_[i]);
+      if (comm_->rank() != 0) dst.copy_(flat.narrow(0, off, buffers_[i].numel()));
+      off += buffers_[i].numel();
+      buffers_[i].bump_version();
+    }
   }
 }
 
@@ -316,54 +335,45 @@ std::vector<optim::ElementRange> DistributedDataParallel::owned_ranges(
 
 void DistributedDataParallel::all_gather_parameters() {
   if (options_.zero_stage == 0 || comm_->world_size() == 1) return;
-  MT_CHECK(param_bytes_.device().is_cpu(), "DistributedDataParallel: ZeRO-1 on ",
-           param_bytes_.device().str(), " needs the NCCL communicator, which is not there yet");
   NoGrad ng;
   const int me = comm_->rank(), world = comm_->world_size();
-  // Bytes of parameter k's elements [r.begin, r.end), and where they start.
-  auto bytes_of = [&](size_t k, const optim::ElementRange& r) {
-    return std::pair<int64_t, char*>(
-        r.size() * int64_t(params_[k].element_size()),
-        static_cast<char*>(params_[k].data_ptr()) + r.begin * int64_t(params_[k].element_size()));
-  };
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const std::vector<int64_t>& seg_bytes = segment_bytes_[b];
-    int64_t total = 0, live = 0;
-    for (const int64_t n : seg_bytes)
-      total += n;
-    for (size_t k : buckets_[b])
-      live += int64_t(params_[k].nbytes());
-    // The segments were laid out at construction: a parameter cast since would not fit.
-    MT_CHECK(live == total,
-             "DistributedDataParallel: parameters changed dtype after wrapping; "
-             "wrap the model after amp::initialize (which casts it)");
-    Tensor buf = param_bytes_.narrow(0, 0, total);
-    auto* base = static_cast<char*>(buf.data_ptr());
-    // Segment r holds rank r's elements of the bucket, in order; this rank fills its own.
-    char* at = base;
-    for (int r = 0; r < me; ++r)
-      at += seg_bytes[size_t(r)];
-    for (size_t k : buckets_[b]) {
-      const auto [n, src] = bytes_of(k, ranges_[size_t(me)][k]);
-      std::memcpy(at, src, size_t(n));
-      at += n;
-    }
-    comm_->all_gather(buf, seg_bytes);
-    // The others' elements into place; this rank's own stay as its optimizer left them.
-    at = base;
-    std::vector<bool> written(params_.size(), false);
-    for (int r = 0; r < world; ++r) {
-      for (size_t k : buckets_[b]) {
-        const auto [n, dst] = bytes_of(k, ranges_[size_t(r)][k]);
-        if (r != me && n > 0) {
-          std::memcpy(dst, at, size_t(n));
-          written[k] = true;
-        }
-        at += n;
+    // One flat buffer and collective per parameter dtype of the bucket (bf16 weights and fp32
+    // norm parameters under O2): rank r's segment holds its elements of those parameters, in
+    // bucket order; this rank fills its own, the collective the others'.
+    for (const std::vector<size_t>& group : by_dtype(params_, buckets_[b])) {
+      std::vector<int64_t> counts(size_t(world), 0);
+      for (int r = 0; r < world; ++r) {
+        for (size_t k : group)
+          counts[size_t(r)] += ranges_[size_t(r)][k].size();
       }
-    }
-    for (size_t k : buckets_[b]) {
-      if (written[k]) params_[k].bump_version();
+      int64_t total = 0, off = 0;
+      for (int r = 0; r < world; ++r) {
+        if (r == me) off = total;
+        total += counts[size_t(r)];
+      }
+      Tensor flat = Tensor::empty({total}, params_[group[0]].dtype(), params_[group[0]].device());
+      for (size_t k : group) {
+        const optim::ElementRange mine = ranges_[size_t(me)][k];
+        flat.narrow(0, off, mine.size())
+            .copy_(flat_view(params_[k]).narrow(0, mine.begin, mine.size()));
+        off += mine.size();
+      }
+      comm_->all_gather(flat, counts);
+      // The others' elements into place (a copy bumps the parameter's version); this rank's
+      // own stay as its optimizer left them.
+      off = 0;
+      for (int r = 0; r < world; ++r) {
+        for (size_t k : group) {
+          const optim::ElementRange theirs = ranges_[size_t(r)][k];
+          if (r != me && theirs.size() > 0) {
+            flat_view(params_[k])
+                .narrow(0, theirs.begin, theirs.size())
+                .copy_(flat.narrow(0, off, theirs.size()));
+          }
+          off += theirs.size();
+        }
+      }
     }
   }
 }

@@ -160,14 +160,12 @@ class DistributedDataParallel {
   std::vector<size_t> bucket_of_;
   std::vector<Tensor> flat_;     // each bucket's buffer, in grad_comm
   std::vector<int64_t> offset_;  // each parameter's first element in its bucket
-  // ZeRO-1: [rank][parameter] the elements each rank owns; each bucket's elements and parameter
-  // bytes per rank, where this rank's segment starts, and its segment of the reduced sum.
+  // ZeRO-1: [rank][parameter] the elements each rank owns; each bucket's elements per rank,
+  // where this rank's segment starts, and its segment of the reduced sum.
   std::vector<std::vector<optim::ElementRange>> ranges_;
-  std::vector<std::vector<int64_t>> segment_counts_, segment_bytes_;
+  std::vector<std::vector<int64_t>> segment_counts_;
   std::vector<int64_t> segment_start_;
   std::vector<Tensor> shard_;
-  Tensor param_bytes_;            // all_gather_parameters' buffer, for the largest bucket
-  Tensor buffer_bytes_;           // the model's buffers, packed for one broadcast
   std::vector<int64_t> pending_;  // parameters of each bucket still without a gradient
   std::vector<bool> marked_;      // parameters whose gradient this step has counted
   std::vector<std::future<void>> inflight_;
