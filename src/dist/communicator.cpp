@@ -48,7 +48,7 @@ void Communicator::stop_worker() {
 
 std::future<void> Communicator::submit(std::function<void()> job) {
   MT_ASSERT(worker_, "submit() on a stopped communicator");
-  std::packaged_task<void()> task(std::move(job));
+  std::packaged_task<void()> task(bind_job(std::move(job)));
   std::future<void> done = task.get_future();
   {
     std::lock_guard lock(worker_->mu);

@@ -382,7 +382,8 @@ NamedTensors DistributedDataParallel::gather_optimizer_state(const optim::Optimi
                                                              int root) const {
   const NamedTensors mine = opt.state_dict();
   if (options_.zero_stage == 0) return comm_->rank() == root ? mine : NamedTensors{};
-  std::vector<NamedTensors> parts = gather_named_tensors(mine, *comm_, root);
+  const Device device = params_.empty() ? Device::cpu() : params_[0].device();
+  std::vector<NamedTensors> parts = gather_named_tensors(mine, *comm_, root, device);
   if (comm_->rank() != root) return {};
   std::vector<size_t> model_index;
   for (size_t i = 0; i < opt.params().size(); ++i)

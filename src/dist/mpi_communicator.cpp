@@ -36,6 +36,13 @@ bool launched_by_mpi() {
   return false;
 }
 
+int local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  }
+  return 0;
+}
+
 #ifdef MANTISSA_HAS_MPI
 
 namespace {

@@ -88,23 +88,26 @@ std::pair<int, size_t> state_key_place(std::string_view key) {
 }
 
 std::vector<NamedTensors> gather_named_tensors(const NamedTensors& mine, Communicator& comm,
-                                               int root) {
+                                               int root, Device device) {
   const int world = comm.world_size();
   const std::vector<char> bytes = pack(mine);
   // Every rank's size, then the bytes on root.
-  Tensor sizes = Tensor::zeros({world}, DType::I64);
-  sizes.data<int64_t>()[comm.rank()] = int64_t(bytes.size());
+  std::vector<int64_t> mine_size(size_t(world), 0);
+  mine_size[size_t(comm.rank())] = int64_t(bytes.size());
+  Tensor sizes = Tensor::from_vector(mine_size, {world}).to(device);
   comm.all_reduce(sizes, ReduceOp::Sum);
-  const std::vector<int64_t> counts = sizes.to_vector<int64_t>();
+  const std::vector<int64_t> counts = sizes.to(Device::cpu()).to_vector<int64_t>();
   Tensor packed = Tensor::empty({int64_t(bytes.size())}, DType::U8);
   std::memcpy(packed.data_ptr(), bytes.data(), bytes.size());
+  packed = packed.to(device);
   Tensor all;
   int64_t total = 0;
   for (const int64_t c : counts)
     total += c;
-  if (comm.rank() == root) all = Tensor::empty({total}, DType::U8);
+  if (comm.rank() == root) all = Tensor::empty({total}, DType::U8, device);
   comm.gather(packed, all, counts, root);
   if (comm.rank() != root) return {};
+  all = all.to(Device::cpu());
   std::vector<NamedTensors> parts{size_t(world)};
   const auto* base = static_cast<const char*>(all.data_ptr());
   for (int r = 0; r < world; ++r) {

@@ -11,9 +11,10 @@
 namespace mantissa::dist {
 
 // Every rank's `mine` on `root`, in rank order (CPU copies; other ranks get an empty vector).
-// Every rank calls it: one all-reduce of the sizes, one gather of the packed bytes.
+// Every rank calls it: one all-reduce of the sizes, one gather of the packed bytes, staged on
+// `device` (where the communicator's collectives run: the CPU for MPI, the GPU for NCCL).
 std::vector<NamedTensors> gather_named_tensors(const NamedTensors& mine, Communicator& comm,
-                                               int root);
+                                               int root, Device device);
 
 // Where an optimizer state key goes in Optimizer::state_dict()'s order: {0, 0} for "step", "lr"
 // and "group.<g>.lr" (written first, in their order), {1, i} for "state.<i>.*", {2, i} for

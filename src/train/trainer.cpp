@@ -192,11 +192,19 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   set_num_threads(config_.threads > 0 ? config_.threads
                                       : int(std::max(1u, std::thread::hardware_concurrency())));
   if (config_.distributed) {
-    MT_CHECK(device_.is_cpu(),
-             "--distributed runs on the CPU through MPI in this build; NCCL for --device cuda is "
-             "not there yet (docs/distributed.md)");
-    comm_ = dist::mpi_world();
+    // MPI starts the job and carries host values (the configuration check, the summary); the
+    // gradients go through MPI on the CPU, through NCCL on GPUs: one per rank, by default the
+    // rank's local number among the machine's GPUs (--device cuda).
+    host_comm_ = dist::mpi_world();
     check_same_config();
+    if (device_.is_cuda()) {
+      if (config_.device == "cuda") {
+        device_ = Device::cuda(dist::local_rank() % cuda::device_count());
+      }
+      comm_ = dist::nccl_world(device_.index);
+    } else {
+      comm_ = host_comm_;
+    }
   }
   build();
   if (!config_.resume_path.empty()) restore(load_checkpoint(config_.resume_path));
@@ -214,8 +222,8 @@ void Trainer::check_same_config() {
   const auto mine = int64_t(h >> 1);
   Tensor hi = Tensor::from_vector(std::vector<int64_t>{mine}, {1});
   Tensor lo = Tensor::from_vector(std::vector<int64_t>{-mine}, {1});
-  comm_->all_reduce(hi, dist::ReduceOp::Max);
-  comm_->all_reduce(lo, dist::ReduceOp::Max);
+  host_comm_->all_reduce(hi, dist::ReduceOp::Max);
+  host_comm_->all_reduce(lo, dist::ReduceOp::Max);
   MT_CHECK(hi.to_vector<int64_t>()[0] == mine && -lo.to_vector<int64_t>()[0] == mine, "the ",
            world_size(),
            " ranks were started with different training configurations (model, precision, data, "
@@ -769,7 +777,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     // Per rank, the largest: what a machine must hold for one rank.
     Tensor most = Tensor::from_vector(
         std::vector<int64_t>{result.peak_memory_bytes, result.optimizer_state_bytes}, {2});
-    comm_->all_reduce(most, dist::ReduceOp::Max);
+    host_comm_->all_reduce(most, dist::ReduceOp::Max);
     result.peak_memory_bytes = most.to_vector<int64_t>()[0];
     result.optimizer_state_bytes = most.to_vector<int64_t>()[1];
   }
@@ -815,6 +823,7 @@ std::string Trainer::summary_json(const TrainResult& result) const {
     const dist::DdpStepStats& total = ddp_->totals();
     j["world_size"] = world_size();
     j["grad_comm"] = config_.grad_comm;
+    j["comm_backend"] = comm_->backend();
     j["zero"] = config_.zero;
     j["comm"] = {{"steps", ddp_->steps()},
                  {"buckets", last.buckets},

@@ -74,6 +74,9 @@ class Communicator {
   Communicator();
   // Stops the thread after the jobs already submitted; derived destructors call it first.
   void stop_worker();
+  // Called by submit() on the submitting thread: what the job needs from there (a GPU
+  // communicator records an event on the caller's stream and makes the job wait for it).
+  virtual std::function<void()> bind_job(std::function<void()> job) { return job; }
   // The arguments of a reduce_scatter / all_gather checked (one count per rank, none negative,
   // sizes matching, contiguous): a mantissa::Error naming what is wrong.
   void check_segments(const char* what, std::span<const int64_t> counts, const Tensor& whole,
@@ -96,6 +99,19 @@ bool launched_by_mpi();
 // MPI_COMM_WORLD, initialized on the first call (MPI_Init_thread; finalized at exit). Throws a
 // mantissa::Error that says what to do when the build has no MPI.
 std::shared_ptr<Communicator> mpi_world();
+
+// Whether this build has NCCL (the CUDA backend, MPI and the NCCL library).
+bool nccl_built();
+// This process's rank among the ranks on its machine, from the launcher (OpenMPI's
+// OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID, Slurm's SLURM_LOCALID); 0 without one.
+int local_rank();
+// The ranks of the MPI job through NCCL, each on its own GPU `device` (by convention
+// local_rank() of the machine's GPUs): rank 0's NCCL id reaches the others over mpi_world(). Its
+// collectives take contiguous CUDA tensors on that device and run on a stream of their own,
+// after the work the submitting thread had queued on its current stream (an event), and return
+// when done. Sums of bf16/f16 and the order of additions are NCCL's. Throws a mantissa::Error
+// that says what is missing when the build has no NCCL.
+std::shared_ptr<Communicator> nccl_world(int device);
 
 // Stops every rank of the MPI job (MPI_Abort) after printing `why` with this rank's number:
 // what a rank does when it cannot go on, so the others do not wait for it forever.

@@ -141,7 +141,8 @@ class Trainer {
   std::unique_ptr<data::DevicePrefetcher> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<float> step_losses_;
-  std::shared_ptr<dist::Communicator> comm_;            // config.distributed
+  std::shared_ptr<dist::Communicator> comm_;            // config.distributed: MPI or NCCL
+  std::shared_ptr<dist::Communicator> host_comm_;       // config.distributed: MPI
   std::unique_ptr<dist::DistributedDataParallel> ddp_;  // config.distributed
 };
 
