@@ -161,14 +161,7 @@ class MpiWorld final : public Communicator {
     check_tensor(t, "all_gather");
     // Bytes: any dtype, bit for bit; each rank's segment is already in place.
     const std::vector<int> n = int_counts(counts, int64_t(t.element_size()), "all_gather");
-    std::vector<int> displs(n.size(), 0);
-    int64_t at = 0;
-    for (size_t r = 0; r < n.size(); ++r) {
-      displs[r] = int(at);
-      at += n[r];
-    }
-    MT_CHECK(at <= kMaxCount, "all_gather: ", at,
-             " bytes at once is more than MPI's int offsets reach; gather in pieces");
+    const std::vector<int> displs = displacements(n, "all_gather");
     check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.data_ptr(), n.data(), displs.data(),
                          MPI_BYTE, comm_),
           "all_gather");
@@ -191,18 +184,11 @@ class MpiWorld final : public Communicator {
              " elements but its count is ", counts[size_t(rank_)]);
     const int64_t unit = int64_t(mine.element_size());
     const std::vector<int> n = int_counts(counts, unit, "gather");
-    std::vector<int> displs(n.size(), 0);
+    const std::vector<int> displs = displacements(n, "gather");
     void* out = nullptr;
     if (rank_ == root) {
       check_segments("gather", counts, all, &mine);
       check_tensor(all, "gather");
-      int64_t at = 0;
-      for (size_t r = 0; r < n.size(); ++r) {
-        displs[r] = int(at);
-        at += n[r];
-      }
-      MT_CHECK(at <= kMaxCount, "gather: ", at,
-               " bytes at once is more than MPI's int offsets reach; gather in pieces");
       out = all.data_ptr();
     }
     check(MPI_Gatherv(mine.data_ptr(), n[size_t(rank_)], MPI_BYTE, out, n.data(), displs.data(),
@@ -247,6 +233,19 @@ class MpiWorld final : public Communicator {
       out.push_back(int(c * unit));
     }
     return out;
+  }
+
+  // Where each segment starts (MPI's int displacements).
+  static std::vector<int> displacements(const std::vector<int>& n, const char* what) {
+    std::vector<int> displs;
+    int64_t at = 0;
+    for (const int c : n) {
+      displs.push_back(int(at));
+      at += c;
+    }
+    MT_CHECK(at <= kMaxCount, what, ": ", at,
+             " units at once is more than MPI's int offsets reach; use smaller buckets");
+    return displs;
   }
 
   void check_tensor(const Tensor& t, const char* what) const {

@@ -193,6 +193,14 @@ void scaled_backward(amp::Amp& amp, nn::Module& model, dist::DistributedDataPara
   ddp.finish_gradients();
 }
 
+// A gradient hook (before accumulation, so before the bucket is packed): the gradient with an
+// inf in its first element.
+Tensor inf_in_first_element(const Tensor& g) {
+  Tensor bad = g.clone();
+  bad.reshape({bad.numel()}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
+  return bad;
+}
+
 TEST(Ranks, AnInfOnOneRankMakesEveryRankSkipTheStep) {
   auto model = nn::make_model("mlp", {.seed = 9});
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -201,12 +209,7 @@ TEST(Ranks, AnInfOnOneRankMakesEveryRankSkipTheStep) {
   const std::vector<Tensor> params = model->parameters();
   int hook = -1;
   if (world().rank() == 1) {
-    // Before accumulation, so before the bucket is packed: this rank's gradient holds an inf.
-    hook = params[0].register_hook([](const Tensor& g) {
-      Tensor bad = g.clone();
-      bad.reshape({bad.numel()}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
-      return bad;
-    });
+    hook = params[0].register_hook(inf_in_first_element);
   }
   const std::vector<std::vector<float>> before = snapshot(params);
   const double scale = amp.scaler().get_scale();
@@ -420,11 +423,7 @@ TEST(Ranks, ZeroOneSkipsOnBothRanksWhenAnInfReachesOneOwner) {
   const int owner = ddp.owned_range(0, 0).begin == 0 && ddp.owned_range(0, 0).size() > 0 ? 0 : 1;
   int hook = -1;
   if (world().rank() != owner) {
-    hook = params[0].register_hook([](const Tensor& g) {
-      Tensor bad = g.clone();
-      bad.reshape({bad.numel()}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
-      return bad;
-    });
+    hook = params[0].register_hook(inf_in_first_element);
   }
   const std::vector<std::vector<float>> before = snapshot(params);
   const double scale = amp.scaler().get_scale();
