@@ -699,6 +699,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       }
     };
     while (!steps_done()) {
+      if ((result.interrupted = stop_requested()) != 0) break;
       std::optional<data::Batch> batch = loader_->next();
       if (!batch) break;
       bool skipped = false;
@@ -722,6 +723,28 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     if (device_.is_cuda()) cuda::synchronize(device_.index);
     const double epoch_seconds = seconds_since(t0) - eval_seconds;
     state_.train_seconds += epoch_seconds;
+    if (result.interrupted) {
+      // Mid-epoch: the state says which batch comes next; no evaluation (nothing is reported
+      // that was not measured), the checkpoint, and back to the caller.
+      result.checkpoint =
+          config_.checkpoint_path.empty() ? kInterruptedCheckpoint : config_.checkpoint_path;
+      save(result.checkpoint);
+      if (rank() == 0) {
+        char line[160];
+        std::snprintf(line, sizeof line,
+                      "epoch %lld/%lld: stopped after step %lld (batch %lld of %lld), train loss "
+                      "%.4f",
+                      (long long)state_.epoch + 1, (long long)epochs, (long long)state_.step,
+                      (long long)state_.batch, (long long)batches,
+                      run_batches ? loss_sum / double(run_batches) : 0.0);
+        progress.end_epoch(line);
+      }
+      result.train_seconds = state_.train_seconds;
+      result.steps = state_.step;
+      result.loss_scale = scaler().get_scale();
+      result.peak_memory_bytes = memory_stats(device_).peak_bytes;
+      return result;
+    }
     const bool finished_epoch = state_.batch >= batches;
     EpochResult er;
     er.epoch = state_.epoch + 1;
@@ -788,6 +811,16 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     metrics_->write(j.dump());
   }
   return result;
+}
+
+int Trainer::stop_requested() const {
+  if (stop_flag_ == nullptr) return 0;
+  const int mine = stop_flag_->load(std::memory_order_relaxed);
+  if (!host_comm_) return mine;
+  // Every rank stops after the same step (a signal reaches the ranks at different moments).
+  Tensor flag = Tensor::from_vector(std::vector<int64_t>{mine}, {1});
+  host_comm_->all_reduce(flag, dist::ReduceOp::Max);
+  return int(flag.to_vector<int64_t>()[0]);
 }
 
 std::string Trainer::summary_json(const TrainResult& result) const {

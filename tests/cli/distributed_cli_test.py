@@ -111,6 +111,31 @@ with tempfile.TemporaryDirectory() as tmp:
     check(p.returncode != 0 and "--zero" in p.stderr and "--distributed" in p.stderr,
           f"--zero without --distributed is refused, naming both ({p.returncode}): {p.stderr!r}")
 
+    # Ctrl-C on mpirun: it passes SIGTERM to the ranks, which agree to stop after the same step,
+    # write one checkpoint and say how to continue; the job then resumes to its end.
+    stop_ckpt = os.path.join(tmp, "stopped.safetensors")
+    stop_metrics = os.path.join(tmp, "stopped.jsonl")
+    sargs = [("8192" if a == "2048" else a) for a in small] + ["--epochs", "2", "--zero", "1",
+                     "--checkpoint", stop_ckpt, "--metrics", stop_metrics, "--log-every", "1"]
+    job = subprocess.Popen([MPIRUN, *FLAGS, "-n", "2", BIN, *sargs], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=ENV)
+    deadline = time.time() + 60
+    while time.time() < deadline and job.poll() is None and not (
+            os.path.exists(stop_metrics) and
+            sum(1 for l in open(stop_metrics) if '"kind":"train"' in l) >= 20):
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT)
+    output, _ = job.communicate(timeout=60)
+    check(os.path.exists(stop_ckpt) and "--resume " + stop_ckpt + " --distributed --zero 1" in output,
+          f"Ctrl-C on mpirun: a checkpoint and the command that continues: {output[-800:]!r}")
+    check(output.count("stopped after step") == 1, f"one rank reports the stop: {output[-800:]!r}")
+    rargs = ["train", "--resume", stop_ckpt, "--distributed", "--zero", "1", "--json",
+             "--no-progress", "--threads", "1", "--workers", "0"]
+    rc, out, err = mpirun(rargs, rargs)
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    check(rc == 0 and lines and json.loads(lines[0]).get("steps") == 256,
+          f"the stopped job resumes to its end ({rc}): {err[-500:]}")
+
     # Ranks started differently refuse, naming why.
     rc, out, err = mpirun(small + ["--steps", "5", "--lr", "0.1"],
                           small + ["--steps", "5", "--lr", "0.2"])

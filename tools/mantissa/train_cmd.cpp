@@ -1,6 +1,11 @@
 // `mantissa train` and `mantissa eval`.
 #include <fmt/core.h>
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +30,33 @@ constexpr const char* kRunDefining[] = {
     "--momentum", "--schedule",   "--warmup",     "--seed",       "--weight-decay",
     "--dropout",  "--precision",  "--loss-scale", "--opt-level",  "--rounding",
     "--seq-len",  "--grad-accum", "--decay",      "--vocab-size", "--init-scale"};
+
+// Ctrl-C and SIGTERM during `train`: the first asks the trainer to stop after the step under way
+// and write a checkpoint (Trainer::set_stop_flag); a second one ends the process at once, by the
+// signal's default action (the last checkpoint was written atomically, so it stays whole).
+std::atomic<int> g_stop{0};
+std::atomic<bool> g_announce{true};  // false on ranks other than 0: one message per job
+
+void on_stop_signal(int sig) {
+  if (g_stop.load() != 0) {
+    std::signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  g_stop.store(sig);
+  if (!g_announce.load()) return;
+  static const char kSay[] =
+      "\nmantissa: stopping after this step and writing a checkpoint (again to quit at once)\n";
+  [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kSay, sizeof kSay - 1);
+}
+
+void catch_stop_signals() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (const int sig : {SIGINT, SIGTERM})
+    sigaction(sig, &sa, nullptr);
+}
 
 // Percent of `part` in `whole` (0 when whole is 0).
 double percent(int64_t part, int64_t whole) {
@@ -257,7 +289,27 @@ Command add_train_command(CLI::App& app) {
       config = merged;
     }
     train::Trainer trainer(config);
+    g_announce = trainer.rank() == 0;
+    catch_stop_signals();
+    trainer.set_stop_flag(&g_stop);
     const train::TrainResult r = trainer.fit();
+    if (r.interrupted != 0) {
+      if (trainer.rank() == 0) {
+        const train::TrainConfig& run = trainer.config();
+        std::string launch = fmt::format("mantissa train --resume {}", r.checkpoint);
+        if (trainer.world_size() > 1) {
+          // What a data-parallel resume takes from the command line, not the checkpoint.
+          launch = fmt::format("mpirun -n {} {} --distributed", trainer.world_size(), launch);
+          if (run.zero != 0) launch += fmt::format(" --zero {}", run.zero);
+          if (run.grad_comm != "fp32") launch += " --grad-comm " + run.grad_comm;
+        }
+        fmt::print(stderr,
+                   "mantissa train: stopped by {} after step {}; the state is in {}. Continue "
+                   "with:\n  {}\n",
+                   r.interrupted == SIGTERM ? "SIGTERM" : "Ctrl-C", r.steps, r.checkpoint, launch);
+      }
+      return 128 + r.interrupted;  // 130 for SIGINT, 143 for SIGTERM, as a shell reports them
+    }
     if (trainer.rank() == 0) print_result(r, trainer, args->json);
     return 0;
   };

@@ -7,6 +7,7 @@
 //   auto result = mantissa::train::Trainer(cfg).fit();
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,8 +66,16 @@ struct TrainResult {
   int64_t peak_memory_bytes = 0;
   int64_t optimizer_state_bytes = 0;
   int64_t dataset_bytes = 0;  // of which the train and test sets (held as tensors)
-  UnderflowStats underflow;   // with TrainConfig::underflow_every
+  // Stopped by the stop flag (Trainer::set_stop_flag): the flag's value (the signal, for the
+  // CLI), and the checkpoint written then. The summary is not written and `test` holds the
+  // last evaluation made, if any: nothing unmeasured is reported.
+  int interrupted = 0;
+  std::string checkpoint;
+  UnderflowStats underflow;  // with TrainConfig::underflow_every
 };
+
+// Where an interrupted run without --checkpoint writes its state (the working directory).
+inline constexpr const char* kInterruptedCheckpoint = "mantissa-interrupted.safetensors";
 
 class Trainer {
  public:
@@ -78,6 +87,13 @@ class Trainer {
   // Trains to the end of config.epochs (or config.max_steps), or for at most `max_epochs`
   // epochs in this call when it is positive (a run that stops early, as if interrupted).
   TrainResult fit(int64_t max_epochs = 0);
+  // Stopping a run cleanly (Ctrl-C): while *flag is non-zero, fit() ends after the step under
+  // way, writes a checkpoint of the state mid-epoch (config.checkpoint_path, or
+  // kInterruptedCheckpoint when there is none) and returns with result.interrupted = *flag. A
+  // run resumed from it continues exactly where it stopped. The flag is only read (an atomic a
+  // signal handler may set); data parallel, the ranks agree on it every step (one all-reduce of
+  // an int), so all stop after the same step. Null: none.
+  void set_stop_flag(const std::atomic<int>* flag) { stop_flag_ = flag; }
   EvalResult evaluate();  // the test set, in eval mode, without a graph
 
   nn::Module& model() { return *model_; }
@@ -141,8 +157,11 @@ class Trainer {
   std::unique_ptr<data::DevicePrefetcher> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::vector<float> step_losses_;
-  std::shared_ptr<dist::Communicator> comm_;            // config.distributed: MPI or NCCL
-  std::shared_ptr<dist::Communicator> host_comm_;       // config.distributed: MPI
+  std::shared_ptr<dist::Communicator> comm_;       // config.distributed: MPI or NCCL
+  std::shared_ptr<dist::Communicator> host_comm_;  // config.distributed: MPI
+  const std::atomic<int>* stop_flag_ = nullptr;
+  // The stop flag's value, the same on every rank (0: go on).
+  int stop_requested() const;
   std::unique_ptr<dist::DistributedDataParallel> ddp_;  // config.distributed
 };
 

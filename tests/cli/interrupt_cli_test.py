@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""`mantissa train` stopped by Ctrl-C (SIGINT) or SIGTERM, as a user stops it: the run ends after
+the step under way with exit status 130 / 143, writes a checkpoint of the state mid-epoch, prints
+the command that continues it; continued, it ends with the very tensors an uninterrupted run
+ends with (byte for byte). A second Ctrl-C ends the process at once and leaves the last
+checkpoint whole.
+
+  interrupt_cli_test.py MANTISSA
+"""
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = sys.argv[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def tensors(path):
+    """A safetensors file's tensors as raw bytes, by name (the metadata left out)."""
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+
+
+# 2 epochs of 128 steps: long enough to be stopped mid-epoch, short to finish.
+RUN = ["train", "--data", "synthetic", "--synthetic-size", "4096", "--model", "mlp",
+       "--batch-size", "32", "--epochs", "2", "--threads", "1", "--workers", "0",
+       "--no-progress", "--optimizer", "adamw", "--lr", "1e-3", "--precision", "fp16",
+       "--opt-level", "O2", "--dropout", "0.1", "--log-every", "1"]
+
+
+def started(metrics, steps):
+    """Waits until the run's metrics show `steps` train records (at most 60 s)."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if os.path.exists(metrics):
+            n = sum(1 for line in open(metrics) if '"kind":"train"' in line)
+            if n >= steps:
+                return True
+        time.sleep(0.02)
+    return False
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    whole = os.path.join(tmp, "whole.safetensors")
+    p = subprocess.run([BIN, *RUN, "--checkpoint", whole], capture_output=True, text=True,
+                       env=ENV, timeout=300)
+    check(p.returncode == 0, f"the uninterrupted run ({p.returncode}): {p.stderr[-500:]}")
+
+    for sig, code, name in ((signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")):
+        ckpt = os.path.join(tmp, f"stopped-{name}.safetensors")
+        metrics = os.path.join(tmp, f"metrics-{name}.jsonl")
+        job = subprocess.Popen([BIN, *RUN, "--checkpoint", ckpt, "--metrics", metrics],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        check(started(metrics, 20), f"{name}: the run started")
+        job.send_signal(sig)
+        out, err = job.communicate(timeout=60)
+        check(job.returncode == code, f"{name}: exit status {job.returncode}, not {code}: {err[-500:]}")
+        check(f"mantissa train --resume {ckpt}" in err,
+              f"{name}: the message gives the command that continues: {err[-500:]!r}")
+        check("stopped after step" in err and "test acc" not in err,
+              f"{name}: says where it stopped, and reports no evaluation it did not make: "
+              f"{err[-500:]!r}")
+        check(not any(l.startswith("{") for l in out.splitlines()),
+              f"{name}: no result printed for a stopped run: {out!r}")
+        summaries = [l for l in open(metrics) if '"kind":"summary"' in l]
+        check(not summaries, f"{name}: no summary record for a stopped run")
+        if not os.path.exists(ckpt):
+            check(False, f"{name}: no checkpoint written")
+            continue
+        state = json.loads(json.loads(open(ckpt, "rb").read()[8:8 + struct.unpack(
+            "<Q", open(ckpt, "rb").read()[:8])[0]])["__metadata__"]["mantissa.state"])
+        check(0 < state["batch"] < 128, f"{name}: stopped mid-epoch: {state}")
+        print(f"{name}: stopped at step {state['step']} (epoch {state['epoch']}, batch "
+              f"{state['batch']}), exit {job.returncode}")
+        p = subprocess.run([BIN, "train", "--resume", ckpt, "--no-progress"],
+                           capture_output=True, text=True, env=ENV, timeout=300)
+        check(p.returncode == 0, f"{name}: the resumed run ({p.returncode}): {p.stderr[-500:]}")
+        a, b = tensors(whole), tensors(ckpt)
+        same = list(a) == list(b) and all(a[k] == b[k] for k in a)
+        check(same, f"{name}: stopped and continued, the run ends byte for byte as one that "
+                    f"was not stopped ({[k for k in a if a[k] != b.get(k)][:5]})")
+
+    # Ctrl-C twice: out at once, the checkpoint of the first epoch still whole.
+    ckpt = os.path.join(tmp, "twice.safetensors")
+    metrics = os.path.join(tmp, "metrics-twice.jsonl")
+    job = subprocess.Popen([BIN, *RUN, "--checkpoint", ckpt, "--metrics", metrics],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    check(started(metrics, 140), "twice: the run reached its second epoch")
+    job.send_signal(signal.SIGINT)
+    job.send_signal(signal.SIGINT)
+    t0 = time.time()
+    job.communicate(timeout=60)
+    check(job.returncode in (-signal.SIGINT, 130),
+          f"twice: ended by the signal ({job.returncode})")
+    print(f"twice: ended {time.time() - t0:.2f} s after the second Ctrl-C, exit {job.returncode}")
+    if os.path.exists(ckpt):
+        p = subprocess.run([BIN, "eval", "--checkpoint", ckpt], capture_output=True, text=True,
+                           env=ENV, timeout=120)
+        check(p.returncode == 0, f"twice: the last checkpoint loads ({p.returncode}): {p.stderr}")
+    else:
+        check(False, "twice: the first epoch's checkpoint is missing")
+
+if failures:
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1)
+print("ok")
