@@ -642,6 +642,13 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   const int64_t skipped_before = scaled ? scaler().skipped_steps() : 0;
 
   const int64_t stop_epoch = max_epochs > 0 ? std::min(epochs, state_.epoch + max_epochs) : epochs;
+  // A resumed run with nothing left to train would report an evaluation it never made.
+  MT_CHECK(config_.resume_path.empty() || !step_losses_.empty() ||
+               (state_.epoch < stop_epoch && !steps_done()),
+           "the run saved in '", config_.resume_path, "' is already complete (step ", state_.step,
+           config_.max_steps > 0 ? " of --steps " + std::to_string(config_.max_steps) : "",
+           ", epoch ", state_.epoch, " of --epochs ", epochs,
+           "); to train on, pass a larger --steps or --epochs with --resume");
   while (state_.epoch < stop_epoch && !steps_done()) {
     model_->train();
     loader_->start_epoch(state_.epoch, state_.batch);

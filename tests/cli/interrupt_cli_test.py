@@ -3,7 +3,8 @@
 the step under way with exit status 130 / 143, writes a checkpoint of the state mid-epoch, prints
 the command that continues it; continued, it ends with the very tensors an uninterrupted run
 ends with (byte for byte). A second Ctrl-C ends the process at once and leaves the last
-checkpoint whole.
+checkpoint whole. Resuming a run that is already complete says so and what to pass, instead of
+reporting an evaluation it never made.
 
   interrupt_cli_test.py MANTISSA
 """
@@ -60,6 +61,13 @@ with tempfile.TemporaryDirectory() as tmp:
     p = subprocess.run([BIN, *RUN, "--checkpoint", whole], capture_output=True, text=True,
                        env=ENV, timeout=300)
     check(p.returncode == 0, f"the uninterrupted run ({p.returncode}): {p.stderr[-500:]}")
+
+    # Resuming a finished run: nothing to train, so no result, but what to pass.
+    p = subprocess.run([BIN, "train", "--resume", whole, "--no-progress"], capture_output=True,
+                       text=True, env=ENV, timeout=120)
+    check(p.returncode == 2 and "already complete" in p.stderr and "--epochs" in p.stderr
+          and "accuracy" not in p.stdout,
+          f"resuming a finished run says so ({p.returncode}): {p.stderr!r} {p.stdout!r}")
 
     for sig, code, name in ((signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")):
         ckpt = os.path.join(tmp, f"stopped-{name}.safetensors")
