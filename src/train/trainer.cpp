@@ -1,9 +1,13 @@
 #include "mantissa/train/trainer.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 #include <tuple>
@@ -99,6 +103,25 @@ std::pair<data::TokenDataset, data::TokenDataset> load_text_data(TrainConfig& c)
   data::TokenDataset va = data::load_token_shard(
       val.string(), tr.vocab_size, fingerprint ? fingerprint : tr.tokenizer_fingerprint);
   return {std::move(tr), std::move(va)};
+}
+
+// A checkpoint path that can be written: a file name in a directory that exists and takes a new
+// file. Checked before any training, so that a run does not fail when its first epoch ends.
+void check_checkpoint_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  MT_CHECK(!fs::is_directory(p), "--checkpoint '", path,
+           "' is a directory; give a file name, e.g. ", (p / "run.safetensors").string());
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  MT_CHECK(fs::is_directory(dir), "--checkpoint '", path, "': the directory '", dir.string(),
+           "' does not exist; create it first (mkdir -p ", dir.string(), ")");
+  const fs::path probe = dir / (".mantissa-write-test-" + std::to_string(::getpid()));
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  MT_CHECK(f != nullptr, "--checkpoint '", path, "': cannot write in '", dir.string(),
+           "': ", std::strerror(errno));
+  std::fclose(f);
+  std::error_code ec;
+  fs::remove(probe, ec);
 }
 
 }  // namespace
@@ -206,6 +229,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
       comm_ = host_comm_;
     }
   }
+  if (!config_.checkpoint_path.empty() && rank() == 0)
+    check_checkpoint_path(config_.checkpoint_path);
   build();
   if (!config_.resume_path.empty()) restore(load_checkpoint(config_.resume_path));
   metrics_ = config_.metrics_path.empty() || rank() != 0

@@ -52,6 +52,12 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 2 and "transformer9000" in err and "cnn" in err, f"unknown model: {rc} {err!r}")
     rc, _, err = run("train", "--data-dir", os.path.join(tmp, "nowhere"))
     check(rc == 2 and "nowhere" in err, f"missing data dir: {rc} {err!r}")
+    # An unusable --checkpoint is refused before any training, not when the first epoch ends.
+    for where, says in ((os.path.join(tmp, "nowhere", "run.safetensors"), "does not exist"),
+                        (tmp, "is a directory")):
+        rc, out, err = run("train", *small, "--epochs", "1", "--checkpoint", where)
+        check(rc == 2 and says in err and "epoch 1/1" not in err and out == "",
+              f"--checkpoint {where}: {rc} {err!r}")
     rc, _, err = run("train", "--data", "synthetic", "--batch-size", "0")
     check(rc == 2 and "batch-size" in err, f"bad batch size: {rc} {err!r}")
     bad = os.path.join(tmp, "bad.safetensors")
