@@ -1,10 +1,10 @@
 #include "mantissa/train/trainer.h"
 
 #include <unistd.h>
-#include <algorithm>
-#include <chrono>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
