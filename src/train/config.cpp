@@ -57,6 +57,7 @@ namespace mantissa::train {
   _(workers)                      \
   _(metrics_path)                 \
   _(checkpoint_path)              \
+  _(checkpoint_every)             \
   _(resume_path)                  \
   _(log_every)                    \
   _(progress)                     \
@@ -185,6 +186,10 @@ void TrainConfig::validate() const {
            "--init-scale starts dynamic loss scaling, which --precision fp16 uses; with ",
            precision, " and --loss-scale ", loss_scale, " there is none");
   MT_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
+  MT_CHECK(checkpoint_every >= 0,
+           "--checkpoint-every must be 0 (epoch ends only) or positive, got ", checkpoint_every);
+  MT_CHECK(checkpoint_every == 0 || !checkpoint_path.empty(),
+           "--checkpoint-every writes the --checkpoint file: give --checkpoint FILE too");
   MT_CHECK(grad_comm == "fp32" || grad_comm == "bf16" || grad_comm == "fp16",
            "unknown --grad-comm '", grad_comm,
            "'; use fp32, bf16 or fp16 (the dtype gradients travel in between ranks)");

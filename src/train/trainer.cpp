@@ -742,6 +742,12 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       ++run_batches;
       ++state_.batch;
       if (state_.step % read_every == 0 || state_.batch == batches || steps_done()) read_back();
+      // Mid-epoch checkpoints (the epoch's end writes its own).
+      if (config_.checkpoint_every > 0 && state_.step % config_.checkpoint_every == 0 &&
+          state_.batch < batches) {
+        read_back();
+        save(config_.checkpoint_path);
+      }
       if (config_.eval_every > 0 && state_.step % config_.eval_every == 0 &&
           state_.batch < batches && !steps_done()) {
         read_back();

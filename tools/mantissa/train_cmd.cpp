@@ -223,6 +223,10 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--metrics", c.metrics_path, "Append JSON-lines metrics to FILE");
   cmd->add_option("--checkpoint", c.checkpoint_path,
                   "Write a checkpoint (safetensors) to FILE after every epoch");
+  cmd->add_option("--checkpoint-every", c.checkpoint_every,
+                  "Also write the checkpoint every N steps (mid-epoch; a resumed run continues "
+                  "exactly)")
+      ->capture_default_str();
   cmd->add_option("--resume", c.resume_path, "Continue the run saved in checkpoint FILE");
   cmd->add_option("--log-every", c.log_every, "Steps between metric records / progress lines")
       ->capture_default_str();
@@ -269,6 +273,7 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--steps")) merged.max_steps = config.max_steps;
       if (cmd->count("--metrics")) merged.metrics_path = config.metrics_path;
       if (cmd->count("--checkpoint")) merged.checkpoint_path = config.checkpoint_path;
+      if (cmd->count("--checkpoint-every")) merged.checkpoint_every = config.checkpoint_every;
       if (cmd->count("--threads")) merged.threads = config.threads;
       if (cmd->count("--device")) merged.device = config.device;
       if (cmd->count("--workers")) merged.workers = config.workers;

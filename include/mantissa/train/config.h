@@ -104,11 +104,12 @@ struct TrainConfig {
   int zero = 0;
 
   // outputs
-  std::string metrics_path;     // JSON lines; empty: none
-  std::string checkpoint_path;  // written at the end of every epoch; empty: none
-  std::string resume_path;      // a checkpoint to continue from
-  int64_t log_every = 50;       // steps between train metric records / plain progress lines
-  bool progress = true;         // a progress bar on a terminal
+  std::string metrics_path;      // JSON lines; empty: none
+  std::string checkpoint_path;   // written at the end of every epoch; empty: none
+  int64_t checkpoint_every = 0;  // > 0: also every this many steps (mid-epoch, resumable)
+  std::string resume_path;       // a checkpoint to continue from
+  int64_t log_every = 50;        // steps between train metric records / plain progress lines
+  bool progress = true;          // a progress bar on a terminal
 
   std::string to_json() const;
   static TrainConfig from_json(const std::string& json);  // unknown keys are errors
