@@ -14,29 +14,15 @@ mismatch. CTest runs it as `kill_resume` (label reliability).
 """
 import argparse
 import glob
-import json
 import os
 import random
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def tensors(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in header.items() if k != "__metadata__"}
-
-
-def state_of(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    return json.loads(json.loads(data[8:8 + n])["__metadata__"]["mantissa.state"])
+from checkpoint_file import differing, state as state_of
 
 
 def main():
@@ -80,8 +66,7 @@ def main():
             """A chain of kills and resumes that reached the end: it must match, then the next
             chain starts from scratch."""
             nonlocal finished
-            a, b = tensors(ref), tensors(ckpt)
-            differ = [k for k in a if a[k] != b.get(k)] + [k for k in b if k not in a]
+            differ = differing(ref, ckpt)
             check(not differ, f"a killed-and-resumed run ({how}) ends differently: {differ[:5]}")
             finished += 1
             os.remove(ckpt)
@@ -113,7 +98,7 @@ def main():
             if os.path.exists(ckpt):
                 try:
                     s = state_of(ckpt)
-                    tensors(ckpt)
+                    differing(ckpt, ckpt)  # reads every tensor
                     where = f"step {s['step']} (epoch {s['epoch']}, batch {s['batch']})"
                 except Exception as e:  # noqa: BLE001 - any failure to read is the finding
                     check(False, f"kill {kills}: the newest checkpoint does not load: {e}")

@@ -8,14 +8,15 @@ reporting an evaluation it never made.
 
   interrupt_cli_test.py MANTISSA
 """
-import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from checkpoint_file import differing, state  # noqa: E402
 
 BIN = sys.argv[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -26,15 +27,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what)
-
-
-def tensors(path):
-    """A safetensors file's tensors as raw bytes, by name (the metadata left out)."""
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in header.items() if k != "__metadata__"}
 
 
 # 2 epochs of 128 steps: long enough to be stopped mid-epoch, short to finish.
@@ -90,18 +82,16 @@ with tempfile.TemporaryDirectory() as tmp:
         if not os.path.exists(ckpt):
             check(False, f"{name}: no checkpoint written")
             continue
-        state = json.loads(json.loads(open(ckpt, "rb").read()[8:8 + struct.unpack(
-            "<Q", open(ckpt, "rb").read()[:8])[0]])["__metadata__"]["mantissa.state"])
-        check(0 < state["batch"] < 128, f"{name}: stopped mid-epoch: {state}")
-        print(f"{name}: stopped at step {state['step']} (epoch {state['epoch']}, batch "
-              f"{state['batch']}), exit {job.returncode}")
+        where = state(ckpt)
+        check(0 < where["batch"] < 128, f"{name}: stopped mid-epoch: {where}")
+        print(f"{name}: stopped at step {where['step']} (epoch {where['epoch']}, batch "
+              f"{where['batch']}), exit {job.returncode}")
         p = subprocess.run([BIN, "train", "--resume", ckpt, "--no-progress"],
                            capture_output=True, text=True, env=ENV, timeout=300)
         check(p.returncode == 0, f"{name}: the resumed run ({p.returncode}): {p.stderr[-500:]}")
-        a, b = tensors(whole), tensors(ckpt)
-        same = list(a) == list(b) and all(a[k] == b[k] for k in a)
-        check(same, f"{name}: stopped and continued, the run ends byte for byte as one that "
-                    f"was not stopped ({[k for k in a if a[k] != b.get(k)][:5]})")
+        differ = differing(whole, ckpt)
+        check(not differ, f"{name}: stopped and continued, the run ends byte for byte as one "
+                          f"that was not stopped ({differ[:5]})")
 
     # Ctrl-C twice: out at once, the checkpoint of the first epoch still whole.
     ckpt = os.path.join(tmp, "twice.safetensors")
