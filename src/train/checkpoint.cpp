@@ -1,8 +1,14 @@
 #include "mantissa/train/checkpoint.h"
 
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "mantissa/core/error.h"
+#include "mantissa/core/warning.h"
 #include "mantissa/io/safetensors.h"
 
 namespace mantissa::train {
@@ -10,6 +16,61 @@ namespace {
 
 constexpr const char* kFormatKey = "mantissa.checkpoint";
 constexpr const char* kFormatVersion = "1";
+// A CRC-32 (zlib's, IEEE 802.3) of every tensor's bytes as written, by name: what load checks, so
+// that bytes changed inside the tensor data after the file was written (a flipped bit, a bad
+// copy) are an error naming the tensor instead of a silently different model.
+constexpr const char* kChecksumKey = "mantissa.crc32";
+
+std::string crc32_of(const Tensor& t) {
+  const Tensor c = t.device().is_cpu() && t.is_contiguous() ? t : t.to(Device::cpu()).contiguous();
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(c.data_ptr());
+  // zlib takes a uInt length: large tensors in pieces.
+  for (size_t done = 0, n = c.nbytes(); done < n;) {
+    const auto len = uInt(std::min<size_t>(n - done, size_t(1) << 30));
+    crc = crc32(crc, p + done, len);
+    done += len;
+  }
+  char text[9];
+  std::snprintf(text, sizeof text, "%08lx", crc);
+  return text;
+}
+
+std::string checksums_json(const NamedTensors& tensors) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [name, t] : tensors)
+    j[name] = crc32_of(t);
+  return j.dump();
+}
+
+void verify_checksums(const SafetensorsFile& file, const std::string& path) {
+  const auto it = file.metadata.find(kChecksumKey);
+  if (it == file.metadata.end()) {
+    warn("checkpoint:no-checksums",
+         "checkpoint '" + path +
+             "' has no checksums (written before Mantissa stored them): its tensors are loaded "
+             "unverified");
+    return;
+  }
+  nlohmann::json sums;
+  try {
+    sums = nlohmann::json::parse(it->second);
+  } catch (const std::exception& e) {
+    MT_CHECK(false, "checkpoint '", path, "': its checksums are damaged (", e.what(), ")");
+  }
+  MT_CHECK(sums.is_object() && sums.size() == file.tensors.size(), "checkpoint '", path,
+           "': its checksums list ", sums.is_object() ? sums.size() : 0,
+           " tensors but the file has ", file.tensors.size(),
+           "; the file was changed after it was written");
+  for (const auto& [name, t] : file.tensors) {
+    const auto want = sums.find(name);
+    MT_CHECK(want != sums.end() && want->is_string(), "checkpoint '", path, "': tensor '", name,
+             "' has no checksum; the file was changed after it was written");
+    MT_CHECK(want->get<std::string>() == crc32_of(t), "checkpoint '", path, "': tensor '", name,
+             "' is damaged: its bytes do not match the checksum written with it (the file was "
+             "changed after it was written); use another copy or an earlier checkpoint");
+  }
+}
 
 std::string state_json(const TrainState& s) {
   nlohmann::ordered_json j;
@@ -56,6 +117,7 @@ void save_checkpoint(const std::string& path, const TrainConfig& config, const T
       {kFormatKey, kFormatVersion},
       {"mantissa.config", config.to_json()},
       {"mantissa.state", state_json(state)},
+      {kChecksumKey, checksums_json(all)},
   };
   save_safetensors(path, all, metadata);
 }
@@ -80,6 +142,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     MT_CHECK(false, "checkpoint '", path, "': ", e.message());
   }
   c.state = parse_state(state->second, path);
+  verify_checksums(file, path);
   const std::string prefix = kOptimizerPrefix, scaler_prefix = kScalerPrefix;
   for (auto& [name, t] : file.tensors) {
     if (name.rfind(prefix, 0) == 0) {

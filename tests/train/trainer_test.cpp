@@ -3,11 +3,15 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "harness/temp_dir.h"
+#include "mantissa/core/warning.h"
 #include "mantissa/io/safetensors.h"
 #include "mantissa/train/trainer.h"
 
@@ -175,6 +179,68 @@ TEST_F(TrainerTest, BadCheckpointsAreRefusedWithTheirName) {
   // And the good one evaluates.
   const EvalResult e = evaluate_checkpoint(c.checkpoint_path);
   EXPECT_GT(e.samples, 0);
+}
+
+// Bytes changed inside the tensor data after the file was written: every single-bit flip is an
+// error naming the tensor (CRC-32 catches every one), where it used to load a different model.
+TEST_F(TrainerTest, DamagedTensorDataIsAnErrorNamingTheTensor) {
+  TrainConfig c = small("mlp");
+  c.max_steps = 3;
+  c.epochs = 0;
+  c.checkpoint_path = file("ok.safetensors");
+  c.optimizer = "adamw";
+  c.precision = "fp16";
+  c.opt_level = "O2";
+  Trainer t(c);
+  t.fit();
+  t.save(c.checkpoint_path);
+  std::ifstream in(c.checkpoint_path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const size_t data_begin = 8 + size_t(header);
+  ASSERT_LT(data_begin, bytes.size());
+  const SafetensorsFile good = load_safetensors(c.checkpoint_path);
+  // The tensor that holds a byte offset of the data, by its data_offsets in the header.
+  const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, size_t(header)));
+  auto tensor_at = [&](size_t offset) {
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      const auto& o = it.value()["data_offsets"];
+      if (offset >= o[0].get<size_t>() && offset < o[1].get<size_t>()) return it.key();
+    }
+    return std::string();
+  };
+  std::mt19937_64 rng(5);
+  const std::string damaged = file("damaged.safetensors");
+  int refused = 0;
+  for (int trial = 0; trial < 100; ++trial) {
+    std::string copy = bytes;
+    const size_t at = data_begin + rng() % (bytes.size() - data_begin);
+    copy[at] = char(copy[at] ^ char(1 << (rng() % 8)));
+    std::ofstream(damaged, std::ios::binary | std::ios::trunc)
+        .write(copy.data(), std::streamsize(copy.size()));
+    try {
+      load_checkpoint(damaged);
+      ADD_FAILURE() << "a bit flipped at byte " << at << " loaded";
+    } catch (const Error& e) {
+      const std::string name = tensor_at(at - data_begin);
+      EXPECT_NE(e.message().find("'" + name + "' is damaged"), std::string::npos) << e.message();
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 100);
+  // A checkpoint written before checksums (the key left out) loads, with one note.
+  std::map<std::string, std::string> old_metadata = good.metadata;
+  ASSERT_EQ(old_metadata.erase("mantissa.crc32"), 1u);
+  NamedTensors all;
+  for (const auto& [name, tensor] : good.tensors)
+    all.emplace_back(name, tensor);
+  const std::string old = file("old.safetensors");
+  save_safetensors(old, all, old_metadata);
+  reset_warnings();
+  EXPECT_NO_THROW(load_checkpoint(old));
+  EXPECT_EQ(warning_count("checkpoint:no-checksums"), 1);
 }
 
 TEST_F(TrainerTest, CheckpointLoadsInPythonSafetensors) {
