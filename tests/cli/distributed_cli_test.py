@@ -17,7 +17,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
-from checkpoint_file import differing  # noqa: E402
+from checkpoint_file import differing, state  # noqa: E402
 
 BIN, MPIRUN, FLAGS = sys.argv[1], sys.argv[2], sys.argv[3:]
 failures = []
@@ -108,7 +108,8 @@ with tempfile.TemporaryDirectory() as tmp:
     # write one checkpoint and say how to continue; the job then resumes to its end.
     stop_ckpt = os.path.join(tmp, "stopped.safetensors")
     stop_metrics = os.path.join(tmp, "stopped.jsonl")
-    sargs = [("8192" if a == "2048" else a) for a in small] + ["--epochs", "2", "--zero", "1",
+    # Epochs enough that it cannot end before the signal arrives, however fast the machine.
+    sargs = [("8192" if a == "2048" else a) for a in small] + ["--epochs", "1000", "--zero", "1",
                      "--checkpoint", stop_ckpt, "--metrics", stop_metrics, "--log-every", "1"]
     job = subprocess.Popen([MPIRUN, *FLAGS, "-n", "2", BIN, *sargs], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=ENV)
@@ -122,12 +123,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check(os.path.exists(stop_ckpt) and "--resume " + stop_ckpt + " --distributed --zero 1" in output,
           f"Ctrl-C on mpirun: a checkpoint and the command that continues: {output[-800:]!r}")
     check(output.count("stopped after step") == 1, f"one rank reports the stop: {output[-800:]!r}")
-    rargs = ["train", "--resume", stop_ckpt, "--distributed", "--zero", "1", "--json",
-             "--no-progress", "--threads", "1", "--workers", "0"]
+    # Resumed to the end of the epoch it stopped in (8192 / (2 x 32) = 128 steps an epoch).
+    epoch = state(stop_ckpt)["epoch"] if os.path.exists(stop_ckpt) else 0
+    rargs = ["train", "--resume", stop_ckpt, "--epochs", str(epoch + 1), "--distributed",
+             "--zero", "1", "--json", "--no-progress", "--threads", "1", "--workers", "0"]
     rc, out, err = mpirun(rargs, rargs)
     lines = [l for l in out.splitlines() if l.startswith("{")]
-    check(rc == 0 and lines and json.loads(lines[0]).get("steps") == 256,
-          f"the stopped job resumes to its end ({rc}): {err[-500:]}")
+    check(rc == 0 and lines and json.loads(lines[0]).get("steps") == 128 * (epoch + 1),
+          f"the stopped job resumes to the end of its epoch ({rc}): {err[-500:]}")
 
     # Ranks started differently refuse, naming why.
     rc, out, err = mpirun(small + ["--steps", "5", "--lr", "0.1"],
