@@ -762,8 +762,8 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     const double epoch_seconds = seconds_since(t0) - eval_seconds;
     state_.train_seconds += epoch_seconds;
     if (result.interrupted) {
-      // Mid-epoch: the state says which batch comes next; no evaluation (nothing is reported
-      // that was not measured), the checkpoint, and back to the caller.
+      // Mid-epoch: the state says which batch comes next; no evaluation and no summary (nothing
+      // is reported that was not measured), the checkpoint, and the result below.
       result.checkpoint =
           config_.checkpoint_path.empty() ? kInterruptedCheckpoint : config_.checkpoint_path;
       save(result.checkpoint);
@@ -777,11 +777,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
                       run_batches ? loss_sum / double(run_batches) : 0.0);
         progress.end_epoch(line);
       }
-      result.train_seconds = state_.train_seconds;
-      result.steps = state_.step;
-      result.loss_scale = scaler().get_scale();
-      result.peak_memory_bytes = memory_stats(device_).peak_bytes;
-      return result;
+      break;
     }
     const bool finished_epoch = state_.batch >= batches;
     EpochResult er;
@@ -843,7 +839,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     result.optimizer_state_bytes = most.to_vector<int64_t>()[1];
   }
   result.dataset_bytes = dataset_bytes_;
-  if (metrics_->enabled()) {
+  if (metrics_->enabled() && !result.interrupted) {
     auto j = record("summary");
     j.update(nlohmann::ordered_json::parse(summary_json(result)));
     metrics_->write(j.dump());
