@@ -79,6 +79,37 @@ void decode_fp8(const T* src, float* dst, size_t n) {
     dst[i] = kTable[src[i].bits];
 }
 
+// Round to nearest even with saturation into an fp8 format (fp8 training's quantization),
+// branch-free so the loop vectorizes; the same bits as encode_bits (tested over a sweep of all
+// floats). Normal results: the mantissa rounded with the carry trick, the exponent rebiased;
+// subnormal results: |x| times the inverse of the smallest subnormal (exact, a power of two)
+// rounded to an integer by adding and subtracting 2^23; then saturation, then NaN.
+template <Format F, typename Out>
+void encode_fp8_saturating(const float* src, Out* dst, size_t n) {
+  constexpr FormatSpec t = format_spec(F);
+  constexpr int m = t.mantissa_bits;
+  constexpr int drop = 23 - m;
+  constexpr uint32_t kRebias = uint32_t(127 - t.bias()) << m;
+  constexpr uint32_t kMinNormal = uint32_t(t.emin() + 127) << 23;
+  constexpr float kSubScale = float(uint64_t(1) << (m - t.emin()));
+  constexpr uint32_t kMax = t.max_finite_bits();
+  uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t x = std::bit_cast<uint32_t>(src[i]);
+    const uint32_t sign = (x >> 31) << 7;
+    const uint32_t a = x & 0x7fffffffu;
+    const uint32_t normal = ((a + ((1u << (drop - 1)) - 1) + ((a >> drop) & 1)) >> drop) - kRebias;
+    const float sv = std::bit_cast<float>(a) * kSubScale;
+    const uint32_t sub = uint32_t((sv + 8388608.0f) - 8388608.0f);
+    uint32_t code = a < kMinNormal ? sub : normal;
+    code = code > kMax ? kMax : code;
+    const uint32_t nan =
+        t.has_inf() ? t.quiet_nan_bits() | ((a >> drop) & t.mantissa_mask()) : t.quiet_nan_bits();
+    code = a > 0x7f800000u ? nan : code;
+    out[i] = uint8_t(sign | code);
+  }
+}
+
 }  // namespace
 
 void convert(const float* src, bfloat16* dst, size_t n, const RoundingOptions& o) {
@@ -100,10 +131,16 @@ void convert(const float* src, half* dst, size_t n, const RoundingOptions& o) {
 }
 
 void convert(const float* src, float8_e4m3* dst, size_t n, const RoundingOptions& o) {
+  if (o.mode == RoundingMode::NearestEven && o.overflow == Overflow::Saturate) {
+    return encode_fp8_saturating<Format::FP8_E4M3>(src, dst, n);
+  }
   encode_generic<Format::FP8_E4M3>(src, dst, n, o);
 }
 
 void convert(const float* src, float8_e5m2* dst, size_t n, const RoundingOptions& o) {
+  if (o.mode == RoundingMode::NearestEven && o.overflow == Overflow::Saturate) {
+    return encode_fp8_saturating<Format::FP8_E5M2>(src, dst, n);
+  }
   encode_generic<Format::FP8_E5M2>(src, dst, n, o);
 }
 
