@@ -31,6 +31,20 @@ struct MatmulOptions {
   Format input_rounding = Format::FP32;
 };
 
+// fp8 scaling (amp/fp8.h): how fp8_quantize picks each block's scale.
+enum class Fp8ScaleRule : uint8_t {
+  Given,     // p.scale for every block (per-tensor delayed scaling: the scale from the history)
+  Amax,      // fp8_max / amax in fp32 (current scaling; DeepSeek-V3's blocks)
+  AmaxPow2,  // 2^-e, e = ceil(log2(amax / fp8_max)) in [-127, 127] (MXFP8's E8M0 scales)
+};
+
+struct Fp8QuantizeParams {
+  // The block extent; 0 means the whole dimension (0, 0: per tensor; 1, 32: MXFP8).
+  int64_t block_rows = 0, block_cols = 0;
+  Fp8ScaleRule rule = Fp8ScaleRule::Given;
+  float scale = 1;  // Given only
+};
+
 struct Conv2dParams {
   int64_t stride[2] = {1, 1};
   int64_t padding[2] = {0, 0};

@@ -30,6 +30,16 @@
   _(Data, void, copy_rounded,                                                                     \
     (const Tensor& src, Tensor& dst, const RoundingOptions& rounding),                            \
     (src, dst, rounding))                                                                         \
+  /* fp8 quantization (amp/fp8.h). x (R, C) contiguous float, cut in blocks of p.block_rows x */  \
+  /* p.block_cols (0: the whole dimension; the last block may be short). Per block: amax = max */  \
+  /* |x| (F32, (nbr, nbc)); scale by p.rule (Amax: 1 where amax is 0 or not finite; AmaxPow2: */    \
+  /* 1 where amax is 0, NaN where not finite); codes (R, C, FP8_E4M3 or FP8_E5M2) = x * scale */   \
+  /* in fp32 rounded to nearest even, finite overflow saturated to +-max, inf and NaN to NaN; */   \
+  /* scale_inv = 1 / scale (F32, (nbr, nbc)). Given takes one block (per tensor). */             \
+  _(Data, void, fp8_quantize,                                                                     \
+    (const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes, Tensor& scale_inv, Tensor&      \
+    amax),                                                                                        \
+    (x, p, codes, scale_inv, amax))                                                               \
   /* ---- elementwise (inputs broadcast to out's shape) --------------------------------------- */\
   _(Elementwise, void, unary,                                                                     \
     (UnaryOp op, const Tensor& x, Tensor& out, Scalars s),                                        \

@@ -1,0 +1,112 @@
+// CUDA fp8 quantization (the contract is in backend_ops.h; the scale arithmetic is
+// backend/fp8_math.h, the CPU's too): row amaxes per column block, one thread per block to reduce
+// them and pick the scale, then one rounding per element through round.h's encoder with
+// saturation. Straightforward rather than fast: the fp8 GEMMs of this backend are emulated
+// (amp/fp8.h), and a fused cuBLASLt path is still to come.
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernel_utils.cuh"
+#include "backend/fp8_math.h"
+
+namespace mantissa::backend::cuda {
+namespace {
+
+__device__ __forceinline__ float amax_step(float acc, float v) {
+  const float a = fabsf(v);
+  return (a > acc || a != a) && acc == acc ? a : acc;
+}
+
+template <typename S>
+__global__ void row_amax_kernel(const S* x, int64_t R, int64_t C, int64_t bc, int64_t nbc,
+                                float* row_amax) {
+  MT_GRID_STRIDE_LOOP(i, R * nbc) {
+    const int64_t r = i / nbc, cb = i % nbc;
+    const int64_t end = cb * bc + bc < C ? cb * bc + bc : C;
+    float m = 0.0f;
+    for (int64_t c = cb * bc; c < end; ++c)
+      m = amax_step(m, float(load(x + r * C + c)));
+    row_amax[i] = m;
+  }
+}
+
+__global__ void block_scale_kernel(const float* row_amax, int64_t R, int64_t br, int64_t nbc,
+                                   int64_t nblocks, float fp8_max, Fp8ScaleRule rule, float given,
+                                   float* scale, float* scale_inv, float* amax) {
+  MT_GRID_STRIDE_LOOP(b, nblocks) {
+    const int64_t rb = b / nbc, cb = b % nbc;
+    const int64_t end = rb * br + br < R ? rb * br + br : R;
+    float m = 0.0f;
+    for (int64_t r = rb * br; r < end; ++r)
+      m = amax_step(m, row_amax[r * nbc + cb]);
+    amax[b] = m;
+    const float s = fp8_block_scale(m, fp8_max, rule, given);
+    scale[b] = s;
+    scale_inv[b] = 1.0f / s;
+  }
+}
+
+template <typename S, typename O>
+__global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, int64_t bc,
+                                int64_t nbc, const float* scale, O* out) {
+  constexpr FormatSpec spec = format_spec(format_of<O>());
+  MT_GRID_STRIDE_LOOP(i, R * C) {
+    const int64_t r = i / C, c = i % C;
+    const float v = float(load(x + i));
+    const float q =
+        v - v == 0.0f ? __fmul_rn(v, scale[(r / br) * nbc + c / bc]) : __int_as_float(0x7fc00000);
+    out[i] = O::from_bits(typename O::bits_type(detail::encode_bits<float>(
+        __float_as_uint(q), spec, RoundingMode::NearestEven, Overflow::Saturate, 0u)));
+  }
+}
+
+template <typename Kernel, typename... Args>
+void launch(int64_t work, int device, Kernel kernel, const Args&... args) {
+  if (work <= 0) return;
+  kernel<<<grid_for(work), kThreads, 0, stream_for(device)>>>(args...);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes,
+                               Tensor& scale_inv, Tensor& amax) {
+  DeviceGuard guard(device_);
+  MT_ASSERT(x.dim() == 2 && x.is_contiguous() && codes.shape() == x.shape() &&
+                codes.is_contiguous() && scale_inv.dtype() == DType::F32 &&
+                amax.dtype() == DType::F32,
+            "fp8_quantize wants contiguous x (R, C), codes (R, C), F32 scale_inv and amax");
+  const int64_t R = x.size(0), C = x.size(1);
+  const int64_t br = p.block_rows == 0 ? R : p.block_rows;
+  const int64_t bc = p.block_cols == 0 ? C : p.block_cols;
+  const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
+  MT_ASSERT(scale_inv.numel() == nbr * nbc && amax.numel() == nbr * nbc,
+            "fp8_quantize: one scale per block");
+  if (x.numel() == 0) return;
+  const float fp8_max = float(format_info(*dtype_format(codes.dtype())).max_finite);
+  Tensor row_amax = Tensor::empty({R, nbc}, DType::F32, x.device());
+  Tensor scale = Tensor::empty({nbr, nbc}, DType::F32, x.device());
+  dispatch_float(x.dtype(), "fp8_quantize", [&]<typename S>(Tag<S>) {
+    if constexpr (std::is_same_v<S, double>) {
+      MT_CHECK(false, "fp8_quantize takes f32, bf16 or f16 values, got f64");
+    } else {
+      launch(R * nbc, device_, row_amax_kernel<S>, device_ptr<S>(x), R, C, bc, nbc,
+             device_ptr<float>(row_amax));
+      launch(nbr * nbc, device_, block_scale_kernel, device_ptr<float>(row_amax), R, br, nbc,
+             nbr * nbc, fp8_max, p.rule, p.scale, device_ptr<float>(scale),
+             device_ptr<float>(scale_inv), device_ptr<float>(amax));
+      auto run = [&]<typename O>() {
+        launch(R * C, device_, quantize_kernel<S, O>, device_ptr<S>(x), R, C, br, bc, nbc,
+               device_ptr<float>(scale), device_ptr<O>(codes));
+      };
+      if (codes.dtype() == DType::FP8_E4M3) {
+        run.template operator()<float8_e4m3>();
+      } else {
+        MT_ASSERT(codes.dtype() == DType::FP8_E5M2, "fp8_quantize writes fp8 codes");
+        run.template operator()<float8_e5m2>();
+      }
+    }
+  });
+}
+
+}  // namespace mantissa::backend::cuda

@@ -1,0 +1,66 @@
+// Internal: the arithmetic of fp8 scaling that every backend's fp8_quantize shares, host and
+// device (amp/fp8.h has the recipes): a block's scale from its amax, and the one rounding of a
+// scaled value. Pure functions of plain values, no library calls, so nvcc compiles them for the
+// device too and the CPU and the GPU pick the same scales bit for bit.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/step_math.h"
+
+namespace mantissa::backend {
+
+// 2^e as a float, for e in [-149, 127] (subnormal below -126).
+MT_HOST_DEVICE constexpr float fp8_pow2(int e) {
+  return e >= -126 ? std::bit_cast<float>(uint32_t(e + 127) << 23)
+                   : std::bit_cast<float>(uint32_t(1) << (e + 149));
+}
+
+// The exponent of the largest power of two <= x, for a finite x > 0 (subnormals too).
+MT_HOST_DEVICE constexpr int fp8_floor_log2(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x) & 0x7fffffffu;
+  const int biased = int(bits >> 23);
+  if (biased != 0) return biased - 127;
+  int e = -127;  // subnormal: 2^-149 * mantissa
+  for (uint32_t m = bits & 0x7fffffu; m != 0; m >>= 1)
+    ++e;
+  return e - 23;
+}
+
+// The scale a block gets (x * scale is what is rounded to fp8), from the block's amax.
+//   Amax:     fp8_max / amax in fp32 (Transformer Engine's current scaling, DeepSeek-V3's tiles);
+//             1 where amax is 0 or not finite, the largest float where the quotient overflows.
+//   AmaxPow2: 2^-e with e = ceil(log2(amax / fp8_max)) clamped to E8M0's [-127, 127]: the
+//             smallest power of two that puts amax at or below fp8_max, so a block never
+//             saturates (NVIDIA's MXFP8 training recipe rounds the scale up for this reason;
+//             the OCP spec's floor(log2(amax)) - emax can saturate the block's largest values).
+//             1 where amax is 0; NaN (E8M0's NaN) where amax is not finite.
+//   Given:    `given`.
+MT_HOST_DEVICE constexpr float fp8_block_scale(float amax, float fp8_max, Fp8ScaleRule rule,
+                                               float given) {
+  if (rule == Fp8ScaleRule::Given) return given;
+  const bool finite = is_finite_value(double(amax));
+  if (rule == Fp8ScaleRule::Amax) {
+    if (!finite || amax == 0.0f) return 1.0f;
+    const float s = fp8_max / amax;
+    return is_finite_value(double(s)) ? s : 3.40282347e+38f;
+  }
+  if (!finite) return std::bit_cast<float>(0x7fc00000u);
+  if (amax == 0.0f) return 1.0f;
+  int e = fp8_floor_log2(amax) - fp8_floor_log2(fp8_max);
+  // The smallest e with amax <= fp8_max * 2^e, compared exactly in double (no rounding, no
+  // overflow at e = 127).
+  auto bound = [&](int k) {
+    return double(fp8_max) * std::bit_cast<double>(uint64_t(k + 1023) << 52);
+  };
+  while (double(amax) > bound(e))
+    ++e;
+  while (double(amax) <= bound(e - 1))
+    --e;
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return fp8_pow2(-e);
+}
+
+}  // namespace mantissa::backend
