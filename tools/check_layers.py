@@ -31,7 +31,7 @@ LAYERS = [
     ("backend", ["backend/"]),
     # The one path of an op: autocast policy -> backend kernel -> autograd record, and the
     # backward engine that runs what the ops recorded (it accumulates gradients with ops).
-    ("ops", ["tensor/", "autograd/", "amp/autocast", "amp/cast_policy"]),
+    ("ops", ["tensor/", "autograd/", "amp/autocast", "amp/cast_policy", "amp/fp8"]),
     ("io", ["io/"]),
     ("data", ["data/"]),
     ("nn", ["nn/"]),

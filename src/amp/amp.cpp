@@ -184,4 +184,24 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType d
   return Amp(p, options.scaler);
 }
 
+std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8Layers layers) {
+  std::vector<std::pair<std::string, nn::Linear*>> linears;
+  for (auto& [path, m] : model.named_modules()) {
+    if (auto* l = dynamic_cast<nn::Linear*>(m)) linears.emplace_back(path, l);
+  }
+  const size_t skip = layers == Fp8Layers::Inner ? 1 : 0;
+  MT_CHECK(linears.size() > 2 * skip, "fp8: the model ", model.name(), " has ", linears.size(),
+           " Linear layer(s)",
+           layers == Fp8Layers::Inner
+               ? ", and fp8 keeps the first and the last in bf16; pass --fp8-layers all (C++: "
+                 "Fp8Layers::All) to run them in fp8 too"
+               : "; fp8 runs the GEMMs of Linear layers, so it has nothing to do here");
+  std::vector<std::string> names;
+  for (size_t i = skip; i + skip < linears.size(); ++i) {
+    linears[i].second->set_fp8_state(context.add_layer(linears[i].first));
+    names.push_back(linears[i].first);
+  }
+  return names;
+}
+
 }  // namespace mantissa::amp

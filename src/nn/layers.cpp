@@ -203,12 +203,16 @@ Linear::Linear(const Tensor& weight, const Tensor& bias) : Module("Linear"), in_
 Tensor Linear::forward(const Tensor& x) {
   MT_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear(", in_, " -> ", out_,
            "): the input's last dim must be ", in_, ", got a ", x.describe());
+  if (fp8_) {
+    if (amp::Fp8Context* f8 = amp::fp8_context())
+      return amp::fp8_linear(x, *weight_, *bias_, *fp8_, f8->options());
+  }
   return linear(x, *weight_, *bias_);
 }
 
 std::string Linear::extra_repr() const {
   return "in=" + std::to_string(in_) + ", out=" + std::to_string(out_) +
-         (bias_->defined() ? "" : ", bias=false");
+         (bias_->defined() ? "" : ", bias=false") + (fp8_ ? ", fp8" : "");
 }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 
+#include "mantissa/amp/fp8.h"
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/core/dtype.h"
 #include "mantissa/nn/module.h"
@@ -95,5 +96,18 @@ class Amp {
 // its parameters. Errors name what does not fit (e.g. keep_batchnorm_fp32 with O1).
 Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType dtype,
                const AmpOptions& options = {});
+
+// Which Linear layers prepare_fp8 gives an fp8 state.
+enum class Fp8Layers : uint8_t {
+  Inner,  // all but the first and the last Linear of the model (in module order): the recipes
+          // keep the layers next to the input and the output (and the embedding) in bf16
+  All,    // every Linear layer
+};
+
+// Gives the chosen Linear layers of `model` a state in `context` (named by their module path);
+// they run in fp8 inside an amp::Fp8Autocast region on `context`. Returns the paths, in order.
+// A model without Linear layers (or Inner with fewer than three) is an error naming the model.
+std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context,
+                                     Fp8Layers layers = Fp8Layers::Inner);
 
 }  // namespace mantissa::amp

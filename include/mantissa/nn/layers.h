@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "mantissa/amp/fp8.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/tensor/ops.h"
 
@@ -97,9 +98,14 @@ class Linear : public Module {
   Tensor& bias() { return *bias_; }      // (out), undefined without bias
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  // With a state (amp::prepare_fp8), forward runs amp::fp8_linear inside an amp::Fp8Autocast
+  // region; null turns fp8 off for this layer.
+  void set_fp8_state(std::shared_ptr<amp::Fp8LinearState> state) { fp8_ = std::move(state); }
+  const std::shared_ptr<amp::Fp8LinearState>& fp8_state() const { return fp8_; }
 
  private:
   int64_t in_, out_;
+  std::shared_ptr<amp::Fp8LinearState> fp8_;
   Tensor none_;
   Tensor* weight_;
   Tensor* bias_ = &none_;

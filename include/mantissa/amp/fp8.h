@@ -1,0 +1,186 @@
+// FP8 training: the GEMMs of Linear layers in fp8 with the published scaling recipes, exact on
+// any CPU (docs/fp8.md).
+//
+//   amp::Fp8Context fp8({.recipe = amp::Fp8Recipe::Delayed});   // Transformer Engine's defaults
+//   amp::prepare_fp8(*model, fp8);            // amp.h: fp8 state on the Linear layers it picks
+//   {
+//     amp::Autocast ac(Device::cpu(), DType::BF16);   // everything else as bf16 O1
+//     amp::Fp8Autocast f8(fp8);                       // Linear layers with a state run in fp8
+//     loss = cross_entropy((*model)(x), y);
+//   }
+//   loss.backward();                          // both backward GEMMs in fp8 too
+//   opt.step();
+//   fp8.update();                             // delayed scaling: next step's scales
+//
+// A Linear layer in fp8 (fp8_linear) quantizes its input and weight to E4M3 and the gradient of
+// its output to E5M2 (Fp8Format::Hybrid; Fp8Format::E4M3 uses E4M3 for all three), each with a
+// scale so its values use fp8's range, and computes y = x W^T, dx = dy W and dW = dy^T x as fp8
+// products accumulated in fp32 and rounded once (the Hopper contract). How the scale is chosen is
+// the recipe:
+//   Delayed   per tensor, from the amax history of earlier steps (TE's DelayedScaling: history
+//             1024, max over it, margin 0; scale = fp8_max / amax / 2^margin). This step's amax
+//             is recorded for the next: update() computes the new scales, then rolls the history.
+//   Current   per tensor, from this tensor's amax (one extra pass over it).
+//   MXFP8     blocks of 32 along the reduction dimension with power-of-two (E8M0) scales.
+//   Blockwise DeepSeek-V3: 1 x 128 tiles for activations and gradients, 128 x 128 blocks for
+//             weights, fp32 scales, the partial sums of each 128-wide slice scaled and
+//             accumulated in fp32.
+// The emulation is exact: the fp8 codes (exact in bf16) go through a bf16 GEMM with fp32
+// accumulation, and the scales are applied to the fp32 sums (per tensor, per 128-slice) or, being
+// powers of two, to the codes (MXFP8).
+//
+// A tensor holding inf or NaN quantizes to NaN (finite values beyond fp8's range saturate), so
+// the step's gradients are not finite and the loss scaler skips the step; its amax is not
+// recorded, and mantissa::warn says which layer it was (key "fp8:nonfinite").
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mantissa/core/dtype.h"
+#include "mantissa/tensor/tensor.h"
+
+namespace mantissa::amp {
+
+enum class Fp8Recipe : uint8_t { Delayed, Current, MXFP8, Blockwise };
+std::string_view fp8_recipe_name(Fp8Recipe r);  // "delayed", "current", "mxfp8", "blockwise"
+std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view name);
+
+// Hybrid: E4M3 for inputs and weights, E5M2 (more range) for gradients. E4M3: E4M3 for all.
+enum class Fp8Format : uint8_t { Hybrid, E4M3 };
+std::string_view fp8_format_name(Fp8Format f);  // "hybrid", "e4m3"
+std::optional<Fp8Format> parse_fp8_format(std::string_view name);
+
+// How delayed scaling reads its history: the max over it, or only the most recent amax.
+enum class AmaxCompute : uint8_t { Max, MostRecent };
+
+struct Fp8Options {
+  Fp8Recipe recipe = Fp8Recipe::Delayed;
+  Fp8Format format = Fp8Format::Hybrid;
+  int64_t amax_history_len = 1024;  // Delayed
+  AmaxCompute amax_compute = AmaxCompute::Max;
+  int margin = 0;  // Delayed: scale = fp8_max / amax / 2^margin
+};
+
+// The three tensors of an fp8 Linear layer.
+enum class Fp8Role : uint8_t { Input, Weight, GradOutput };
+inline constexpr int kNumFp8Roles = 3;
+std::string_view fp8_role_name(Fp8Role r);  // "input", "weight", "grad_output"
+
+// The fp8 dtype a role is quantized to under a format.
+DType fp8_dtype(Fp8Format format, Fp8Role role);
+
+// What one tensor of one layer has seen, and (delayed scaling) the scale its next quantization
+// uses.
+struct Fp8TensorMeta {
+  float scale = 1;                  // Delayed: the scale of the next quantization
+  std::vector<float> amax_history;  // Delayed: slot 0 collects this step's amax (TE's layout)
+  // The last quantization (training or not), for the metrics: the amax over the whole tensor,
+  // and the smallest scale a block used (per tensor: the scale).
+  float last_amax = 0;
+  float last_scale = 1;
+  int64_t quantizations = 0;
+  int64_t nonfinite = 0;  // quantizations that met inf or NaN
+};
+
+// The scaling state of one fp8 Linear layer.
+struct Fp8LinearState {
+  std::string name;  // the layer's path in its model, e.g. "h.0.mlp.c_fc"
+  std::array<Fp8TensorMeta, kNumFp8Roles> meta;
+  Fp8TensorMeta& operator[](Fp8Role r) { return meta[size_t(r)]; }
+  const Fp8TensorMeta& operator[](Fp8Role r) const { return meta[size_t(r)]; }
+};
+
+// The recipe and every layer's state: what a training run in fp8 owns.
+class Fp8Context {
+ public:
+  explicit Fp8Context(const Fp8Options& options = {});
+
+  const Fp8Options& options() const { return options_; }
+  // A state for the layer `name` (unique), kept here for update(), checkpoints and metrics.
+  std::shared_ptr<Fp8LinearState> add_layer(const std::string& name);
+  const std::vector<std::shared_ptr<Fp8LinearState>>& layers() const { return layers_; }
+
+  // Once per optimizer step, after backward. Delayed: each tensor's new scale from its history
+  // (max, or the most recent), kept where the amax is 0 or not finite; then the history rolls
+  // (slot 0 moves to the end, the new slot 0 is zeroed). Other recipes: nothing.
+  void update();
+
+  // For checkpoints: "fp8.<layer>.<role>.scale" (F32, 1) and ".amax_history" (F32, len) for
+  // delayed scaling; nothing for the other recipes (their scales come from the data).
+  std::map<std::string, Tensor> state_dict() const;
+  // Restores what state_dict wrote; a missing or misshapen entry is an error naming it.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+ private:
+  Fp8Options options_;
+  std::vector<std::shared_ptr<Fp8LinearState>> layers_;
+};
+
+// RAII region: Linear layers that have an fp8 state (amp::prepare_fp8) run in fp8 under
+// `context`'s recipe until it ends; enabled = false turns fp8 off inside. Per thread, nests.
+class Fp8Autocast {
+ public:
+  explicit Fp8Autocast(Fp8Context& context, bool enabled = true);
+  ~Fp8Autocast();
+  Fp8Autocast(const Fp8Autocast&) = delete;
+  Fp8Autocast& operator=(const Fp8Autocast&) = delete;
+
+ private:
+  Fp8Context* prev_;
+};
+
+// The context of the innermost enabled region on this thread, or null.
+Fp8Context* fp8_context();
+
+// ---- the pieces, for tests and custom layers ---------------------------------------------------
+
+// How a tensor's scales are chosen (see the recipes above).
+enum class Fp8ScaleRule : uint8_t {
+  Given,     // `scale` for the whole tensor
+  Amax,      // fp8_max / amax in fp32 per block (1 where amax is 0 or not finite)
+  AmaxPow2,  // the power of two 2^-ceil(log2(amax / fp8_max)) per block, E8M0's range
+};
+
+struct Fp8Scaling {
+  int64_t block_rows = 0, block_cols = 0;  // 0: the whole dimension (0, 0: per tensor)
+  Fp8ScaleRule rule = Fp8ScaleRule::Given;
+  float scale = 1;  // Given only
+};
+
+// A matrix in fp8: codes (R, C) and one scale_inv per block (F32, (ceil(R/br), ceil(C/bc))); the
+// value of element (r, c) is codes[r, c] * scale_inv[r / br, c / bc]. amax: each block's max |x|.
+struct Fp8Tensor {
+  Tensor codes;
+  Tensor scale_inv;
+  Tensor amax;
+  int64_t block_rows = 0, block_cols = 0;  // resolved: never 0
+  bool power_of_two_scales = false;        // AmaxPow2: scaled values are exact in bf16
+};
+
+// x (R, C), any float dtype, to fp8 `dtype` (FP8_E4M3 or FP8_E5M2): codes = x * scale rounded to
+// nearest even, finite overflow saturated, inf and NaN to NaN.
+Fp8Tensor fp8_quantize(const Tensor& x, DType dtype, const Fp8Scaling& scaling);
+// The values an Fp8Tensor stands for, in f32 (codes * scale_inv, rounded to f32).
+Tensor fp8_dequantize(const Fp8Tensor& t);
+
+// a (M, K) @ b (N, K)^T [+ bias (N)] -> (M, N) in `out_dtype`: the fp8 products accumulated in
+// fp32, each block's scales applied to its partial sum, the bias added in fp32, rounded once.
+// a and b may be transposed views of quantized tensors (the blocks follow the view). Their
+// blocks along K must agree (both per tensor, or the same width).
+Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DType out_dtype);
+
+// The op: linear(x, weight, bias) with all three GEMMs in fp8 under `options`, recording amaxes
+// into `state` (while grad mode is on) and, with delayed scaling, quantizing with its scales.
+// The output has linear()'s dtype under the current autocast state; gradients flow to x, weight
+// and bias in their dtypes.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state,
+                  const Fp8Options& options);
+
+}  // namespace mantissa::amp

@@ -1,0 +1,386 @@
+// FP8 training's op layer (mantissa/amp/fp8.h): the recipes' scalings, the quantize/GEMM
+// emulation on the backends' kernels (fp8_quantize, a bf16 matmul with fp32 output), the
+// differentiable fp8_linear, the delayed-scaling state and the thread's fp8 region.
+#include "mantissa/amp/fp8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backend/backend.h"
+#include "mantissa/amp/autocast.h"
+#include "mantissa/autograd/engine.h"
+#include "mantissa/core/error.h"
+#include "mantissa/core/warning.h"
+#include "mantissa/numerics/format.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa::amp {
+
+namespace {
+
+thread_local Fp8Context* t_context = nullptr;
+
+constexpr std::string_view kRecipeNames[] = {"delayed", "current", "mxfp8", "blockwise"};
+constexpr std::string_view kFormatNames[] = {"hybrid", "e4m3"};
+constexpr std::string_view kRoleNames[] = {"input", "weight", "grad_output"};
+
+float fp8_max_of(DType d) {
+  return float(format_info(*dtype_format(d)).max_finite);
+}
+
+// max that lets a NaN win (a non-finite amax must not hide behind a finite one).
+float nan_max(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return std::max(a, b);
+}
+
+// The scaling of `role` in the GEMM whose reduction runs along the columns of the quantized
+// matrix. Weights in the blockwise recipe are 128 x 128 blocks; everything else 1 x width.
+Fp8Scaling scaling_for(const Fp8Options& o, Fp8Role role, const Fp8TensorMeta& meta) {
+  switch (o.recipe) {
+    case Fp8Recipe::Delayed:
+      return {0, 0, Fp8ScaleRule::Given, meta.scale};
+    case Fp8Recipe::Current:
+      return {0, 0, Fp8ScaleRule::Amax, 1};
+    case Fp8Recipe::MXFP8:
+      return {1, 32, Fp8ScaleRule::AmaxPow2, 1};
+    case Fp8Recipe::Blockwise:
+      return role == Fp8Role::Weight ? Fp8Scaling{128, 128, Fp8ScaleRule::Amax, 1}
+                                     : Fp8Scaling{1, 128, Fp8ScaleRule::Amax, 1};
+  }
+  return {};
+}
+
+bool per_tensor(Fp8Recipe r) {
+  return r == Fp8Recipe::Delayed || r == Fp8Recipe::Current;
+}
+
+// The transposed view of a quantized matrix: its blocks follow.
+Fp8Tensor transposed(const Fp8Tensor& t) {
+  return {t.codes.t(),  t.scale_inv.t(), t.amax.defined() ? t.amax.t() : Tensor(),
+          t.block_cols, t.block_rows,    t.power_of_two_scales};
+}
+
+// Each block's scale_inv repeated over its elements: (R, C) f32.
+Tensor expand_blocks(const Tensor& s, int64_t br, int64_t bc, int64_t R, int64_t C) {
+  const int64_t nbr = s.size(0), nbc = s.size(1);
+  return s.contiguous()
+      .view({nbr, 1, nbc, 1})
+      .expand({nbr, br, nbc, bc})
+      .reshape({nbr * br, nbc * bc})
+      .narrow(0, 0, R)
+      .narrow(1, 0, C);
+}
+
+// a (M, K) @ b (N, K)^T in f32 from bf16 operands: the backend's GEMM with fp32 accumulation.
+Tensor gemm_f32(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty({1, a.size(0), b.size(0)}, DType::F32, a.device());
+  backend::backend_for(a.device())
+      .matmul(a.unsqueeze(0), b.t().unsqueeze(0), nullptr, out, backend::MatmulOptions{});
+  return out.view({a.size(0), b.size(0)});
+}
+
+// Records one quantization of `role` into the layer's state (amaxes into the history only while
+// training: evaluation must not move the scales).
+void observe(Fp8LinearState& st, Fp8Role role, const Fp8Tensor& q, const Fp8Options& o,
+             bool training) {
+  Fp8TensorMeta& m = st[role];
+  float amax = 0, max_scale_inv = 0;
+  for (float a : q.amax.to_vector<float>())
+    amax = nan_max(amax, a);
+  for (float s : q.scale_inv.to_vector<float>())
+    max_scale_inv = nan_max(max_scale_inv, s);
+  ++m.quantizations;
+  m.last_amax = amax;
+  m.last_scale = 1.0f / max_scale_inv;
+  if (!std::isfinite(amax)) {
+    ++m.nonfinite;
+    warn("fp8:nonfinite", "fp8: the " + std::string(fp8_role_name(role)) + " of layer '" + st.name +
+                              "' holds inf or NaN; its GEMM gives NaN, so the loss scaler skips "
+                              "the step (the amax is not recorded)");
+    return;
+  }
+  if (training && o.recipe == Fp8Recipe::Delayed && !m.amax_history.empty())
+    m.amax_history[0] = std::max(m.amax_history[0], amax);
+}
+
+}  // namespace
+
+// ---- names ---------------------------------------------------------------------------------
+
+std::string_view fp8_recipe_name(Fp8Recipe r) {
+  return kRecipeNames[size_t(r)];
+}
+std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view name) {
+  for (size_t i = 0; i < std::size(kRecipeNames); ++i)
+    if (kRecipeNames[i] == name) return Fp8Recipe(i);
+  return std::nullopt;
+}
+std::string_view fp8_format_name(Fp8Format f) {
+  return kFormatNames[size_t(f)];
+}
+std::optional<Fp8Format> parse_fp8_format(std::string_view name) {
+  for (size_t i = 0; i < std::size(kFormatNames); ++i)
+    if (kFormatNames[i] == name) return Fp8Format(i);
+  return std::nullopt;
+}
+std::string_view fp8_role_name(Fp8Role r) {
+  return kRoleNames[size_t(r)];
+}
+
+DType fp8_dtype(Fp8Format format, Fp8Role role) {
+  return format == Fp8Format::Hybrid && role == Fp8Role::GradOutput ? DType::FP8_E5M2
+                                                                    : DType::FP8_E4M3;
+}
+
+// ---- the context ---------------------------------------------------------------------------
+
+Fp8Context::Fp8Context(const Fp8Options& options) : options_(options) {
+  MT_CHECK(options.amax_history_len >= 1, "fp8: the amax history needs at least one entry, got ",
+           options.amax_history_len);
+  MT_CHECK(options.margin >= 0 && options.margin < 64, "fp8: the margin must be in [0, 64), got ",
+           options.margin);
+}
+
+std::shared_ptr<Fp8LinearState> Fp8Context::add_layer(const std::string& name) {
+  for (const auto& l : layers_)
+    MT_CHECK(l->name != name, "fp8: layer '", name, "' has a state already");
+  auto st = std::make_shared<Fp8LinearState>();
+  st->name = name;
+  if (options_.recipe == Fp8Recipe::Delayed) {
+    for (Fp8TensorMeta& m : st->meta)
+      m.amax_history.assign(size_t(options_.amax_history_len), 0.0f);
+  }
+  layers_.push_back(st);
+  return st;
+}
+
+void Fp8Context::update() {
+  if (options_.recipe != Fp8Recipe::Delayed) return;
+  for (const auto& l : layers_) {
+    for (int r = 0; r < kNumFp8Roles; ++r) {
+      Fp8TensorMeta& m = l->meta[size_t(r)];
+      const float amax = options_.amax_compute == AmaxCompute::Max
+                             ? *std::max_element(m.amax_history.begin(), m.amax_history.end())
+                             : m.amax_history[0];
+      // Transformer Engine's formula, in fp32: (fp8_max / amax) / 2^margin.
+      const float fp8_max = fp8_max_of(fp8_dtype(options_.format, Fp8Role(r)));
+      if (amax > 0.0f && std::isfinite(amax)) {
+        const float s = (fp8_max / amax) / std::ldexp(1.0f, options_.margin);
+        if (std::isfinite(s)) m.scale = s;
+      }
+      std::rotate(m.amax_history.begin(), m.amax_history.begin() + 1, m.amax_history.end());
+      m.amax_history[0] = 0.0f;
+    }
+  }
+}
+
+std::map<std::string, Tensor> Fp8Context::state_dict() const {
+  std::map<std::string, Tensor> out;
+  if (options_.recipe != Fp8Recipe::Delayed) return out;
+  for (const auto& l : layers_) {
+    for (int r = 0; r < kNumFp8Roles; ++r) {
+      const Fp8TensorMeta& m = l->meta[size_t(r)];
+      const std::string key = "fp8." + l->name + "." + std::string(kRoleNames[r]);
+      out[key + ".scale"] = Tensor::from_vector(std::vector<float>{m.scale}, {1});
+      out[key + ".amax_history"] =
+          Tensor::from_vector(m.amax_history, {int64_t(m.amax_history.size())});
+    }
+  }
+  return out;
+}
+
+void Fp8Context::load_state_dict(const std::map<std::string, Tensor>& state) {
+  if (options_.recipe != Fp8Recipe::Delayed) return;
+  for (const auto& l : layers_) {
+    for (int r = 0; r < kNumFp8Roles; ++r) {
+      Fp8TensorMeta& m = l->meta[size_t(r)];
+      const std::string key = "fp8." + l->name + "." + std::string(kRoleNames[r]);
+      const auto s = state.find(key + ".scale");
+      const auto h = state.find(key + ".amax_history");
+      MT_CHECK(s != state.end() && h != state.end(), "fp8: the checkpoint has no '", key,
+               ".scale' and '.amax_history': it was not written by a delayed-scaling fp8 run of "
+               "this model; resume with the precision it was trained in");
+      MT_CHECK(s->second.numel() == 1 && h->second.numel() == int64_t(m.amax_history.size()),
+               "fp8: '", key, ".amax_history' holds ", h->second.numel(),
+               " entries but this run's history has ", m.amax_history.size(),
+               "; resume with the same --fp8-amax-history");
+      m.scale = s->second.to(DType::F32).to_vector<float>()[0];
+      m.amax_history = h->second.to(DType::F32).to_vector<float>();
+    }
+  }
+}
+
+// ---- the region ----------------------------------------------------------------------------
+
+Fp8Autocast::Fp8Autocast(Fp8Context& context, bool enabled) : prev_(t_context) {
+  t_context = enabled ? &context : nullptr;
+}
+Fp8Autocast::~Fp8Autocast() {
+  t_context = prev_;
+}
+Fp8Context* fp8_context() {
+  return t_context;
+}
+
+// ---- quantize, dequantize, GEMM ------------------------------------------------------------
+
+Fp8Tensor fp8_quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s) {
+  MT_CHECK(dtype == DType::FP8_E4M3 || dtype == DType::FP8_E5M2,
+           "fp8_quantize: the target must be fp8_e4m3 or fp8_e5m2, got ", dtype_name(dtype));
+  MT_CHECK(x_arg.defined() && x_arg.dim() == 2 && x_arg.is_floating_point() &&
+               x_arg.dtype() != DType::F64,
+           "fp8_quantize: x must be a 2-D f32, bf16 or f16 matrix, got ",
+           x_arg.defined() ? x_arg.describe() : std::string("an undefined tensor"));
+  MT_CHECK(s.block_rows >= 0 && s.block_cols >= 0, "fp8_quantize: block sizes must be >= 0");
+  MT_CHECK(s.rule != Fp8ScaleRule::Given || (s.block_rows == 0 && s.block_cols == 0),
+           "fp8_quantize: a given scale is for a whole tensor (block 0 x 0)");
+  MT_CHECK(s.rule != Fp8ScaleRule::Given || (std::isfinite(s.scale) && s.scale > 0),
+           "fp8_quantize: the scale must be finite and positive, got ", s.scale);
+  NoGrad ng;
+  const Tensor x = x_arg.contiguous();
+  const int64_t R = x.size(0), C = x.size(1);
+  Fp8Tensor q;
+  q.block_rows = s.block_rows == 0 ? std::max<int64_t>(R, 1) : s.block_rows;
+  q.block_cols = s.block_cols == 0 ? std::max<int64_t>(C, 1) : s.block_cols;
+  const int64_t nbr = (R + q.block_rows - 1) / q.block_rows;
+  const int64_t nbc = (C + q.block_cols - 1) / q.block_cols;
+  q.codes = Tensor::empty({R, C}, dtype, x.device());
+  q.scale_inv = Tensor::empty({nbr, nbc}, DType::F32, x.device());
+  q.amax = Tensor::empty({nbr, nbc}, DType::F32, x.device());
+  q.power_of_two_scales = s.rule == Fp8ScaleRule::AmaxPow2;
+  if (x.numel() == 0) return q;
+  backend::Fp8QuantizeParams p;
+  p.block_rows = q.block_rows;
+  p.block_cols = q.block_cols;
+  p.rule = backend::Fp8ScaleRule(int(s.rule));
+  p.scale = s.scale;
+  backend::backend_for(x.device()).fp8_quantize(x, p, q.codes, q.scale_inv, q.amax);
+  return q;
+}
+
+Tensor fp8_dequantize(const Fp8Tensor& t) {
+  NoGrad ng;
+  const int64_t R = t.codes.size(0), C = t.codes.size(1);
+  return mul(t.codes.to(DType::F32), expand_blocks(t.scale_inv, t.block_rows, t.block_cols, R, C));
+}
+
+Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DType out_dtype) {
+  MT_CHECK(a.codes.dim() == 2 && b.codes.dim() == 2 && a.codes.size(1) == b.codes.size(1),
+           "fp8_gemm: a (M, K) and b (N, K) must share K, got ", a.codes.describe(), " and ",
+           b.codes.describe());
+  NoGrad ng;
+  const int64_t M = a.codes.size(0), K = a.codes.size(1), N = b.codes.size(0);
+  const int64_t bka = std::min(a.block_cols, K), bkb = std::min(b.block_cols, K);
+  MT_CHECK(bka == bkb, "fp8_gemm: the blocks of a and b along K differ (", a.block_cols, " and ",
+           b.block_cols, "); quantize both with the same block width");
+  Tensor acc;
+  if (a.power_of_two_scales && b.power_of_two_scales) {
+    // Power-of-two scales (MXFP8): code * 2^e is exact in bf16 (unless a block's amax is below
+    // 2^-118, where it would be a bf16 subnormal), so the scaled operands go through one GEMM
+    // whose fp32 sums are those of the scaled products.
+    acc = gemm_f32(fp8_dequantize(a).to(DType::BF16), fp8_dequantize(b).to(DType::BF16));
+  } else {
+    // The codes (exact in bf16) through one GEMM per K slice; each slice's fp32 sums times its
+    // scales, accumulated in fp32 (per tensor: one slice, one factor).
+    const Tensor ab = a.codes.to(DType::BF16), bb = b.codes.to(DType::BF16);
+    const int64_t slices = (K + bka - 1) / bka;
+    for (int64_t k = 0; k < slices; ++k) {
+      const int64_t k0 = k * bka, kl = std::min(bka, K - k0);
+      const Tensor part = gemm_f32(ab.narrow(1, k0, kl), bb.narrow(1, k0, kl));
+      // a's scales of slice k per row of a, b's per row of b: factor (M, N) = sa (M, 1) sb (1, N).
+      const Tensor sa = expand_blocks(a.scale_inv.narrow(1, k, 1), a.block_rows, 1, M, 1);
+      const Tensor sb = expand_blocks(b.scale_inv.narrow(1, k, 1), b.block_rows, 1, N, 1);
+      const Tensor scaled = mul(part, mul(sa, sb.t()));
+      acc = acc.defined() ? add(acc, scaled) : scaled;
+    }
+    if (!acc.defined()) acc = Tensor::zeros({M, N}, DType::F32, a.codes.device());
+  }
+  if (bias.defined()) acc = add(acc, bias.to(DType::F32));
+  return acc.to(out_dtype);
+}
+
+// ---- the op --------------------------------------------------------------------------------
+
+Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearState& state,
+                  const Fp8Options& o) {
+  MT_CHECK(x.defined() && w.defined() && w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
+           "fp8_linear: x (..., in) and weight (out, in) do not fit: ",
+           x.defined() ? x.describe() : "undefined", " and ",
+           w.defined() ? w.describe() : "undefined");
+  MT_CHECK(x.is_floating_point() && w.is_floating_point() && x.dtype() != DType::F64 &&
+               w.dtype() != DType::F64,
+           "fp8_linear takes f32, bf16 or f16 tensors, got ", x.describe(), " and ", w.describe());
+  MT_CHECK(x.device() == w.device() && (!b.defined() || b.device() == x.device()),
+           "fp8_linear: the tensors are on different devices");
+  MT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "fp8_linear: bias ",
+           b.defined() ? b.describe() : "", " does not match weight ", w.describe());
+  const int64_t in = w.size(1), out_features = w.size(0);
+  DType out_dtype = promote_types(x.dtype(), w.dtype());
+  if (b.defined()) out_dtype = promote_types(out_dtype, b.dtype());
+  if (autocast_active() && is_autocast_enabled(x.device().type))
+    out_dtype = autocast_dtype(x.device().type);
+  const bool training = autograd::needs_grad({&x, &w, &b});
+  const DType fwd_dtype = fp8_dtype(o.format, Fp8Role::Input);
+  const DType grad_dtype = fp8_dtype(o.format, Fp8Role::GradOutput);
+
+  const Tensor x2 = x.reshape({-1, in}).contiguous();  // (M, in)
+  Fp8Tensor qx = fp8_quantize(x2, fwd_dtype, scaling_for(o, Fp8Role::Input, state[Fp8Role::Input]));
+  Fp8Tensor qw =
+      fp8_quantize(w, fwd_dtype, scaling_for(o, Fp8Role::Weight, state[Fp8Role::Weight]));
+  observe(state, Fp8Role::Input, qx, o, training);
+  observe(state, Fp8Role::Weight, qw, o, training);
+  Shape out_shape = x.shape();
+  out_shape[out_shape.size() - 1] = out_features;
+  Tensor y = fp8_gemm(qx, qw, b, out_dtype).view(out_shape);
+  if (!training) return y;
+
+  // Per-tensor scales serve every GEMM, so the codes are what backward keeps (a byte per value);
+  // block scales run along the reduction dimension, which differs in each GEMM, so the block
+  // recipes keep the inputs and quantize them again along the other dimension.
+  const bool keep_codes = per_tensor(o.recipe);
+  Fp8Tensor kx, kw;
+  if (keep_codes) {
+    kx = {qx.codes, qx.scale_inv, Tensor(), qx.block_rows, qx.block_cols, false};
+    kw = {qw.codes, qw.scale_inv, Tensor(), qw.block_rows, qw.block_cols, false};
+  }
+  const autograd::SavedTensor saved_x(keep_codes ? Tensor() : x2.detach());
+  const autograd::SavedTensor saved_w(keep_codes ? Tensor() : w.detach());
+  const Shape x_shape = x.shape();
+  const DType x_dtype = x.dtype(), w_dtype = w.dtype(), b_dtype = b.defined() ? b.dtype() : w_dtype;
+  const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
+  Fp8LinearState* st = &state;
+  autograd::record(
+      "fp8LinearBackward", {x, w, b}, {y},
+      [=](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+        const Tensor& g = grads[0];
+        if (!g.defined()) return {Tensor(), Tensor(), Tensor()};
+        const Tensor g2 = g.reshape({-1, out_features}).contiguous();  // (M, out)
+        Fp8Tensor qg = fp8_quantize(
+            g2, grad_dtype, scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]));
+        observe(*st, Fp8Role::GradOutput, qg, o, true);
+        Tensor dx, dw, db;
+        if (keep_codes) {
+          if (gx) dx = fp8_gemm(qg, transposed(kw), Tensor(), x_dtype);
+          if (gw) dw = fp8_gemm(transposed(qg), transposed(kx), Tensor(), w_dtype);
+        } else {
+          const Tensor xv = saved_x.unpack(), wv = saved_w.unpack();
+          const Fp8Scaling sw = scaling_for(o, Fp8Role::Weight, (*st)[Fp8Role::Weight]);
+          const Fp8Scaling sg = scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]);
+          const Fp8Scaling sx = scaling_for(o, Fp8Role::Input, (*st)[Fp8Role::Input]);
+          if (gx) {  // dx (M, in) = g (M, out) . w^T (in, out): reduction along out
+            dx = fp8_gemm(qg, fp8_quantize(wv.t(), fwd_dtype, sw), Tensor(), x_dtype);
+          }
+          if (gw) {  // dw (out, in) = g^T (out, M) . x^T (in, M): reduction along M
+            dw = fp8_gemm(fp8_quantize(g2.t(), grad_dtype, sg), fp8_quantize(xv.t(), fwd_dtype, sx),
+                          Tensor(), w_dtype);
+          }
+        }
+        if (gb) db = sum(g2.to(DType::F32), {0}).to(b_dtype);
+        return {gx ? dx.reshape(x_shape) : Tensor(), dw, db};
+      });
+  return y;
+}
+
+}  // namespace mantissa::amp

@@ -1,0 +1,370 @@
+// FP8 training's op layer (src/amp/fp8.cpp): the scaled GEMM against float64 from the same
+// rounded inputs, delayed scaling's history against Transformer Engine's formulas written down
+// by hand, fp8_linear's gradients against the bf16 Linear and float64, zero and non-finite
+// amaxes, the state's checkpoint form, prepare_fp8 and the region.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "mantissa/amp/amp.h"
+#include "mantissa/amp/autocast.h"
+#include "mantissa/amp/fp8.h"
+#include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/error.h"
+#include "mantissa/core/warning.h"
+#include "mantissa/nn/layers.h"
+#include "mantissa/nn/models.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa::amp {
+namespace {
+
+Tensor randn(const Shape& shape, uint64_t seed, double scale = 1.0) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<double> v(size_t(shape.numel()));
+  for (double& x : v)
+    x = d(g);
+  return Tensor::from_vector(v, shape).to(DType::F32);
+}
+
+std::vector<double> as_f64(const Tensor& t) {
+  return t.to(DType::F64).contiguous().to_vector<double>();
+}
+
+// a (M, K) @ b (N, K)^T in float64 from the values the Fp8Tensors stand for, block by block, and
+// for each output the sum of |terms| (the error bound's scale).
+void reference_gemm(const Fp8Tensor& a, const Fp8Tensor& b, std::vector<double>& out,
+                    std::vector<double>& mag) {
+  const int64_t M = a.codes.size(0), K = a.codes.size(1), N = b.codes.size(0);
+  const std::vector<double> ca = as_f64(a.codes), cb = as_f64(b.codes);
+  const std::vector<double> sa = as_f64(a.scale_inv), sb = as_f64(b.scale_inv);
+  const int64_t nca = a.scale_inv.size(1), ncb = b.scale_inv.size(1);
+  out.assign(size_t(M * N), 0.0);
+  mag.assign(size_t(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, g = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double va =
+            ca[size_t(m * K + k)] * sa[size_t((m / a.block_rows) * nca + k / a.block_cols)];
+        const double vb =
+            cb[size_t(n * K + k)] * sb[size_t((n / b.block_rows) * ncb + k / b.block_cols)];
+        s += va * vb;
+        g += std::fabs(va * vb);
+      }
+      out[size_t(m * N + n)] = s;
+      mag[size_t(m * N + n)] = g;
+    }
+  }
+}
+
+struct GemmCase {
+  const char* name;
+  Fp8Scaling sa, sb;
+};
+
+TEST(Fp8Gemm, EqualsFloat64FromTheSameRoundedInputsToFp32Rounding) {
+  const int64_t M = 37, K = 300, N = 45;  // ragged against 32 and 128
+  const Tensor a = randn({M, K}, 1, 3.0), b = randn({N, K}, 2, 0.05);
+  const GemmCase cases[] = {
+      {"per tensor, given",
+       {0, 0, Fp8ScaleRule::Given, 20.0f},
+       {0, 0, Fp8ScaleRule::Given, 3000.0f}},
+      {"per tensor, current", {0, 0, Fp8ScaleRule::Amax, 1}, {0, 0, Fp8ScaleRule::Amax, 1}},
+      {"mxfp8", {1, 32, Fp8ScaleRule::AmaxPow2, 1}, {1, 32, Fp8ScaleRule::AmaxPow2, 1}},
+      {"blockwise", {1, 128, Fp8ScaleRule::Amax, 1}, {128, 128, Fp8ScaleRule::Amax, 1}},
+  };
+  for (const GemmCase& c : cases) {
+    for (DType bdt : {DType::FP8_E4M3, DType::FP8_E5M2}) {
+      const Fp8Tensor qa = fp8_quantize(a, DType::FP8_E4M3, c.sa);
+      const Fp8Tensor qb = fp8_quantize(b, bdt, c.sb);
+      const std::vector<double> got = as_f64(fp8_gemm(qa, qb, Tensor(), DType::F32));
+      std::vector<double> want, mag;
+      reference_gemm(qa, qb, want, mag);
+      // fp32 accumulation of K products, the slices' scaling and sum: gamma_(K+4) * sum |terms|.
+      const double eps = std::ldexp(1.0, -24);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double bound = (double(K) + 4) * eps * mag[i] + 1e-30;
+        ASSERT_LE(std::fabs(got[i] - want[i]), bound)
+            << c.name << " " << dtype_name(bdt) << " element " << i;
+        worst = std::max(worst, std::fabs(got[i] - want[i]) / (mag[i] + 1e-30));
+      }
+      EXPECT_GT(worst, 0.0) << c.name << ": the comparison must see fp32 rounding, not nothing";
+    }
+  }
+}
+
+TEST(Fp8Gemm, BiasIsAddedInFp32AndTheOutputRoundedOnce) {
+  const Tensor a = randn({8, 64}, 3), b = randn({16, 64}, 4), bias = randn({16}, 5);
+  const Fp8Scaling s{0, 0, Fp8ScaleRule::Amax, 1};
+  const Fp8Tensor qa = fp8_quantize(a, DType::FP8_E4M3, s),
+                  qb = fp8_quantize(b, DType::FP8_E4M3, s);
+  const Tensor f32 = fp8_gemm(qa, qb, bias, DType::F32);
+  const Tensor bf = fp8_gemm(qa, qb, bias, DType::BF16);
+  EXPECT_EQ(bf.dtype(), DType::BF16);
+  EXPECT_EQ(as_f64(bf), as_f64(f32.to(DType::BF16)));  // one rounding from the fp32 result
+  const Tensor nobias = fp8_gemm(qa, qb, Tensor(), DType::F32);
+  EXPECT_EQ(as_f64(f32), as_f64(add(nobias, bias)));
+}
+
+TEST(Fp8Gemm, RefusesBlocksThatDoNotMeetAlongK) {
+  const Tensor a = randn({4, 64}, 6), b = randn({4, 64}, 7);
+  const Fp8Tensor qa = fp8_quantize(a, DType::FP8_E4M3, {1, 32, Fp8ScaleRule::AmaxPow2, 1});
+  const Fp8Tensor qb = fp8_quantize(b, DType::FP8_E4M3, {0, 0, Fp8ScaleRule::Amax, 1});
+  EXPECT_THROW(fp8_gemm(qa, qb, Tensor(), DType::F32), Error);
+}
+
+TEST(Fp8Quantize, ZeroTensorsNeedNoDivisionByZero) {
+  const Tensor z = Tensor::zeros({4, 40});
+  for (Fp8ScaleRule r : {Fp8ScaleRule::Amax, Fp8ScaleRule::AmaxPow2}) {
+    const Fp8Tensor q = fp8_quantize(z, DType::FP8_E4M3, {1, 32, r, 1});
+    for (float s : q.scale_inv.to_vector<float>())
+      EXPECT_EQ(s, 1.0f);
+    for (double v : as_f64(fp8_dequantize(q)))
+      EXPECT_EQ(v, 0.0);
+  }
+}
+
+TEST(Fp8Quantize, RefusesWhatItCannotDo) {
+  EXPECT_THROW(fp8_quantize(randn({4}, 1), DType::FP8_E4M3, {}), Error);
+  EXPECT_THROW(fp8_quantize(randn({4, 4}, 1), DType::BF16, {}), Error);
+  EXPECT_THROW(fp8_quantize(randn({4, 4}, 1), DType::FP8_E4M3, {1, 2, Fp8ScaleRule::Given, 2}),
+               Error);
+  EXPECT_THROW(fp8_quantize(randn({4, 4}, 1), DType::FP8_E4M3, {0, 0, Fp8ScaleRule::Given, 0}),
+               Error);
+}
+
+// ---- delayed scaling -------------------------------------------------------------------------
+
+// Transformer Engine's DelayedScaling, written down by hand for a history of 3, margin 1, E4M3
+// (fp8_max 448) inputs: each step's amax goes to slot 0; update() takes the max over the history,
+// scale = (448 / amax) / 2^1, then rolls the history left and zeroes slot 0. So step t's scale
+// comes from the amaxes of steps t-3 .. t-1 and never from step t itself.
+TEST(Fp8Delayed, HistoryRollMaxMarginAndUpdateOrder) {
+  Fp8Options o;
+  o.amax_history_len = 3;
+  o.margin = 1;
+  Fp8Context ctx(o);
+  auto st = ctx.add_layer("l");
+  Fp8TensorMeta& in = (*st)[Fp8Role::Input];
+  const float amaxes[] = {2.0f, 8.0f, 1.0f, 0.5f, 0.25f};
+  // The scale each step quantizes with (before that step's update), by hand:
+  //   step 0: 1 (initial)
+  //   after 0: history {2, 0, 0} -> max 2 -> 448/2/2 = 112;  rolled {0, 0, 2}
+  //   after 1: {8, 0, 2} -> 8 -> 28;                         rolled {0, 2, 8}
+  //   after 2: {1, 2, 8} -> 8 -> 28;                         rolled {2, 8, 1} -> slot 0 = 0: {0, 8,
+  //   1} after 3: {0.5, 8, 1} -> 8 -> 28;                       rolled {8, 1, 0.5} -> {0, 1, 0.5}
+  //   after 4: {0.25, 1, 0.5} -> 1 -> 224
+  const float want_scale_used[] = {1.0f, 112.0f, 28.0f, 28.0f, 28.0f};
+  const float want_after[] = {112.0f, 28.0f, 28.0f, 28.0f, 224.0f};
+  for (int step = 0; step < 5; ++step) {
+    EXPECT_EQ(in.scale, want_scale_used[step]) << "step " << step;
+    // One training forward of a tensor whose amax is amaxes[step].
+    Tensor x = Tensor::full({2, 4}, 0.0f);
+    Tensor xv = x.clone();
+    xv.narrow(0, 0, 1).narrow(1, 0, 1).fill_(double(amaxes[step]));
+    Tensor w = randn({3, 4}, 9).set_requires_grad(true);
+    fp8_linear(xv, w, Tensor(), *st, o);
+    EXPECT_EQ(in.amax_history[0], amaxes[step]);
+    ctx.update();
+    EXPECT_EQ(in.scale, want_after[step]) << "after step " << step;
+    EXPECT_EQ(in.amax_history[0], 0.0f);
+  }
+}
+
+TEST(Fp8Delayed, MostRecentAndZeroAmaxKeepTheScale) {
+  Fp8Options o;
+  o.amax_history_len = 4;
+  o.amax_compute = AmaxCompute::MostRecent;
+  Fp8Context ctx(o);
+  auto st = ctx.add_layer("l");
+  Fp8TensorMeta& w = (*st)[Fp8Role::Weight];
+  w.amax_history = {4.0f, 100.0f, 100.0f, 100.0f};
+  ctx.update();
+  EXPECT_EQ(w.scale, 112.0f);  // 448 / 4: only the most recent
+  ctx.update();                // slot 0 is 0 now: the scale stays
+  EXPECT_EQ(w.scale, 112.0f);
+}
+
+TEST(Fp8Delayed, EvaluationDoesNotMoveTheScales) {
+  Fp8Context ctx;
+  auto st = ctx.add_layer("l");
+  const Tensor x = randn({5, 8}, 11), w = randn({4, 8}, 12);  // nothing requires grad
+  fp8_linear(x, w, Tensor(), *st, ctx.options());
+  EXPECT_EQ((*st)[Fp8Role::Input].amax_history[0], 0.0f);
+  EXPECT_GT((*st)[Fp8Role::Input].last_amax, 0.0f);  // the metrics still see it
+}
+
+TEST(Fp8Delayed, StateDictRoundTripsAndRefusesAMismatch) {
+  Fp8Options o;
+  o.amax_history_len = 5;
+  Fp8Context a(o);
+  auto la = a.add_layer("h.0.fc");
+  (*la)[Fp8Role::GradOutput].amax_history = {1, 2, 3, 4, 5};
+  (*la)[Fp8Role::GradOutput].scale = 7.5f;
+  const auto sd = a.state_dict();
+  EXPECT_EQ(sd.size(), 6u);
+  Fp8Context b(o);
+  auto lb = b.add_layer("h.0.fc");
+  b.load_state_dict(sd);
+  EXPECT_EQ((*lb)[Fp8Role::GradOutput].amax_history, (*la)[Fp8Role::GradOutput].amax_history);
+  EXPECT_EQ((*lb)[Fp8Role::GradOutput].scale, 7.5f);
+  o.amax_history_len = 6;
+  Fp8Context c(o);
+  c.add_layer("h.0.fc");
+  EXPECT_THROW(c.load_state_dict(sd), Error);
+  Fp8Context d(o);
+  d.add_layer("other");
+  EXPECT_THROW(d.load_state_dict(sd), Error);
+}
+
+// ---- fp8_linear ------------------------------------------------------------------------------
+
+double rel_err(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = as_f64(got), w = as_f64(want);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(Fp8Linear, GradientsMatchTheBf16LinearWithinFp8Tolerance) {
+  const Tensor x0 = randn({3, 40, 96}, 21), w0 = randn({72, 96}, 22, 0.1), b0 = randn({72}, 23);
+  const Tensor gy = randn({3, 40, 72}, 24, 1e-3);
+  // float64 reference
+  Tensor xr = x0.to(DType::F64).set_requires_grad(true),
+         wr = w0.to(DType::F64).set_requires_grad(true);
+  Tensor br = b0.to(DType::F64).set_requires_grad(true);
+  Tensor yr = linear(xr, wr, br);
+  yr.backward(gy.to(DType::F64));
+  for (Fp8Recipe r :
+       {Fp8Recipe::Delayed, Fp8Recipe::Current, Fp8Recipe::MXFP8, Fp8Recipe::Blockwise}) {
+    for (Fp8Format f : {Fp8Format::Hybrid, Fp8Format::E4M3}) {
+      Fp8Options o;
+      o.recipe = r;
+      o.format = f;
+      Fp8Context ctx(o);
+      auto st = ctx.add_layer("l");
+      if (r == Fp8Recipe::Delayed) {  // scales as a warmed-up history would give them
+        (*st)[Fp8Role::Input].scale = 448.0f / 4.5f;
+        (*st)[Fp8Role::Weight].scale = 448.0f / 0.45f;
+        (*st)[Fp8Role::GradOutput].scale =
+            float(format_info(f == Fp8Format::Hybrid ? Format::FP8_E5M2 : Format::FP8_E4M3)
+                      .max_finite) /
+            4.5e-3f;
+      }
+      Tensor x = x0.to(DType::BF16).set_requires_grad(true);
+      Tensor w = w0.clone().set_requires_grad(true);
+      Tensor b = b0.clone().set_requires_grad(true);
+      Tensor y;
+      {
+        Autocast ac(Device::cpu(), DType::BF16);
+        y = fp8_linear(x, w, b, *st, o);
+      }
+      EXPECT_EQ(y.dtype(), DType::BF16);
+      y.backward(gy.to(DType::BF16));
+      EXPECT_EQ(x.grad().dtype(), DType::BF16);
+      EXPECT_EQ(w.grad().dtype(), DType::F32);
+      // E4M3 carries 3 mantissa bits (relative step 2^-3, error up to 2^-4 per value), E5M2 2;
+      // errors of many products average down. The bf16 Linear's error, for scale, is ~2^-8.
+      const std::string what =
+          std::string(fp8_recipe_name(r)) + "/" + std::string(fp8_format_name(f));
+      EXPECT_LT(rel_err(y, yr), 0.06) << what;
+      EXPECT_LT(rel_err(x.grad(), xr.grad()), f == Fp8Format::Hybrid ? 0.12 : 0.06) << what;
+      EXPECT_LT(rel_err(w.grad(), wr.grad()), f == Fp8Format::Hybrid ? 0.12 : 0.06) << what;
+      // From the unquantized gradient: only its rounding to bf16 (the backward's dtype) is seen.
+      EXPECT_LT(rel_err(b.grad(), br.grad()), 4e-3) << what;
+      // ... and fp8 is really used: worse than bf16 by a clear margin.
+      EXPECT_GT(rel_err(y, yr), 1e-3) << what;
+      EXPECT_EQ((*st)[Fp8Role::GradOutput].quantizations, 1);
+    }
+  }
+}
+
+TEST(Fp8Linear, NonFiniteInputsPoisonTheOutputAndAreNotRecorded) {
+  Fp8Context ctx;
+  auto st = ctx.add_layer("blk.fc");
+  Tensor x = randn({4, 16}, 31);
+  x.narrow(0, 1, 1).narrow(1, 2, 1).fill_(std::numeric_limits<double>::infinity());
+  Tensor w = randn({8, 16}, 32).set_requires_grad(true);
+  const int64_t warned = warning_count("fp8:nonfinite");
+  const Tensor y = fp8_linear(x, w, Tensor(), *st, ctx.options());
+  bool any_nan = false;
+  for (double v : as_f64(y))
+    any_nan = any_nan || std::isnan(v);
+  EXPECT_TRUE(any_nan) << "an inf input must not saturate silently to a finite output";
+  EXPECT_EQ((*st)[Fp8Role::Input].nonfinite, 1);
+  EXPECT_EQ((*st)[Fp8Role::Input].amax_history[0], 0.0f);
+  EXPECT_GT(warning_count("fp8:nonfinite"), warned);
+  ctx.update();
+  EXPECT_EQ((*st)[Fp8Role::Input].scale, 1.0f);  // unchanged
+}
+
+TEST(Fp8Linear, LargeFiniteValuesSaturateInsteadOfOverflowing) {
+  Fp8Context ctx;
+  auto st = ctx.add_layer("l");
+  (*st)[Fp8Role::Input].scale = 1000.0f;  // a late scale: x * scale > 448
+  const Tensor x = Tensor::full({2, 4}, 1.0f);
+  const Tensor w = Tensor::full({1, 4}, 1.0f);
+  const Tensor y = fp8_linear(x, w, Tensor(), *st, ctx.options());
+  // x quantizes to 448 (saturated), times 1/1000: 4 * 0.448
+  for (double v : as_f64(y))
+    EXPECT_NEAR(v, 4 * 0.448, 1e-6);
+}
+
+// ---- prepare_fp8 and the region
+// ------------------------------------------------------------------
+
+TEST(Fp8Prepare, InnerKeepsTheFirstAndLastLinearAndTheRegionSwitchesFp8On) {
+  auto model = nn::make_model("mlp", {.seed = 1});
+  Fp8Context ctx;
+  const std::vector<std::string> names = prepare_fp8(*model, ctx, Fp8Layers::Inner);
+  int linears = 0;
+  for (auto& [path, m] : model->named_modules())
+    linears += dynamic_cast<nn::Linear*>(m) != nullptr;
+  ASSERT_GE(linears, 3);
+  EXPECT_EQ(int(names.size()), linears - 2);
+  const Tensor x = randn({4, 1, 28, 28}, 41);
+  const Tensor plain = (*model)(x);
+  Tensor in_region;
+  {
+    Fp8Autocast f8(ctx);
+    EXPECT_EQ(fp8_context(), &ctx);
+    in_region = (*model)(x);
+    {
+      Fp8Autocast off(ctx, false);
+      EXPECT_EQ(fp8_context(), nullptr);
+    }
+  }
+  EXPECT_EQ(fp8_context(), nullptr);
+  EXPECT_GT(rel_err(in_region, plain), 1e-4);  // the inner layers ran in fp8
+  EXPECT_GT((*ctx.layers()[0])[Fp8Role::Input].quantizations, 0);
+  Fp8Context all;
+  auto m2 = nn::make_model("mlp", {.seed = 1});
+  EXPECT_EQ(int(prepare_fp8(*m2, all, Fp8Layers::All).size()), linears);
+  nn::Linear single(4, 4, 1);  // one Linear: Inner would keep it in bf16 and have nothing to do
+  Fp8Context c3;
+  EXPECT_THROW(prepare_fp8(single, c3, Fp8Layers::Inner), Error);
+  EXPECT_EQ(prepare_fp8(single, c3, Fp8Layers::All).size(), 1u);
+}
+
+TEST(Fp8Options, NamesParseBack) {
+  for (Fp8Recipe r :
+       {Fp8Recipe::Delayed, Fp8Recipe::Current, Fp8Recipe::MXFP8, Fp8Recipe::Blockwise})
+    EXPECT_EQ(parse_fp8_recipe(fp8_recipe_name(r)), r);
+  EXPECT_FALSE(parse_fp8_recipe("tensorwise").has_value());
+  EXPECT_EQ(parse_fp8_format("e4m3"), Fp8Format::E4M3);
+  EXPECT_EQ(fp8_dtype(Fp8Format::Hybrid, Fp8Role::GradOutput), DType::FP8_E5M2);
+  EXPECT_EQ(fp8_dtype(Fp8Format::E4M3, Fp8Role::GradOutput), DType::FP8_E4M3);
+  EXPECT_THROW(Fp8Context({.amax_history_len = 0}), Error);
+}
+
+}  // namespace
+}  // namespace mantissa::amp
