@@ -73,6 +73,14 @@ Tensor expand_blocks(const Tensor& s, int64_t br, int64_t bc, int64_t R, int64_t
       .narrow(1, 0, C);
 }
 
+// fp8 codes as bf16 values (exact), in the layout they have: the table conversion runs on the
+// contiguous storage of a matrix or of its transpose.
+Tensor codes_bf16(const Tensor& codes) {
+  if (codes.is_contiguous()) return codes.to(DType::BF16);
+  if (codes.t().is_contiguous()) return codes.t().to(DType::BF16).t();
+  return codes.contiguous().to(DType::BF16);
+}
+
 // a (M, K) @ b (N, K)^T in f32 from bf16 operands: the backend's GEMM with fp32 accumulation.
 Tensor gemm_f32(const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty({1, a.size(0), b.size(0)}, DType::F32, a.device());
@@ -284,7 +292,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
   } else {
     // The codes (exact in bf16) through one GEMM per K slice; each slice's fp32 sums times its
     // scales, accumulated in fp32 (per tensor: one slice, one factor).
-    const Tensor ab = a.codes.to(DType::BF16), bb = b.codes.to(DType::BF16);
+    const Tensor ab = codes_bf16(a.codes), bb = codes_bf16(b.codes);
     const int64_t slices = (K + bka - 1) / bka;
     for (int64_t k = 0; k < slices; ++k) {
       const int64_t k0 = k * bka, kl = std::min(bka, K - k0);
@@ -316,6 +324,12 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
            "fp8_linear: the tensors are on different devices");
   MT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "fp8_linear: bias ",
            b.defined() ? b.describe() : "", " does not match weight ", w.describe());
+  if (!x.device().is_cpu()) {
+    warn("fp8:emulated",
+         "fp8 on " + x.device().str() +
+             ": the GEMMs run emulated (fp8 codes through a bf16 GEMM with fp32 accumulation, "
+             "the same numbers as on the CPU); cuBLASLt's native fp8 GEMM is not wired yet");
+  }
   const int64_t in = w.size(1), out_features = w.size(0);
   DType out_dtype = promote_types(x.dtype(), w.dtype());
   if (b.defined()) out_dtype = promote_types(out_dtype, b.dtype());

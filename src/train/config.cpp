@@ -51,6 +51,11 @@ namespace mantissa::train {
   _(init_scale)                   \
   _(rounding)                     \
   _(underflow_every)              \
+  _(fp8_recipe)                   \
+  _(fp8_format)                   \
+  _(fp8_amax_history)             \
+  _(fp8_margin)                   \
+  _(fp8_layers)                   \
   _(device)                       \
   _(seed)                         \
   _(threads)                      \
@@ -140,12 +145,30 @@ void TrainConfig::validate() const {
   MT_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
   MT_CHECK(clip_grad_norm >= 0, "--clip-grad-norm must be non-negative, got ", clip_grad_norm);
   MT_CHECK(synthetic_size > 0, "the synthetic dataset size must be positive");
-  const bool half = precision == "bf16" || precision == "fp16";
+  const bool half = precision == "bf16" || precision == "fp16" || precision == "fp8";
   MT_CHECK(half || precision == "fp32" || precision == "tf32" || precision == "bf16-pure" ||
                precision == "auto",
            "unknown --precision '", precision,
-           "'; use fp32, tf32, bf16, fp16, bf16-pure or auto (bf16 where the CPU has it, else "
-           "fp16)");
+           "'; use fp32, tf32, bf16, fp16, fp8, bf16-pure or auto (bf16 where the CPU has it, "
+           "else fp16)");
+  MT_CHECK(fp8_recipe == "delayed" || fp8_recipe == "current" || fp8_recipe == "mxfp8" ||
+               fp8_recipe == "blockwise",
+           "unknown --fp8-recipe '", fp8_recipe, "'; use delayed, current, mxfp8 or blockwise");
+  MT_CHECK(fp8_format == "hybrid" || fp8_format == "e4m3", "unknown --fp8-format '", fp8_format,
+           "'; use hybrid (E4M3 forward, E5M2 gradients) or e4m3 (E4M3 for all)");
+  MT_CHECK(fp8_layers == "inner" || fp8_layers == "all", "unknown --fp8-layers '", fp8_layers,
+           "'; use inner (the first and last Linear layers stay bf16) or all");
+  MT_CHECK(fp8_amax_history >= 1 && fp8_amax_history <= (int64_t(1) << 20),
+           "--fp8-amax-history must be in [1, 2^20], got ", fp8_amax_history);
+  MT_CHECK(fp8_margin >= 0 && fp8_margin < 64, "--fp8-margin must be in [0, 64), got ", fp8_margin);
+  MT_CHECK(
+      precision == "fp8" || (fp8_recipe == "delayed" && fp8_format == "hybrid" &&
+                             fp8_amax_history == 1024 && fp8_margin == 0 && fp8_layers == "inner"),
+      "the --fp8-* options apply to --precision fp8, not ", precision);
+  MT_CHECK(
+      precision != "fp8" || opt_level.empty() || opt_level == "O1" || opt_level == "O2",
+      "--precision fp8 runs the Linear GEMMs in fp8 and the rest as bf16 O1 or O2; --opt-level ",
+      opt_level, " is not one of them");
   MT_CHECK(opt_level.empty() || opt_level == "O0" || opt_level == "O1" || opt_level == "O2" ||
                opt_level == "O3",
            "unknown --opt-level '", opt_level, "'; use O0, O1, O2 or O3");

@@ -182,13 +182,17 @@ amp::Amp initialize_precision(nn::Module& model, optim::Optimizer& opt, const Tr
     level = amp::OptLevel::O3;
     half = DType::BF16;
     ao = amp::bf16_pure_options(c.seed);
-  } else if (precision == "bf16" || precision == "fp16") {
-    half = precision == "bf16" ? DType::BF16 : DType::F16;
+  } else if (precision == "bf16" || precision == "fp16" || precision == "fp8") {
+    // fp8: the Linear GEMMs in fp8 (the Trainer's fp8 context), everything else as bf16.
+    half = precision == "fp16" ? DType::F16 : DType::BF16;
     level = *amp::parse_opt_level(c.opt_level.empty() ? "O1" : c.opt_level);
     if (c.rounding == "stochastic") ao.rounding = RoundingMode::Stochastic;
     ao.rounding_seed = c.seed;
   }
   if (c.loss_scale != "dynamic") ao.loss_scale = std::stod(c.loss_scale);
+  // fp8 needs no loss scaling (per-tensor scales give each tensor its range), but a static scale
+  // of 1 checks the gradients: a step that met inf or NaN is skipped, as fp16's are.
+  if (precision == "fp8" && c.loss_scale == "dynamic") ao.loss_scale = 1.0;
   ao.scaler.init_scale = c.init_scale;
   ao.scaler.max_scale = std::max(ao.scaler.max_scale, c.init_scale);
   return amp::initialize(model, opt, level, half, ao);
@@ -352,6 +356,16 @@ void Trainer::build() {
       std::make_unique<optim::LRSchedule>(optim::LRSchedule::from_name(config_.schedule, so));
 
   amp_ = std::make_unique<amp::Amp>(initialize_precision(*model_, *optimizer_, config_));
+  if (config_.precision == "fp8") {
+    amp::Fp8Options fo;
+    fo.recipe = *amp::parse_fp8_recipe(config_.fp8_recipe);
+    fo.format = *amp::parse_fp8_format(config_.fp8_format);
+    fo.amax_history_len = config_.fp8_amax_history;
+    fo.margin = config_.fp8_margin;
+    fp8_ = std::make_unique<amp::Fp8Context>(fo);
+    amp::prepare_fp8(*model_, *fp8_,
+                     config_.fp8_layers == "all" ? amp::Fp8Layers::All : amp::Fp8Layers::Inner);
+  }
   if (comm_) {
     // After amp::initialize, which may replace the parameters by half copies: the hooks go on
     // the tensors that train. Broadcasts rank 0's weights.
@@ -433,12 +447,32 @@ void Trainer::build_tokens(nn::ModelConfig& mc) {
   eval_data_ = std::make_shared<const data::TokenWindows>(std::move(val), t, t);
 }
 
+void Trainer::load_weights(const Checkpoint& ckpt) {
+  model_->load_state_dict(ckpt.model);
+  if (!fp8_) return;
+  std::map<std::string, Tensor> fp8_state;
+  for (const auto& [name, t] : ckpt.scaler)
+    if (name.starts_with("fp8.")) fp8_state[name] = t;
+  fp8_->load_state_dict(fp8_state);
+}
+
 void Trainer::restore(const Checkpoint& ckpt) {
   model_->load_state_dict(ckpt.model);
   optimizer_->load_state_dict(ckpt.optimizer);
-  if (scaler().options().mode != amp::ScaleMode::Disabled && !ckpt.scaler.empty()) {
-    scaler().load_state_dict(ckpt.scaler);
+  // The "scaler." group holds the loss scaler's state and, for fp8, the delayed scaling state.
+  NamedTensors scaler_state;
+  std::map<std::string, Tensor> fp8_state;
+  for (const auto& [name, t] : ckpt.scaler) {
+    if (name.starts_with("fp8.")) {
+      fp8_state[name] = t;
+    } else {
+      scaler_state.emplace_back(name, t);
+    }
   }
+  if (scaler().options().mode != amp::ScaleMode::Disabled && !scaler_state.empty()) {
+    scaler().load_state_dict(scaler_state);
+  }
+  if (fp8_) fp8_->load_state_dict(fp8_state);
   state_ = ckpt.state;
   set_generator_state(state_.generator);
 }
@@ -455,7 +489,12 @@ void Trainer::save(const std::string& path) const {
   if (rank() != 0) return;
   TrainState s = state_;
   s.generator = generator_state();
-  save_checkpoint(path, config_, s, model_->state_dict(), opt_state, amp_->scaler().state_dict());
+  NamedTensors precision_state = amp_->scaler().state_dict();
+  if (fp8_) {
+    for (auto& [name, t] : fp8_->state_dict())
+      precision_state.emplace_back(name, t);
+  }
+  save_checkpoint(path, config_, s, model_->state_dict(), opt_state, precision_state);
 }
 
 Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skipped) {
@@ -470,7 +509,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
     const bool measure = config_.underflow_every > 0 && state_.step % config_.underflow_every == 0;
     std::vector<Tensor> reference;
     if (measure) reference = reference_gradients(batch);
-    const Tensor logits = amp_->forward(*model_, x);
+    const Tensor logits = forward(x);
     loss = loss_of(logits, y);
     sc.scale(loss).backward();
     count_correct(logits, y, correct);
@@ -500,7 +539,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
       const Tensor xm = x.narrow(0, start, len), ym = y.narrow(0, start, len);
       // Data parallel: only the last micro-batch's backward communicates (the sum of all).
       if (ddp_) ddp_->set_require_sync(start + len >= n);
-      const Tensor logits = amp_->forward(*model_, xm);
+      const Tensor logits = forward(xm);
       const Tensor part = div(loss_of(logits, ym, Reduction::Sum), double(total));
       sc.scale(part).backward();
       count_correct(logits, ym, correct);
@@ -521,9 +560,16 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   // On a GPU the answer is read back with the losses (read_back), not here: no wait per step.
   *skipped = !sc.on_device() && stepped.skipped();
   sc.update();
+  if (fp8_) fp8_->update();  // delayed scaling: the next step's scales from this step's amaxes
   if (ddp_) ddp_->all_gather_parameters();  // ZeRO-1: every owner's update to every rank
   ++state_.step;
   return loss.detach().to(DType::F32);
+}
+
+Tensor Trainer::forward(const Tensor& x) {
+  std::optional<amp::Fp8Autocast> f8;
+  if (fp8_) f8.emplace(*fp8_);
+  return amp_->forward(*model_, x);
 }
 
 std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch) {
@@ -611,7 +657,7 @@ EvalResult Trainer::evaluate() {
   Tensor correct_acc;
   int64_t n = 0;
   for (auto& batch : loader) {
-    const Tensor logits = amp_->forward(*model_, batch.x());
+    const Tensor logits = forward(batch.x());
     losses.push_back(loss_of(logits, batch.y(), Reduction::Sum).to(DType::F32));
     count_correct(logits, batch.y(), &correct_acc);
     n += batch.y().numel();
@@ -728,6 +774,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         j["loss_scale"] = scaler().get_scale();
         j["skipped"] = last_skipped;
         metrics_->write(j.dump());
+        if (fp8_) metrics_->write(fp8_record());
       }
     };
     while (!steps_done()) {
@@ -857,6 +904,38 @@ int Trainer::stop_requested() const {
   return int(flag.to_vector<int64_t>()[0]);
 }
 
+std::string Trainer::describe_precision() const {
+  if (!fp8_) return amp_->describe();
+  return "fp8 " + config_.fp8_recipe + " (" + config_.fp8_format + ") in " +
+         std::to_string(fp8_->layers().size()) + " Linear layers; " + amp_->describe();
+}
+
+std::string Trainer::fp8_record() const {
+  // Per layer and tensor: the last amax, the scale used (the smallest over blocks) and how full
+  // fp8's range was (amax * scale / fp8_max: 1 is the top, more has saturated; with delayed
+  // scaling this is how late the history's scale was).
+  auto j = record("fp8");
+  j["step"] = state_.step;
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const auto& l : fp8_->layers()) {
+    nlohmann::ordered_json e;
+    e["layer"] = l->name;
+    for (int r = 0; r < amp::kNumFp8Roles; ++r) {
+      const amp::Fp8Role role = amp::Fp8Role(r);
+      const amp::Fp8TensorMeta& m = (*l)[role];
+      const double fp8_max =
+          format_info(*dtype_format(amp::fp8_dtype(fp8_->options().format, role))).max_finite;
+      e[std::string(amp::fp8_role_name(role))] = {
+          {"amax", m.last_amax},
+          {"scale", m.last_scale},
+          {"range_used", double(m.last_amax) * double(m.last_scale) / fp8_max}};
+    }
+    layers.push_back(e);
+  }
+  j["layers"] = layers;
+  return j.dump();
+}
+
 std::string Trainer::summary_json(const TrainResult& result) const {
   nlohmann::ordered_json j;
   j["test_accuracy"] = result.test.accuracy;
@@ -871,6 +950,16 @@ std::string Trainer::summary_json(const TrainResult& result) const {
   j["loss_scale"] = result.loss_scale;
   j["precision"] = config_.precision;
   j["opt_level"] = std::string(amp::opt_level_name(amp_->properties().level));
+  if (fp8_) {
+    int64_t nonfinite = 0;
+    for (const auto& l : fp8_->layers())
+      for (const amp::Fp8TensorMeta& m : l->meta)
+        nonfinite += m.nonfinite;
+    j["fp8"] = {{"recipe", config_.fp8_recipe},
+                {"format", config_.fp8_format},
+                {"layers", fp8_->layers().size()},
+                {"nonfinite_amaxes", nonfinite}};
+  }
   const UnderflowStats& u = result.underflow;
   if (u.measurements > 0) {
     j["underflow"] = {{"measurements", u.measurements},
@@ -913,7 +1002,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_
   c.progress = false;
   if (!data_dir.empty()) c.data_dir = data_dir;
   Trainer t(c);
-  t.model().load_state_dict(ckpt.model);
+  t.load_weights(ckpt);  // the model, and an fp8 run's scales: evaluation quantizes with them
   return t.evaluate();
 }
 

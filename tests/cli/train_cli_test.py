@@ -84,7 +84,21 @@ with tempfile.TemporaryDirectory() as tmp:
           f"underflow report ({rc}): {out!r} {err[-300:]!r}")
     rc, out, err = run("train", *small, "--steps", "3", "--precision", "bf16-pure")
     check(rc == 0 and "rounding stochastic" in out, f"bf16-pure ({rc}): {out!r} {err[-300:]!r}")
+    # fp8: the recipe leads the summary, the eval of its checkpoint (with the delayed scales it
+    # saved) reproduces the accuracy, and fp8 options without fp8 are refused.
+    ckpt8 = os.path.join(tmp, "fp8.safetensors")
+    rc, out, err = run("train", *small, "--steps", "12", "--precision", "fp8",
+                       "--fp8-recipe", "delayed", "--json", "--checkpoint", ckpt8)
+    f8 = json.loads(out) if rc == 0 else {}
+    check(rc == 0 and f8.get("amp", "").startswith("fp8 delayed (hybrid)")
+          and f8.get("fp8", {}).get("layers", 0) >= 1, f"fp8 run ({rc}): {out!r} {err[-300:]!r}")
+    rc, out, err = run("eval", "--checkpoint", ckpt8, "--json")
+    check(rc == 0 and abs(json.loads(out)["test_accuracy"] - f8.get("test_accuracy", -1)) < 1e-12,
+          f"eval of an fp8 checkpoint reproduces its accuracy ({rc}, {out!r}, {err[-300:]!r})")
     for flags, needle in ((["--opt-level", "O2"], "half precision"),
+                          (["--fp8-recipe", "current"], "apply to --precision fp8"),
+                          (["--precision", "fp8", "--fp8-recipe", "tensorwise"], "delayed, current"),
+                          (["--precision", "fp8", "--opt-level", "O3"], "bf16 O1 or O2"),
                           (["--precision", "bf16", "--rounding", "stochastic"], "half weights"),
                           (["--precision", "fp16", "--opt-level", "O7"], "O0, O1, O2 or O3"),
                           (["--precision", "fp16", "--loss-scale", "-3"], "loss-scale")):

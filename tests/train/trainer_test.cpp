@@ -326,6 +326,66 @@ TEST_F(TrainerTest, HalfWeightRunsResumeBitwise) {
   }
 }
 
+// --precision fp8: the inner Linear layers run in fp8, the delayed-scaling state (scales and amax
+// histories) is in the checkpoint, and a resumed run continues bit for bit; every recipe trains.
+TEST_F(TrainerTest, Fp8RunsResumeBitwiseAndRecordTheirScales) {
+  for (const char* recipe : {"delayed", "current", "mxfp8", "blockwise"}) {
+    SCOPED_TRACE(recipe);
+    TrainConfig straight = small("mlp");
+    straight.synthetic_size = 256;
+    straight.dropout = 0;
+    straight.precision = "fp8";
+    straight.opt_level = "O2";
+    straight.fp8_recipe = recipe;
+    straight.fp8_amax_history = 16;
+    straight.log_every = 2;
+    straight.metrics_path = file(std::string(recipe) + ".jsonl");
+    Trainer a(straight);
+    const TrainResult ra = a.fit();
+    ASSERT_NE(a.fp8(), nullptr);
+    EXPECT_GE(a.fp8()->layers().size(), 1u);
+    EXPECT_EQ(ra.skipped_steps, 0);
+    EXPECT_NE(a.describe_precision().find(std::string("fp8 ") + recipe), std::string::npos);
+    for (float l : a.step_losses())
+      EXPECT_TRUE(std::isfinite(l));
+    EXPECT_LT(a.step_losses().back(), a.step_losses().front());
+    // The metrics carry the per-layer amax and scale table.
+    std::ifstream in(straight.metrics_path);
+    int fp8_records = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] != "fp8") continue;
+      ++fp8_records;
+      const auto& layer = j["layers"][0];
+      EXPECT_GT(layer["weight"]["amax"].get<double>(), 0);
+      EXPECT_GT(layer["grad_output"]["scale"].get<double>(), 0);
+    }
+    EXPECT_GT(fp8_records, 0);
+
+    TrainConfig first = straight;
+    first.metrics_path.clear();
+    first.checkpoint_path = file(std::string(recipe) + ".safetensors");
+    Trainer b(first);
+    b.fit(1);
+    const SafetensorsFile ck = load_safetensors(first.checkpoint_path);
+    bool has_fp8 = false;
+    for (const auto& [name, t] : ck.tensors)
+      has_fp8 = has_fp8 || name.find("scaler.fp8.") == 0;
+    EXPECT_EQ(has_fp8, std::string(recipe) == "delayed");
+    TrainConfig resumed = straight;
+    resumed.metrics_path.clear();
+    resumed.resume_path = first.checkpoint_path;
+    Trainer c(resumed);
+    c.fit();
+    const int64_t per_epoch = a.batches_per_epoch();
+    for (int64_t i = 0; i < per_epoch; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(c.step_losses()[size_t(i)]),
+                std::bit_cast<uint32_t>(a.step_losses()[size_t(per_epoch + i)]))
+          << "step " << per_epoch + i;
+    }
+  }
+}
+
 // --underflow-every: fp16 O1 with a static scale of 1 vs the dynamic scale. Scaling cannot make
 // more values underflow, and the records and summary are written.
 TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {
@@ -373,7 +433,8 @@ TEST(TrainConfigTest, PrecisionFlagsAreCheckedTogether) {
     const char* needle;  // in the error message
   };
   const Refused cases[] = {
-      {"fp8", "", "", "dynamic", 0, "bf16-pure"},
+      {"fp4", "", "", "dynamic", 0, "bf16-pure"},
+      {"fp8", "O3", "", "dynamic", 0, "bf16 O1 or O2"},
       {"fp32", "O2", "", "dynamic", 0, "needs a half precision"},
       {"bf16", "O4", "", "dynamic", 0, "O0, O1, O2 or O3"},
       {"bf16", "", "stochastic", "dynamic", 0, "half weights"},

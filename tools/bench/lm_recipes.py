@@ -22,6 +22,13 @@ RECIPES = {
     "bf16:O2": ["--precision", "bf16", "--opt-level", "O2"],
     "fp16:O2": ["--precision", "fp16", "--opt-level", "O2"],
     "bf16-pure": ["--precision", "bf16-pure"],
+    # fp8 (docs/fp8.md): the Linear GEMMs in fp8, everything else as bf16 O2.
+    "fp8:delayed": ["--precision", "fp8", "--opt-level", "O2", "--fp8-recipe", "delayed"],
+    "fp8:delayed-e4m3": ["--precision", "fp8", "--opt-level", "O2", "--fp8-recipe", "delayed",
+                         "--fp8-format", "e4m3"],
+    "fp8:current": ["--precision", "fp8", "--opt-level", "O2", "--fp8-recipe", "current"],
+    "fp8:mxfp8": ["--precision", "fp8", "--opt-level", "O2", "--fp8-recipe", "mxfp8"],
+    "fp8:blockwise": ["--precision", "fp8", "--opt-level", "O2", "--fp8-recipe", "blockwise"],
 }
 
 
@@ -30,7 +37,8 @@ def main():
     ap.add_argument("--mantissa", default="build/mantissa")
     ap.add_argument("--data", default="out/fortunes", help="a directory written by mantissa tokenize")
     ap.add_argument("--out", default="out/lm-recipes")
-    ap.add_argument("--recipes", default=",".join(RECIPES))
+    ap.add_argument("--recipes", default=",".join(r for r in RECIPES if not r.startswith("fp8")),
+                    help="comma-separated, of: " + ", ".join(RECIPES))
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -73,11 +81,13 @@ def main():
     base = next((r for r in rows if r["name"] == "fp32"), rows[0])
     print(f"\ngpt2_tiny, {args.steps} steps of {args.batch_size} x {args.seq_len} tokens, "
           f"{args.threads} threads; ratios to {base['name']}")
-    print(f"{'recipe':<10} {'val loss':>9} {'vs fp32':>8} {'ppl':>8} {'tokens/s':>9} {'speed':>6} "
-          f"{'peak MiB':>9} {'memory':>7} {'skipped':>8}")
+    bf16 = next((r for r in rows if r["name"] == "bf16:O2"), None)
+    print(f"{'recipe':<17} {'val loss':>9} {'vs fp32':>8} {'vs bf16 O2':>10} {'ppl':>8} "
+          f"{'tokens/s':>9} {'speed':>6} {'peak MiB':>9} {'memory':>7} {'skipped':>8}")
     for r in rows:
         gap = 100 * (r["test_loss"] - base["test_loss"]) / base["test_loss"]
-        print(f"{r['name']:<10} {r['test_loss']:>9.4f} {gap:>+7.2f}% {r['val_perplexity']:>8.2f} "
+        gap16 = f"{100 * (r['test_loss'] - bf16['test_loss']) / bf16['test_loss']:>+9.2f}%" if bf16 else f"{'-':>10}"
+        print(f"{r['name']:<17} {r['test_loss']:>9.4f} {gap:>+7.2f}% {gap16} {r['val_perplexity']:>8.2f} "
               f"{r['tokens_per_s']:>9.0f} {r['tokens_per_s'] / base['tokens_per_s']:>5.2f}x "
               f"{r['peak_memory_bytes'] / 2**20:>9.1f} "
               f"{r['peak_memory_bytes'] / base['peak_memory_bytes']:>6.2f}x {r['skipped_steps']:>8}")

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -58,6 +59,12 @@ std::vector<Variant> parse_variants(const std::string& list) {
     const size_t colon = item.find(':');
     v.config.precision = item.substr(0, colon);
     if (colon != std::string::npos) v.config.opt_level = item.substr(colon + 1);
+    // fp8[:LEVEL[:RECIPE]], e.g. fp8:O2:mxfp8
+    const size_t colon2 = v.config.opt_level.find(':');
+    if (colon2 != std::string::npos) {
+      v.config.fp8_recipe = v.config.opt_level.substr(colon2 + 1);
+      v.config.opt_level.resize(colon2);
+    }
     v.config.precision = train::resolve_precision(v.config.precision);
     try {
       v.config.validate();
@@ -65,8 +72,10 @@ std::vector<Variant> parse_variants(const std::string& list) {
       MT_CHECK(false, "bench: --precision entry '", item, "': ", e.message());
     }
     v.label = v.config.precision + (v.config.opt_level.empty() ? "" : " " + v.config.opt_level);
-    const bool half = v.config.precision == "bf16" || v.config.precision == "fp16";
+    const bool half =
+        v.config.precision == "bf16" || v.config.precision == "fp16" || v.config.precision == "fp8";
     if (half && v.config.opt_level.empty()) v.label += " O1";
+    if (v.config.precision == "fp8") v.label += " " + v.config.fp8_recipe;
     out.push_back(std::move(v));
   }
   MT_CHECK(!out.empty(), "bench: --precision needs at least one entry, e.g. fp32,bf16,bf16:O2");
@@ -94,6 +103,11 @@ class Runner {
     so.momentum = 0.9;
     opt_ = std::make_unique<optim::SGD>(model_->parameters(), so);
     amp_ = std::make_unique<amp::Amp>(train::initialize_precision(*model_, *opt_, config_));
+    if (config_.precision == "fp8") {
+      fp8_ = std::make_unique<amp::Fp8Context>(
+          amp::Fp8Options{.recipe = *amp::parse_fp8_recipe(config_.fp8_recipe)});
+      amp::prepare_fp8(*model_, *fp8_);
+    }
     model_->train();
   }
 
@@ -102,13 +116,17 @@ class Runner {
     set_matmul_precision(config_.precision == "tf32" ? MatmulPrecision::High
                                                      : MatmulPrecision::Highest);
     opt_->zero_grad();
+    std::optional<amp::Fp8Autocast> f8;
+    if (fp8_) f8.emplace(*fp8_);
     Tensor logits = amp_->forward(*model_, x_);
+    f8.reset();
     if (tokens_) logits = logits.reshape({-1, logits.size(-1)});
     const Tensor loss = cross_entropy(logits, tokens_ ? y_.reshape({-1}) : y_);
     amp::GradScaler& sc = amp_->scaler();
     sc.scale(loss).backward();
     sc.step(*opt_);
     sc.update();
+    if (fp8_) fp8_->update();
   }
 
   const nn::Module& model() const { return *model_; }
@@ -121,6 +139,7 @@ class Runner {
   bool tokens_ = false;
   std::unique_ptr<optim::SGD> opt_;
   std::unique_ptr<amp::Amp> amp_;
+  std::unique_ptr<amp::Fp8Context> fp8_;  // fp8 variants
 };
 
 struct Row {
@@ -221,10 +240,10 @@ int run_bench(const BenchArgs& a) {
       "{} ({} parameters) on {}, batch {}, {} thread(s); median of {} steps interleaved across "
       "precisions; peak memory of one step measured alone\n",
       a.model, parameters, device.str(), a.batch_size, get_num_threads(), a.steps);
-  fmt::print("{:<12} {:>9} {:>12} {:>9} {:>12} {:>9}\n", "precision", "ms/step",
+  fmt::print("{:<18} {:>9} {:>12} {:>9} {:>12} {:>9}\n", "precision", "ms/step",
              tokens ? "tokens/s" : "samples/s", "speedup", "peak memory", "memory");
   for (const Row& row : rows) {
-    fmt::print("{:<12} {:>9.2f} {:>12.0f} {:>8.2f}x {:>12} {:>8.2f}x\n", row.label, row.ms,
+    fmt::print("{:<18} {:>9.2f} {:>12.0f} {:>8.2f}x {:>12} {:>8.2f}x\n", row.label, row.ms,
                double(samples) / (row.ms / 1e3), base.ms / row.ms, train::format_bytes(row.peak),
                double(row.peak) / double(base.peak));
   }
@@ -248,8 +267,9 @@ Command add_bench_command(CLI::App& app) {
       "one or several precisions side by side");
   cmd->add_option("--model", a->model, "Model name (as for train)")->capture_default_str();
   cmd->add_option("--precision", a->precisions,
-                  "Comma-separated precisions to compare, each PRECISION[:LEVEL] as for train, "
-                  "e.g. fp32,bf16,bf16:O2,fp16:O2,bf16-pure (ratios are to the first)")
+                  "Comma-separated precisions to compare, each PRECISION[:LEVEL] as for train "
+                  "(fp8[:LEVEL[:RECIPE]] for fp8), e.g. fp32,bf16,bf16:O2,fp16:O2,bf16-pure,"
+                  "fp8:O2:delayed (ratios are to the first)")
       ->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Batch size")->capture_default_str();
   cmd->add_option("--seq-len", a->seq_len, "Sequence length (token models)")->capture_default_str();

@@ -26,10 +26,13 @@ struct TrainArgs {
 // The options that define the run itself: a resumed run takes them from its checkpoint, and
 // giving a different value is refused rather than silently ignored.
 constexpr const char* kRunDefining[] = {
-    "--model",    "--data",       "--batch-size", "--optimizer",  "--lr",
-    "--momentum", "--schedule",   "--warmup",     "--seed",       "--weight-decay",
-    "--dropout",  "--precision",  "--loss-scale", "--opt-level",  "--rounding",
-    "--seq-len",  "--grad-accum", "--decay",      "--vocab-size", "--init-scale"};
+    "--model",      "--data",         "--batch-size",       "--optimizer",
+    "--lr",         "--momentum",     "--schedule",         "--warmup",
+    "--seed",       "--weight-decay", "--dropout",          "--precision",
+    "--loss-scale", "--opt-level",    "--rounding",         "--seq-len",
+    "--grad-accum", "--decay",        "--vocab-size",       "--init-scale",
+    "--fp8-recipe", "--fp8-format",   "--fp8-amax-history", "--fp8-margin",
+    "--fp8-layers"};
 
 // Ctrl-C and SIGTERM during `train`: the first asks the trainer to stop after the step under way
 // and write a checkpoint (Trainer::set_stop_flag); a second one ends the process at once, by the
@@ -70,7 +73,7 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
   const train::UnderflowStats& u = r.underflow;
   if (json) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(trainer.summary_json(r));
-    j["amp"] = amp.describe();
+    j["amp"] = trainer.describe_precision();
     nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
     for (const auto& e : r.epochs) {
       nlohmann::ordered_json ej = {{"epoch", e.epoch},
@@ -103,7 +106,7 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
         "{} on {} ({}){}: validation loss {:.4f}, perplexity {:.2f}, next-token accuracy "
         "{:.2f}%, {} steps, {:.1f} s training ({:.0f} tokens/s), peak memory {} (the tokens {} "
         "of it){}\n",
-        c.model, c.data, amp.describe(), where, r.test.loss, r.test.perplexity(),
+        c.model, c.data, trainer.describe_precision(), where, r.test.loss, r.test.perplexity(),
         100 * r.test.accuracy, r.steps, r.train_seconds, tokens_per_s,
         train::format_bytes(r.peak_memory_bytes), train::format_bytes(r.dataset_bytes), scaling);
     return;
@@ -111,8 +114,8 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
   fmt::print(
       "{} on {} ({}){}: test accuracy {:.2f}%, test loss {:.4f}, {} steps, {:.1f} s training "
       "({:.1f} s/epoch), peak memory {} (the dataset {} of it){}\n",
-      c.model, c.data, amp.describe(), where, 100 * r.test.accuracy, r.test.loss, r.steps,
-      r.train_seconds, per_epoch, train::format_bytes(r.peak_memory_bytes),
+      c.model, c.data, trainer.describe_precision(), where, 100 * r.test.accuracy, r.test.loss,
+      r.steps, r.train_seconds, per_epoch, train::format_bytes(r.peak_memory_bytes),
       train::format_bytes(r.dataset_bytes), scaling);
   if (u.measurements > 0) {
     fmt::print(
@@ -195,8 +198,26 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--precision", c.precision,
                   "fp32, tf32 (f32 GEMM/conv inputs rounded to tf32), bf16 or fp16 (mixed "
-                  "precision at --opt-level), bf16-pure (bf16 weights, no fp32 master, stochastic "
+                  "precision at --opt-level), fp8 (Linear GEMMs in fp8 by --fp8-recipe, the rest "
+                  "bf16 at --opt-level), bf16-pure (bf16 weights, no fp32 master, stochastic "
                   "rounding) or auto (bf16 where the CPU has native bf16, else fp16)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-recipe", c.fp8_recipe,
+                  "fp8 scaling: delayed (per tensor, from the amax history), current (per tensor, "
+                  "this step's amax), mxfp8 (32-wide blocks, power-of-two scales) or blockwise "
+                  "(DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-format", c.fp8_format,
+                  "hybrid (E4M3 forward, E5M2 gradients) or e4m3 (E4M3 for all)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-amax-history", c.fp8_amax_history,
+                  "Delayed scaling: steps of amax history the scale is the max over")
+      ->capture_default_str();
+  cmd->add_option("--fp8-margin", c.fp8_margin,
+                  "Delayed scaling: scale = fp8_max / amax / 2^margin")
+      ->capture_default_str();
+  cmd->add_option("--fp8-layers", c.fp8_layers,
+                  "inner (the first and last Linear layers stay bf16) or all")
       ->capture_default_str();
   cmd->add_option("--opt-level", c.opt_level,
                   "bf16/fp16: O1 (autocast, fp32 weights; default), O2 (half weights except "

@@ -100,6 +100,13 @@ class Trainer {
   optim::Optimizer& optimizer() { return *optimizer_; }
   amp::GradScaler& scaler() { return amp_->scaler(); }
   const amp::Amp& amp() const { return *amp_; }
+  // amp's description, led by the fp8 recipe for --precision fp8 ("fp8 delayed (hybrid) in 15
+  // Linear layers; bf16 O1: ...").
+  std::string describe_precision() const;
+  // The model's weights from a checkpoint and, for --precision fp8, its delayed-scaling state
+  // (what evaluating the checkpoint needs; resuming restores everything else too).
+  void load_weights(const Checkpoint& ckpt);
+  const amp::Fp8Context* fp8() const { return fp8_.get(); }
   const TrainConfig& config() const { return config_; }
   Device device() const { return device_; }
   const TrainState& state() const { return state_; }
@@ -141,6 +148,10 @@ class Trainer {
   // the run's own scaled gradients (call after backward, before unscale).
   UnderflowStats measure_underflow(const std::vector<Tensor>& reference) const;
   std::vector<Tensor> reference_gradients(const data::Batch& batch);
+  // model(x) in the run's precision (amp's forward, inside the fp8 region for --precision fp8).
+  Tensor forward(const Tensor& x);
+  // The per-layer fp8 amaxes and scales, a metrics record (JSON).
+  std::string fp8_record() const;
 
   TrainConfig config_;
   Device device_;
@@ -153,6 +164,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<amp::Amp> amp_;
+  std::unique_ptr<amp::Fp8Context> fp8_;  // --precision fp8
   UnderflowStats underflow_;
   std::unique_ptr<data::DevicePrefetcher> loader_;
   std::unique_ptr<MetricsWriter> metrics_;

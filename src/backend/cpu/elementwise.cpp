@@ -1,6 +1,7 @@
 // CPU elementwise kernels: copies and casts, fills, random fills, unary/binary ops and their
 // derivatives, where, dropout. One templated loop per family (loops.h), instantiated per dtype.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numbers>
 
@@ -144,6 +145,27 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
       // step): one conversion pass, no staging buffer.
       constexpr bool kWidenOrNarrow = (std::is_same_v<T, float> && is_small_float_v<O>) ||
                                       (is_small_float_v<T> && std::is_same_v<O, float>);
+      // fp8 codes to bf16 (fp8 training hands its codes to a bf16 GEMM): every fp8 value is
+      // exact in bf16, so one 256-entry table of bf16 patterns does it.
+      constexpr bool kFp8ToBf16 = (std::is_same_v<T, float8_e4m3> ||
+                                   std::is_same_v<T, float8_e5m2>)&&std::is_same_v<O, bfloat16>;
+      if constexpr (kFp8ToBf16) {
+        if (direct) {
+          static const std::array<uint16_t, 256> kTable = [] {
+            std::array<uint16_t, 256> t{};
+            for (uint32_t b = 0; b < 256; ++b)
+              t[b] = uint16_t(encode(Format::BF16, decode(T::format, b)));
+            return t;
+          }();
+          const T* s = static_cast<const T*>(src.data_ptr());
+          uint16_t* d = static_cast<uint16_t*>(dst.data_ptr());
+          parallel_chunks(dst.numel(), [&](int64_t start, int64_t n) {
+            for (int64_t i = start; i < start + n; ++i)
+              d[i] = kTable[s[i].bits];
+          });
+          return;
+        }
+      }
       if constexpr (kWidenOrNarrow || std::is_same_v<T, O>) {
         if (direct) {
           const T* s = static_cast<const T*>(src.data_ptr());

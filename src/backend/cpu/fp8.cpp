@@ -15,59 +15,84 @@
 namespace mantissa::backend::cpu {
 namespace {
 
-// max(acc, |v|) that lets a NaN win, so a block holding one reports a non-finite amax.
-inline float amax_step(float acc, float v) {
-  const float a = std::fabs(v);
-  return (a > acc || a != a) && acc == acc ? a : acc;
+// max |p[i]|, NaN if any p[i] is NaN (a block holding one reports a non-finite amax). Branch-free,
+// so it vectorizes.
+inline float block_amax(const float* p, int64_t n) {
+  float m = 0.0f;
+  int nan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(p[i]);
+    m = a > m ? a : m;
+    nan |= a != a;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
-template <typename T>
-void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float fp8_max,
-              Tensor& codes, float* scale_inv, float* amax) {
+// max of two amaxes, NaN winning.
+inline float amax_max(float a, float b) {
+  return a != a || b != b ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b);
+}
+
+// One row: codes = saturate(round(x * scale of its column block)); inf and NaN to NaN.
+template <typename O>
+void quantize_row(float* buf, int64_t C, int64_t bc, const float* scale, O* out) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t c0 = 0, cb = 0; c0 < C; c0 += bc, ++cb) {
+    const float s = scale[cb];
+    const int64_t end = std::min(C, c0 + bc);
+    for (int64_t c = c0; c < end; ++c) {
+      const float v = buf[c];
+      buf[c] = v - v == 0.0f ? v * s : nan;  // finite values saturate below
+    }
+  }
+  RoundingOptions sat;
+  sat.overflow = Overflow::Saturate;
+  convert(buf, out, size_t(C), sat);
+}
+
+template <typename T, typename O>
+void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float fp8_max, O* out,
+              float* scale_inv, float* amax) {
   const int64_t br = p.block_rows == 0 ? R : p.block_rows;
   const int64_t bc = p.block_cols == 0 ? C : p.block_cols;
   const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
   const int64_t nblocks = nbr * nbc;
-  // Amaxes: per row and column block, then reduced over each block's rows.
-  std::vector<float> row_amax(size_t(R * nbc), 0.0f);
+  if (p.rule == Fp8ScaleRule::Given) {
+    // The scale is known: one pass quantizes and measures the amax (for the history).
+    std::vector<float> row_amax(static_cast<size_t>(R));
+    parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
+      load_contiguous<T, float>(x + r * C, buf, C);
+      row_amax[size_t(r)] = block_amax(buf, C);
+      quantize_row(buf, C, C, &p.scale, out + r * C);
+    });
+    float m = 0.0f;
+    for (float a : row_amax)
+      m = amax_max(m, a);
+    amax[0] = m;
+    scale_inv[0] = 1.0f / p.scale;
+    return;
+  }
+  // Amaxes per row and column block, then reduced over each block's rows; the scales; then the
+  // rows quantized.
+  std::vector<float> row_amax(static_cast<size_t>(R * nbc));
   parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
     load_contiguous<T, float>(x + r * C, buf, C);
-    for (int64_t cb = 0; cb < nbc; ++cb) {
-      float m = 0.0f;
-      for (int64_t c = cb * bc; c < std::min(C, (cb + 1) * bc); ++c)
-        m = amax_step(m, buf[c]);
-      row_amax[size_t(r * nbc + cb)] = m;
-    }
+    for (int64_t cb = 0; cb < nbc; ++cb)
+      row_amax[size_t(r * nbc + cb)] = block_amax(buf + cb * bc, std::min(bc, C - cb * bc));
   });
   std::vector<float> scale(static_cast<size_t>(nblocks));
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t rb = b / nbc, cb = b % nbc;
     float m = 0.0f;
     for (int64_t r = rb * br; r < std::min(R, (rb + 1) * br); ++r)
-      m = amax_step(m, row_amax[size_t(r * nbc + cb)]);
+      m = amax_max(m, row_amax[size_t(r * nbc + cb)]);
     amax[b] = m;
     scale[size_t(b)] = fp8_block_scale(m, fp8_max, p.rule, p.scale);
     scale_inv[b] = 1.0f / scale[size_t(b)];
   }
-  RoundingOptions sat;
-  sat.overflow = Overflow::Saturate;
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  dispatch_float(codes.dtype(), "fp8_quantize", [&]<typename O>() {
-    if constexpr (std::is_same_v<O, float8_e4m3> || std::is_same_v<O, float8_e5m2>) {
-      O* out = static_cast<O*>(codes.data_ptr());
-      parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
-        load_contiguous<T, float>(x + r * C, buf, C);
-        const float* s = scale.data() + (r / br) * nbc;
-        for (int64_t c = 0; c < C; ++c) {
-          const float v = buf[c];
-          // Finite values saturate; inf and NaN become NaN, so that the step sees them.
-          buf[c] = v - v == 0.0f ? v * s[c / bc] : nan;
-        }
-        convert(buf, out + r * C, size_t(C), sat);
-      });
-    } else {
-      MT_ASSERT(false, "fp8_quantize writes fp8 codes, got ", dtype_name(codes.dtype()));
-    }
+  parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
+    load_contiguous<T, float>(x + r * C, buf, C);
+    quantize_row(buf, C, bc, scale.data() + (r / br) * nbc, out + r * C);
   });
 }
 
@@ -94,8 +119,18 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
     if constexpr (std::is_same_v<T, double>) {
       MT_CHECK(false, "fp8_quantize takes f32, bf16 or f16 values, got f64");
     } else {
-      quantize<T>(static_cast<const T*>(x.data_ptr()), R, C, p, fp8_max, codes,
-                  static_cast<float*>(scale_inv.data_ptr()), static_cast<float*>(amax.data_ptr()));
+      auto run = [&]<typename O>() {
+        quantize<T, O>(static_cast<const T*>(x.data_ptr()), R, C, p, fp8_max,
+                       static_cast<O*>(codes.data_ptr()), static_cast<float*>(scale_inv.data_ptr()),
+                       static_cast<float*>(amax.data_ptr()));
+      };
+      if (codes.dtype() == DType::FP8_E4M3) {
+        run.template operator()<float8_e4m3>();
+      } else {
+        MT_ASSERT(codes.dtype() == DType::FP8_E5M2, "fp8_quantize writes fp8 codes, got ",
+                  dtype_name(codes.dtype()));
+        run.template operator()<float8_e5m2>();
+      }
     }
   });
 }
