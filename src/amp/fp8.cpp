@@ -58,8 +58,13 @@ bool per_tensor(Fp8Recipe r) {
 
 // The transposed view of a quantized matrix: its blocks follow.
 Fp8Tensor transposed(const Fp8Tensor& t) {
-  return {t.codes.t(),  t.scale_inv.t(), t.amax.defined() ? t.amax.t() : Tensor(),
-          t.block_cols, t.block_rows,    t.power_of_two_scales};
+  Fp8Tensor r = t;
+  r.codes = t.codes.t();
+  r.scale_inv = t.scale_inv.t();
+  r.amax = t.amax.defined() ? t.amax.t() : Tensor();
+  r.values = t.values.defined() ? t.values.t() : Tensor();
+  std::swap(r.block_rows, r.block_cols);
+  return r;
 }
 
 // Each block's scale_inv repeated over its elements: (R, C) f32.
@@ -117,21 +122,26 @@ void observe(Fp8LinearState& st, Fp8Role role, const Fp8Tensor& q, const Fp8Opti
 
 // ---- names ---------------------------------------------------------------------------------
 
+namespace {
+template <typename E, size_t N>
+std::optional<E> parse_name(const std::string_view (&names)[N], std::string_view name) {
+  for (size_t i = 0; i < N; ++i)
+    if (names[i] == name) return E(i);
+  return std::nullopt;
+}
+}  // namespace
+
 std::string_view fp8_recipe_name(Fp8Recipe r) {
   return kRecipeNames[size_t(r)];
 }
 std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view name) {
-  for (size_t i = 0; i < std::size(kRecipeNames); ++i)
-    if (kRecipeNames[i] == name) return Fp8Recipe(i);
-  return std::nullopt;
+  return parse_name<Fp8Recipe>(kRecipeNames, name);
 }
 std::string_view fp8_format_name(Fp8Format f) {
   return kFormatNames[size_t(f)];
 }
 std::optional<Fp8Format> parse_fp8_format(std::string_view name) {
-  for (size_t i = 0; i < std::size(kFormatNames); ++i)
-    if (kFormatNames[i] == name) return Fp8Format(i);
-  return std::nullopt;
+  return parse_name<Fp8Format>(kFormatNames, name);
 }
 std::string_view fp8_role_name(Fp8Role r) {
   return kRoleNames[size_t(r)];
@@ -258,13 +268,14 @@ Fp8Tensor fp8_quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s) {
   q.scale_inv = Tensor::empty({nbr, nbc}, DType::F32, x.device());
   q.amax = Tensor::empty({nbr, nbc}, DType::F32, x.device());
   q.power_of_two_scales = s.rule == Fp8ScaleRule::AmaxPow2;
+  q.values = Tensor::empty({R, C}, DType::BF16, x.device());
   if (x.numel() == 0) return q;
   backend::Fp8QuantizeParams p;
   p.block_rows = q.block_rows;
   p.block_cols = q.block_cols;
   p.rule = backend::Fp8ScaleRule(int(s.rule));
   p.scale = s.scale;
-  backend::backend_for(x.device()).fp8_quantize(x, p, q.codes, q.scale_inv, q.amax);
+  backend::backend_for(x.device()).fp8_quantize(x, p, q.codes, q.scale_inv, q.amax, &q.values);
   return q;
 }
 
@@ -288,18 +299,28 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     // Power-of-two scales (MXFP8): code * 2^e is exact in bf16 (unless a block's amax is below
     // 2^-118, where it would be a bf16 subnormal), so the scaled operands go through one GEMM
     // whose fp32 sums are those of the scaled products.
-    acc = gemm_f32(fp8_dequantize(a).to(DType::BF16), fp8_dequantize(b).to(DType::BF16));
+    auto scaled_bf16 = [](const Fp8Tensor& t) {
+      return t.values.defined() ? t.values : fp8_dequantize(t).to(DType::BF16);
+    };
+    acc = gemm_f32(scaled_bf16(a), scaled_bf16(b));
   } else {
     // The codes (exact in bf16) through one GEMM per K slice; each slice's fp32 sums times its
     // scales, accumulated in fp32 (per tensor: one slice, one factor).
-    const Tensor ab = codes_bf16(a.codes), bb = codes_bf16(b.codes);
+    const bool va = a.values.defined() && !a.power_of_two_scales;
+    const bool vb = b.values.defined() && !b.power_of_two_scales;
+    const Tensor ab = va ? a.values : codes_bf16(a.codes), bb = vb ? b.values : codes_bf16(b.codes);
     const int64_t slices = (K + bka - 1) / bka;
     for (int64_t k = 0; k < slices; ++k) {
       const int64_t k0 = k * bka, kl = std::min(bka, K - k0);
       const Tensor part = gemm_f32(ab.narrow(1, k0, kl), bb.narrow(1, k0, kl));
-      // a's scales of slice k per row of a, b's per row of b: factor (M, N) = sa (M, 1) sb (1, N).
-      const Tensor sa = expand_blocks(a.scale_inv.narrow(1, k, 1), a.block_rows, 1, M, 1);
-      const Tensor sb = expand_blocks(b.scale_inv.narrow(1, k, 1), b.block_rows, 1, N, 1);
+      // a's scales of slice k per row of a, b's per row of b: factor = sa (M | 1, 1) sb (1, N | 1),
+      // a single number for per-tensor scales.
+      const Tensor sa = a.block_rows >= M
+                            ? a.scale_inv.narrow(1, k, 1)
+                            : expand_blocks(a.scale_inv.narrow(1, k, 1), a.block_rows, 1, M, 1);
+      const Tensor sb = b.block_rows >= N
+                            ? b.scale_inv.narrow(1, k, 1)
+                            : expand_blocks(b.scale_inv.narrow(1, k, 1), b.block_rows, 1, N, 1);
       const Tensor scaled = mul(part, mul(sa, sb.t()));
       acc = acc.defined() ? add(acc, scaled) : scaled;
     }
@@ -356,8 +377,9 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   const bool keep_codes = per_tensor(o.recipe);
   Fp8Tensor kx, kw;
   if (keep_codes) {
-    kx = {qx.codes, qx.scale_inv, Tensor(), qx.block_rows, qx.block_cols, false};
-    kw = {qw.codes, qw.scale_inv, Tensor(), qw.block_rows, qw.block_cols, false};
+    // The codes only (a byte a value): backward converts them again.
+    kx = {qx.codes, qx.scale_inv, Tensor(), qx.block_rows, qx.block_cols, false, Tensor()};
+    kw = {qw.codes, qw.scale_inv, Tensor(), qw.block_rows, qw.block_cols, false, Tensor()};
   }
   const autograd::SavedTensor saved_x(keep_codes ? Tensor() : x2.detach());
   const autograd::SavedTensor saved_w(keep_codes ? Tensor() : w.detach());

@@ -2,8 +2,10 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 
 #include "mantissa/amp/autocast.h"
+#include "mantissa/amp/fp8.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
@@ -46,6 +48,7 @@ std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inp
   if (!grad_enabled()) return fn(inputs);
   const GeneratorState rng = generator_state();
   const AutocastState autocast = AutocastState::current();
+  amp::Fp8Context* const fp8 = amp::fp8_context();  // fp8 layers recompute in fp8 too
   std::vector<Tensor> outputs;
   {
     NoGrad ng;
@@ -63,7 +66,7 @@ std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inp
   }
   // Recorded even when no input requires grad: parameters inside fn may.
   std::vector<Tensor> record_inputs = inputs;
-  auto node_fn = [fn, saved, wants, rng, autocast](const std::vector<Tensor>& grads) {
+  auto node_fn = [fn, saved, wants, rng, autocast, fp8](const std::vector<Tensor>& grads) {
     // Recompute with the same random numbers, on fresh leaves that stand for the inputs.
     std::vector<Tensor> leaves;
     std::vector<Tensor> wanted_leaves;
@@ -82,6 +85,12 @@ std::vector<Tensor> checkpoint(const Segment& fn, const std::vector<Tensor>& inp
     {
       EnableGrad eg;
       const auto regions = autocast.enter();
+      std::optional<amp::Fp8Autocast> f8;
+      if (fp8) {
+        f8.emplace(*fp8);
+      } else if (amp::Fp8Context* now_on = amp::fp8_context()) {
+        f8.emplace(*now_on, false);
+      }
       outs = fn(leaves);
     }
     set_generator_state(now);

@@ -35,11 +35,13 @@
   /* |x| (F32, (nbr, nbc)); scale by p.rule (Amax: 1 where amax is 0 or not finite; AmaxPow2: */    \
   /* 1 where amax is 0, NaN where not finite); codes (R, C, FP8_E4M3 or FP8_E5M2) = x * scale */   \
   /* in fp32 rounded to nearest even, finite overflow saturated to +-max, inf and NaN to NaN; */   \
-  /* scale_inv = 1 / scale (F32, (nbr, nbc)). Given takes one block (per tensor). */             \
+  /* scale_inv = 1 / scale (F32, (nbr, nbc)). Given takes one block (per tensor). values, if */ \
+  /* given (BF16, (R, C)): each code's value (exact in bf16), times its block's scale_inv when */ \
+  /* p.rule is AmaxPow2 (exact too: a power of two), what the emulated GEMM multiplies. */         \
   _(Data, void, fp8_quantize,                                                                     \
     (const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes, Tensor& scale_inv, Tensor&      \
-    amax),                                                                                        \
-    (x, p, codes, scale_inv, amax))                                                               \
+    amax, Tensor* values),                                                                        \
+    (x, p, codes, scale_inv, amax, values))                                                       \
   /* ---- elementwise (inputs broadcast to out's shape) --------------------------------------- */\
   _(Elementwise, void, unary,                                                                     \
     (UnaryOp op, const Tensor& x, Tensor& out, Scalars s),                                        \

@@ -130,6 +130,23 @@ TEST(Fp8Quantize, ZeroTensorsNeedNoDivisionByZero) {
   }
 }
 
+// What the emulated GEMM multiplies: the codes' values (exact in bf16) and, for power-of-two
+// scales, the dequantized values (exact too), written by the quantize kernel in the same pass.
+TEST(Fp8Quantize, ValuesAreTheCodesOrTheirExactDequantization) {
+  const Tensor x = randn({9, 70}, 13, 5.0);
+  for (const Fp8Scaling s :
+       {Fp8Scaling{0, 0, Fp8ScaleRule::Given, 30.0f}, Fp8Scaling{1, 128, Fp8ScaleRule::Amax, 1},
+        Fp8Scaling{1, 32, Fp8ScaleRule::AmaxPow2, 1}}) {
+    const Fp8Tensor q = fp8_quantize(x, DType::FP8_E5M2, s);
+    ASSERT_TRUE(q.values.defined());
+    EXPECT_EQ(q.values.dtype(), DType::BF16);
+    const Tensor want =
+        s.rule == Fp8ScaleRule::AmaxPow2 ? fp8_dequantize(q) : q.codes.to(DType::F32);
+    EXPECT_EQ(as_f64(q.values), as_f64(want)) << int(s.rule);
+    EXPECT_EQ(as_f64(want.to(DType::BF16)), as_f64(want)) << "exact in bf16";
+  }
+}
+
 TEST(Fp8Quantize, RefusesWhatItCannotDo) {
   EXPECT_THROW(fp8_quantize(randn({4}, 1), DType::FP8_E4M3, {}), Error);
   EXPECT_THROW(fp8_quantize(randn({4, 4}, 1), DType::BF16, {}), Error);

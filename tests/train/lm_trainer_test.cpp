@@ -160,9 +160,10 @@ TEST_F(LmTrainerTest, NoDecayOnBiasesNormsAndEmbeddings) {
 }
 
 // --checkpoint-activations recomputes each block in backward: the same losses and weights, bit for
-// bit (dropout on, so the recomputation must replay the masks), in fp32 and bf16.
+// bit (dropout on, so the recomputation must replay the masks), in fp32, bf16 and fp8 (whose
+// layers must recompute in fp8, with the scales of the first pass).
 TEST_F(LmTrainerTest, ActivationCheckpointingChangesNoBit) {
-  for (const std::string precision : {"fp32", "bf16"}) {
+  for (const std::string precision : {"fp32", "bf16", "fp8"}) {
     SCOPED_TRACE(precision);
     TrainConfig plain = small();
     plain.precision = precision;

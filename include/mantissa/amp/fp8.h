@@ -162,6 +162,10 @@ struct Fp8Tensor {
   Tensor amax;
   int64_t block_rows = 0, block_cols = 0;  // resolved: never 0
   bool power_of_two_scales = false;        // AmaxPow2: scaled values are exact in bf16
+  // BF16 (R, C), what the emulated GEMM multiplies: the codes' values, times scale_inv when the
+  // scales are powers of two (both exact in bf16). Undefined when dropped (a saved tensor keeps
+  // only the codes: fp8_gemm then converts them).
+  Tensor values;
 };
 
 // x (R, C), any float dtype, to fp8 `dtype` (FP8_E4M3 or FP8_E5M2): codes = x * scale rounded to

@@ -33,9 +33,11 @@ inline float amax_max(float a, float b) {
   return a != a || b != b ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b);
 }
 
-// One row: codes = saturate(round(x * scale of its column block)); inf and NaN to NaN.
+// One row: codes = saturate(round(x * scale of its column block)); inf and NaN to NaN. With
+// `values`, also the codes' values in bf16, times scale_inv when `scaled`.
 template <typename O>
-void quantize_row(float* buf, int64_t C, int64_t bc, const float* scale, O* out) {
+void quantize_row(float* buf, int64_t C, int64_t bc, const float* scale, O* out, bfloat16* values,
+                  const float* scale_inv, bool scaled) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int64_t c0 = 0, cb = 0; c0 < C; c0 += bc, ++cb) {
     const float s = scale[cb];
@@ -48,11 +50,22 @@ void quantize_row(float* buf, int64_t C, int64_t bc, const float* scale, O* out)
   RoundingOptions sat;
   sat.overflow = Overflow::Saturate;
   convert(buf, out, size_t(C), sat);
+  if (!values) return;
+  convert(out, buf, size_t(C));  // exact: the table of fp8 values
+  if (scaled) {
+    for (int64_t c0 = 0, cb = 0; c0 < C; c0 += bc, ++cb) {
+      const float si = scale_inv[cb];
+      for (int64_t c = c0; c < std::min(C, c0 + bc); ++c)
+        buf[c] *= si;
+    }
+  }
+  convert(buf, values, size_t(C));
 }
 
 template <typename T, typename O>
 void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float fp8_max, O* out,
-              float* scale_inv, float* amax) {
+              float* scale_inv, float* amax, bfloat16* values) {
+  const bool scaled = p.rule == Fp8ScaleRule::AmaxPow2;
   const int64_t br = p.block_rows == 0 ? R : p.block_rows;
   const int64_t bc = p.block_cols == 0 ? C : p.block_cols;
   const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
@@ -60,16 +73,18 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
   if (p.rule == Fp8ScaleRule::Given) {
     // The scale is known: one pass quantizes and measures the amax (for the history).
     std::vector<float> row_amax(static_cast<size_t>(R));
+    const float given_inv = 1.0f / p.scale;
     parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
       load_contiguous<T, float>(x + r * C, buf, C);
       row_amax[size_t(r)] = block_amax(buf, C);
-      quantize_row(buf, C, C, &p.scale, out + r * C);
+      quantize_row(buf, C, C, &p.scale, out + r * C, values ? values + r * C : nullptr, &given_inv,
+                   false);
     });
     float m = 0.0f;
     for (float a : row_amax)
       m = amax_max(m, a);
     amax[0] = m;
-    scale_inv[0] = 1.0f / p.scale;
+    scale_inv[0] = given_inv;
     return;
   }
   // Amaxes per row and column block, then reduced over each block's rows; the scales; then the
@@ -92,14 +107,18 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
   }
   parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
     load_contiguous<T, float>(x + r * C, buf, C);
-    quantize_row(buf, C, bc, scale.data() + (r / br) * nbc, out + r * C);
+    quantize_row(buf, C, bc, scale.data() + (r / br) * nbc, out + r * C,
+                 values ? values + r * C : nullptr, scale_inv + (r / br) * nbc, scaled);
   });
 }
 
 }  // namespace
 
 void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes,
-                              Tensor& scale_inv, Tensor& amax) {
+                              Tensor& scale_inv, Tensor& amax, Tensor* values) {
+  MT_ASSERT(!values || (values->dtype() == DType::BF16 && values->is_contiguous() &&
+                        values->shape() == x.shape()),
+            "fp8_quantize writes values as contiguous bf16 of x's shape");
   MT_ASSERT(x.dim() == 2 && x.is_contiguous() && codes.shape() == x.shape() &&
                 codes.is_contiguous() && scale_inv.dtype() == DType::F32 &&
                 amax.dtype() == DType::F32 && scale_inv.is_contiguous() && amax.is_contiguous(),
@@ -122,7 +141,8 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
       auto run = [&]<typename O>() {
         quantize<T, O>(static_cast<const T*>(x.data_ptr()), R, C, p, fp8_max,
                        static_cast<O*>(codes.data_ptr()), static_cast<float*>(scale_inv.data_ptr()),
-                       static_cast<float*>(amax.data_ptr()));
+                       static_cast<float*>(amax.data_ptr()),
+                       values ? static_cast<bfloat16*>(values->data_ptr()) : nullptr);
       };
       if (codes.dtype() == DType::FP8_E4M3) {
         run.template operator()<float8_e4m3>();

@@ -48,15 +48,21 @@ __global__ void block_scale_kernel(const float* row_amax, int64_t R, int64_t br,
 
 template <typename S, typename O>
 __global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, int64_t bc,
-                                int64_t nbc, const float* scale, O* out) {
+                                int64_t nbc, const float* scale, const float* scale_inv,
+                                bool scaled, O* out, __nv_bfloat16* values) {
   constexpr FormatSpec spec = format_spec(format_of<O>());
   MT_GRID_STRIDE_LOOP(i, R * C) {
     const int64_t r = i / C, c = i % C;
+    const int64_t b = (r / br) * nbc + c / bc;
     const float v = float(load(x + i));
-    const float q =
-        v - v == 0.0f ? __fmul_rn(v, scale[(r / br) * nbc + c / bc]) : __int_as_float(0x7fc00000);
-    out[i] = O::from_bits(typename O::bits_type(detail::encode_bits<float>(
-        __float_as_uint(q), spec, RoundingMode::NearestEven, Overflow::Saturate, 0u)));
+    const float q = v - v == 0.0f ? __fmul_rn(v, scale[b]) : __int_as_float(0x7fc00000);
+    const uint32_t bits = detail::encode_bits<float>(
+        __float_as_uint(q), spec, RoundingMode::NearestEven, Overflow::Saturate, 0u);
+    out[i] = O::from_bits(typename O::bits_type(bits));
+    if (values) {
+      const float d = detail::decode_bits(bits, spec);
+      values[i] = __float2bfloat16_rn(scaled ? __fmul_rn(d, scale_inv[b]) : d);
+    }
   }
 }
 
@@ -70,7 +76,7 @@ void launch(int64_t work, int device, Kernel kernel, const Args&... args) {
 }  // namespace
 
 void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes,
-                               Tensor& scale_inv, Tensor& amax) {
+                               Tensor& scale_inv, Tensor& amax, Tensor* values) {
   DeviceGuard guard(device_);
   MT_ASSERT(x.dim() == 2 && x.is_contiguous() && codes.shape() == x.shape() &&
                 codes.is_contiguous() && scale_inv.dtype() == DType::F32 &&
@@ -97,7 +103,9 @@ void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tens
              device_ptr<float>(scale_inv), device_ptr<float>(amax));
       auto run = [&]<typename O>() {
         launch(R * C, device_, quantize_kernel<S, O>, device_ptr<S>(x), R, C, br, bc, nbc,
-               device_ptr<float>(scale), device_ptr<O>(codes));
+               device_ptr<float>(scale), device_ptr<float>(scale_inv),
+               p.rule == Fp8ScaleRule::AmaxPow2, device_ptr<O>(codes),
+               values ? device_ptr<__nv_bfloat16>(*values) : nullptr);
       };
       if (codes.dtype() == DType::FP8_E4M3) {
         run.template operator()<float8_e4m3>();
