@@ -12,11 +12,13 @@
 #include "mantissa/amp/amp.h"
 #include "mantissa/amp/autocast.h"
 #include "mantissa/amp/fp8.h"
+#include "mantissa/amp/grad_scaler.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
 #include "mantissa/core/warning.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
+#include "mantissa/optim/optimizer.h"
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa::amp {
@@ -322,6 +324,32 @@ TEST(Fp8Linear, NonFiniteInputsPoisonTheOutputAndAreNotRecorded) {
   EXPECT_GT(warning_count("fp8:nonfinite"), warned);
   ctx.update();
   EXPECT_EQ((*st)[Fp8Role::Input].scale, 1.0f);  // unchanged
+}
+
+// The recipe's answer to a non-finite amax: the step is skipped by the loss scaler (a static
+// scale of 1, as --precision fp8 sets it), the weights and the history stay as they were.
+TEST(Fp8Linear, ANonFiniteStepIsSkippedByTheStaticScaler) {
+  auto model = nn::make_model("mlp", {.seed = 3});
+  Fp8Context ctx;
+  prepare_fp8(*model, ctx, Fp8Layers::All);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  GradScaler scaler({.init_scale = 1.0, .mode = ScaleMode::Static});
+  const std::vector<double> before = as_f64((*model->named_parameters().begin()).second);
+  Tensor x = randn({4, 1, 28, 28}, 51);
+  x.narrow(0, 2, 1).fill_(std::numeric_limits<double>::infinity());
+  const Tensor y = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4});
+  Tensor loss;
+  {
+    Fp8Autocast f8(ctx);
+    loss = cross_entropy((*model)(x), y);
+  }
+  scaler.scale(loss).backward();
+  EXPECT_TRUE(scaler.step(opt).skipped());
+  scaler.update();
+  ctx.update();
+  EXPECT_EQ(as_f64((*model->named_parameters().begin()).second), before);
+  EXPECT_EQ((*ctx.layers()[0])[Fp8Role::Input].nonfinite, 1);
+  EXPECT_EQ((*ctx.layers()[0])[Fp8Role::Input].scale, 1.0f);
 }
 
 TEST(Fp8Linear, LargeFiniteValuesSaturateInsteadOfOverflowing) {
