@@ -457,22 +457,16 @@ void Trainer::load_weights(const Checkpoint& ckpt) {
 }
 
 void Trainer::restore(const Checkpoint& ckpt) {
-  model_->load_state_dict(ckpt.model);
+  load_weights(ckpt);
   optimizer_->load_state_dict(ckpt.optimizer);
-  // The "scaler." group holds the loss scaler's state and, for fp8, the delayed scaling state.
+  // The "scaler." group holds the loss scaler's state and, for fp8, the delayed scaling state
+  // (load_weights took that).
   NamedTensors scaler_state;
-  std::map<std::string, Tensor> fp8_state;
-  for (const auto& [name, t] : ckpt.scaler) {
-    if (name.starts_with("fp8.")) {
-      fp8_state[name] = t;
-    } else {
-      scaler_state.emplace_back(name, t);
-    }
-  }
+  for (const auto& [name, t] : ckpt.scaler)
+    if (!name.starts_with("fp8.")) scaler_state.emplace_back(name, t);
   if (scaler().options().mode != amp::ScaleMode::Disabled && !scaler_state.empty()) {
     scaler().load_state_dict(scaler_state);
   }
-  if (fp8_) fp8_->load_state_dict(fp8_state);
   state_ = ckpt.state;
   set_generator_state(state_.generator);
 }
