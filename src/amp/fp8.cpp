@@ -375,12 +375,13 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   // block scales run along the reduction dimension, which differs in each GEMM, so the block
   // recipes keep the inputs and quantize them again along the other dimension.
   const bool keep_codes = per_tensor(o.recipe);
-  Fp8Tensor kx, kw;
-  if (keep_codes) {
-    // The codes only (a byte a value): backward converts them again.
-    kx = {qx.codes, qx.scale_inv, Tensor(), qx.block_rows, qx.block_cols, false, Tensor()};
-    kw = {qw.codes, qw.scale_inv, Tensor(), qw.block_rows, qw.block_cols, false, Tensor()};
-  }
+  // The codes only (a byte a value): backward converts them again.
+  auto codes_only = [keep_codes](Fp8Tensor t) {
+    if (!keep_codes) return Fp8Tensor{};
+    t.amax = t.values = Tensor();
+    return t;
+  };
+  const Fp8Tensor kx = codes_only(qx), kw = codes_only(qw);
   const autograd::SavedTensor saved_x(keep_codes ? Tensor() : x2.detach());
   const autograd::SavedTensor saved_w(keep_codes ? Tensor() : w.detach());
   const Shape x_shape = x.shape();

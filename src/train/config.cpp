@@ -161,10 +161,12 @@ void TrainConfig::validate() const {
   MT_CHECK(fp8_amax_history >= 1 && fp8_amax_history <= (int64_t(1) << 20),
            "--fp8-amax-history must be in [1, 2^20], got ", fp8_amax_history);
   MT_CHECK(fp8_margin >= 0 && fp8_margin < 64, "--fp8-margin must be in [0, 64), got ", fp8_margin);
-  MT_CHECK(
-      precision == "fp8" || (fp8_recipe == "delayed" && fp8_format == "hybrid" &&
-                             fp8_amax_history == 1024 && fp8_margin == 0 && fp8_layers == "inner"),
-      "the --fp8-* options apply to --precision fp8, not ", precision);
+  const TrainConfig defaults;
+  MT_CHECK(precision == "fp8" ||
+               (fp8_recipe == defaults.fp8_recipe && fp8_format == defaults.fp8_format &&
+                fp8_amax_history == defaults.fp8_amax_history &&
+                fp8_margin == defaults.fp8_margin && fp8_layers == defaults.fp8_layers),
+           "the --fp8-* options apply to --precision fp8, not ", precision);
   MT_CHECK(
       precision != "fp8" || opt_level.empty() || opt_level == "O1" || opt_level == "O2",
       "--precision fp8 runs the Linear GEMMs in fp8 and the rest as bf16 O1 or O2; --opt-level ",

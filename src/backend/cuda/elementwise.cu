@@ -65,13 +65,6 @@ __device__ __forceinline__ PhiloxBlock philox_block(uint64_t seed, uint64_t offs
       {uint32_t(seed), uint32_t(seed >> 32)});
 }
 
-template <typename Kernel, typename... Args>
-void launch(int64_t work, int device, Kernel kernel, const Args&... args) {
-  if (work <= 0) return;
-  kernel<<<grid_for(work), kThreads, 0, stream_for(device)>>>(args...);
-  MT_CUDA_CHECK_LAUNCH();
-}
-
 bool is_aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }

@@ -66,13 +66,6 @@ __global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, in
   }
 }
 
-template <typename Kernel, typename... Args>
-void launch(int64_t work, int device, Kernel kernel, const Args&... args) {
-  if (work <= 0) return;
-  kernel<<<grid_for(work), kThreads, 0, stream_for(device)>>>(args...);
-  MT_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes,

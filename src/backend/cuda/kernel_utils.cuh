@@ -259,6 +259,14 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, max_grid_blocks()));
 }
 
+// A grid-stride kernel over `work` elements on `device`'s current stream (nothing for none).
+template <typename Kernel, typename... Args>
+void launch(int64_t work, int device, Kernel kernel, const Args&... args) {
+  if (work <= 0) return;
+  kernel<<<grid_for(work), kThreads, 0, stream_for(device)>>>(args...);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 #define MT_GRID_STRIDE_LOOP(i, n)                                           \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(blockDim.x) * gridDim.x)
