@@ -1,5 +1,6 @@
 #include "mantissa/core/cpu.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
