@@ -139,7 +139,11 @@ TEST(CudaElementwise, UnaryMatchesCpu) {
         cpu().unary(c.op, in, want, c.s);
         Tensor got = prefilled(in.shape(), d, Device::cuda());
         gpu().unary(c.op, on_gpu(in), got, c.s);
-        expect_close(want, got, what);
+        // gelu, gelu_tanh and silu are x times a factor that cancels for negative x (1 + erf,
+        // a sigmoid near 0): their error is that of the O(1) terms, so the floor is 1.
+        const bool cancels =
+            c.op == UnaryOp::Gelu || c.op == UnaryOp::GeluTanh || c.op == UnaryOp::Silu;
+        expect_close(want, got, what, 8, cancels ? 1.0 : 1e-3);
       }
     }
   }
@@ -365,8 +369,9 @@ TEST(CudaElementwise, RandomFillsAreBitIdenticalToCpu) {
     Tensor ngot = prefilled({n}, d, Device::cuda());
     gpu().normal(ngot, 0.5, 2.0, 43, 6);
     if (d == DType::F64) {
-      // log and cos differ in the last bits of a double between libm and CUDA.
-      expect_close(nwant, ngot, "normal f64", 16);
+      // log and cos differ in the last bits of a double between libm and CUDA; mean + stddev
+      // r cos(t) cancels near 0, so the error is that of its O(1) terms (floor 1).
+      expect_close(nwant, ngot, "normal f64", 16, 1.0);
     } else {
       expect_same_bits(nwant, ngot, "normal " + name_of(d));
     }

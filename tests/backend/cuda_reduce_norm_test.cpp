@@ -168,8 +168,10 @@ void expect_close(const Tensor& got, const Tensor& want, double rtol, double ato
   const std::vector<double> g = host(got), w = host(want);
   int bad = 0;
   for (size_t i = 0; i < g.size() && bad < 5; ++i) {
-    const bool ok =
-        std::isnan(w[i]) ? std::isnan(g[i]) : std::abs(g[i] - w[i]) <= rtol * std::abs(w[i]) + atol;
+    // Equal values first: an infinity meets the same infinity (their difference is NaN).
+    const bool ok = std::isnan(w[i])
+                        ? std::isnan(g[i])
+                        : g[i] == w[i] || std::abs(g[i] - w[i]) <= rtol * std::abs(w[i]) + atol;
     if (!ok) {
       ++bad;
       ADD_FAILURE() << what << ": element " << i << " is " << g[i] << ", the CPU says " << w[i];

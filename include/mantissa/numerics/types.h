@@ -4,6 +4,7 @@
 // Other rounding modes: encode()/round_to() in round.h and the bulk functions in convert.h.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -21,8 +22,17 @@ struct alignas(sizeof(Bits)) SmallFloat {
   Bits bits;
 
   SmallFloat() = default;
-  constexpr explicit SmallFloat(float x) : bits(static_cast<Bits>(encode(F, x))) {}
-  constexpr explicit operator float() const { return decode(F, bits); }
+  // The format's spec as a constant (not a run-time read of round.h's table, which is host
+  // data: device code that indexed it at run time would read address 0 plus an offset).
+  static constexpr FormatSpec spec() {
+    constexpr FormatSpec s = format_spec(F);
+    return s;
+  }
+  constexpr explicit SmallFloat(float x)
+      : bits(static_cast<Bits>(detail::encode_bits<float>(std::bit_cast<uint32_t>(x), spec(),
+                                                          RoundingMode::NearestEven,
+                                                          Overflow::Infinity, 0u))) {}
+  constexpr explicit operator float() const { return detail::decode_bits(bits, spec()); }
 
   static constexpr SmallFloat from_bits(Bits b) {
     SmallFloat r;

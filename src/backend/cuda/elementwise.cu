@@ -31,19 +31,6 @@ __device__ __forceinline__ S from_bits(uint32_t bits) {
   }
 }
 
-// round.h's encode() for a format fixed at compile time, from a float or a double.
-template <Format F, typename T>
-__device__ __forceinline__ uint32_t encode_as(T x, RoundingMode mode, Overflow overflow,
-                                              uint32_t random) {
-  constexpr FormatSpec spec = format_spec(F);
-  if constexpr (std::is_same_v<T, double>) {
-    return detail::encode_bits<double>(static_cast<uint64_t>(__double_as_longlong(x)), spec, mode,
-                                       overflow, random);
-  } else {
-    return detail::encode_bits<float>(__float_as_uint(x), spec, mode, overflow, random);
-  }
-}
-
 // store() with the CPU's rule for doubles and integers into the narrow formats: one rounding,
 // straight from double (never through float).
 template <typename O, typename T>

@@ -61,7 +61,7 @@ __global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, in
     out[i] = O::from_bits(typename O::bits_type(bits));
     if (values) {
       const float d = detail::decode_bits(bits, spec);
-      values[i] = __float2bfloat16_rn(scaled ? __fmul_rn(d, scale_inv[b]) : d);
+      values[i] = NativeFloat<__nv_bfloat16>::from_float(scaled ? __fmul_rn(d, scale_inv[b]) : d);
     }
   }
 }

@@ -24,7 +24,9 @@ namespace mantissa::backend::cuda {
 // The host storage type of each dtype (MT_FORALL_DTYPES) serves on the device too — Mantissa's
 // fp8 structs through round.h's constexpr encode/decode (--expt-relaxed-constexpr) — except
 // where CUDA has its own type with hardware conversions (RNE, bit-identical to round.h for every
-// non-NaN value): f16 and bf16. Such a type comes with its conversions in NativeFloat below.
+// non-NaN value): f16 and bf16. Such a type comes with its conversions in NativeFloat below; a
+// NaN goes through round.h (the hardware makes every NaN 0x7fff, round.h keeps the sign and the
+// top payload bits, as the CPU does).
 template <DType D>
 struct DeviceStorage {
   using type = typename DTypeTraits<D>::type;
@@ -38,13 +40,41 @@ struct DeviceStorage<DType::BF16> {
   using type = __nv_bfloat16;
 };
 
+// round.h's encode() for a format fixed at compile time, from a float or a double. Device code
+// must not call encode(format, ...) with the format as a run-time argument: it reads round.h's
+// table, host data (address 0 plus an offset on the device).
+template <Format F, typename T>
+__device__ __forceinline__ uint32_t encode_as(T x, RoundingMode mode, Overflow overflow,
+                                              uint32_t random) {
+  constexpr FormatSpec spec = format_spec(F);
+  if constexpr (std::is_same_v<T, double>) {
+    return detail::encode_bits<double>(static_cast<uint64_t>(__double_as_longlong(x)), spec, mode,
+                                       overflow, random);
+  } else {
+    return detail::encode_bits<float>(__float_as_uint(x), spec, mode, overflow, random);
+  }
+}
+
+// round.h's bits of a NaN in format F.
+template <Format F>
+__device__ __forceinline__ uint32_t nan_bits(float v) {
+  return encode_as<F>(v, RoundingMode::NearestEven, Overflow::Infinity, 0u);
+}
+
 // The conversions of CUDA's own float types: to float, from float (RNE), from a format's bits.
 template <typename S>
 struct NativeFloat;
 template <>
 struct NativeFloat<__half> {
-  __device__ __forceinline__ static float to_float(__half v) { return __half2float(v); }
-  __device__ __forceinline__ static __half from_float(float v) { return __float2half_rn(v); }
+  __device__ __forceinline__ static float to_float(__half v) {
+    const float f = __half2float(v);
+    if (!isnan(f)) return f;
+    constexpr FormatSpec spec = format_spec(Format::FP16);
+    return detail::decode_bits(__half_as_ushort(v), spec);  // the quiet bit set, as F16C does
+  }
+  __device__ __forceinline__ static __half from_float(float v) {
+    return isnan(v) ? from_bits(nan_bits<Format::FP16>(v)) : __float2half_rn(v);
+  }
   __device__ __forceinline__ static __half from_bits(uint32_t bits) {
     __half_raw r;
     r.x = static_cast<unsigned short>(bits);
@@ -55,7 +85,7 @@ template <>
 struct NativeFloat<__nv_bfloat16> {
   __device__ __forceinline__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ __forceinline__ static __nv_bfloat16 from_float(float v) {
-    return __float2bfloat16_rn(v);
+    return isnan(v) ? from_bits(nan_bits<Format::BF16>(v)) : __float2bfloat16_rn(v);
   }
   __device__ __forceinline__ static __nv_bfloat16 from_bits(uint32_t bits) {
     __nv_bfloat16_raw r;

@@ -153,7 +153,7 @@ __device__ __forceinline__ void store_param(const TensorArg& a, int64_t j, C v,
         const uint32_t rnd =
             random_bits(r.seed, uint64_t(step), (a.id << 40) + a.first + uint64_t(j));
         const uint32_t bits =
-            encode(format_of<S>(), float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
+            encode_as<format_of<S>()>(float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
         using Bits = std::conditional_t<sizeof(S) == 2, uint16_t, uint8_t>;
         static_assert(sizeof(S) == sizeof(Bits), "a narrow float of 1 or 2 bytes");
         static_cast<Bits*>(a.data)[j] = Bits(bits);
@@ -415,8 +415,10 @@ struct UnscaleOp {
       const C x = load_c<C>(a.data, a.dtype, j);
       // |x| <= max is false exactly for inf and NaN.
       bad = bad || !(fabs(x) <= kMax);
-      // f == 1 leaves the values bit-identical (NaN payloads included), as PyTorch.
-      if (f != C(1)) store_c<C>(a.data, a.dtype, j, mul_rn(x, f));
+      // f == 1 leaves the values bit-identical (NaN payloads included), as PyTorch. A NaN is
+      // stored as it came (x86's multiply returns its NaN operand, quieted; the GPU's would
+      // return the canonical NaN), so the bits follow the CPU's.
+      if (f != C(1)) store_c<C>(a.data, a.dtype, j, x != x ? x : mul_rn(x, f));
     }
     if (__syncthreads_or(bad) != 0 && threadIdx.x == 0) *found_inf = 1.0f;
   }
