@@ -295,6 +295,17 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
   MT_CHECK(bka == bkb, "fp8_gemm: the blocks of a and b along K differ (", a.block_cols, " and ",
            b.block_cols, "); quantize both with the same block width");
   Tensor acc;
+  const bool both_e5m2 = a.codes.dtype() == DType::FP8_E5M2 && b.codes.dtype() == DType::FP8_E5M2;
+  if (!a.codes.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K &&
+      !both_e5m2) {
+    // Per-tensor scales on a device: the backend's fp8 GEMM (cuBLASLt's on fp8 tensor cores),
+    // its operands with K innermost (a transposed view in backward is copied, a byte a value).
+    auto k_inner = [](const Tensor& c) { return c.stride(1) == 1 ? c : c.contiguous(); };
+    Tensor out = Tensor::empty({M, N}, bias.defined() ? DType::F32 : out_dtype, a.codes.device());
+    backend::backend_for(out.device())
+        .fp8_gemm(k_inner(a.codes), a.scale_inv, k_inner(b.codes), b.scale_inv, out);
+    return bias.defined() ? add(out, bias.to(DType::F32)).to(out_dtype) : out;
+  }
   if (a.power_of_two_scales && b.power_of_two_scales) {
     // Power-of-two scales (MXFP8): code * 2^e is exact in bf16 (unless a block's amax is below
     // 2^-118, where it would be a bf16 subnormal), so the scaled operands go through one GEMM
@@ -345,11 +356,12 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
            "fp8_linear: the tensors are on different devices");
   MT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "fp8_linear: bias ",
            b.defined() ? b.describe() : "", " does not match weight ", w.describe());
-  if (!x.device().is_cpu()) {
-    warn("fp8:emulated",
-         "fp8 on " + x.device().str() +
-             ": the GEMMs run emulated (fp8 codes through a bf16 GEMM with fp32 accumulation, "
-             "the same numbers as on the CPU); cuBLASLt's native fp8 GEMM is not wired yet");
+  if (!x.device().is_cpu() && !per_tensor(o.recipe)) {
+    warn("fp8:emulated:" + std::string(fp8_recipe_name(o.recipe)),
+         "fp8 on " + x.device().str() + ": the " + std::string(fp8_recipe_name(o.recipe)) +
+             " recipe's GEMMs run emulated (fp8 codes through a bf16 GEMM with fp32 sums, the "
+             "CPU's numbers); cuBLASLt's block-scaled fp8 GEMMs are not wired (the per-tensor "
+             "recipes, delayed and current, use its fp8 GEMM)");
   }
   const int64_t in = w.size(1), out_features = w.size(0);
   DType out_dtype = promote_types(x.dtype(), w.dtype());

@@ -92,6 +92,15 @@
     (const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out, const MatmulOptions&      \
     options),                                                                                     \
     (a, b, bias, out, options))                                                                   \
+  /* The fp8 GEMM of per-tensor scaled operands (amp/fp8.h): out (M, N) = (a (M, K) . b (N, */   \
+  /* K)^T) * a_scale_inv * b_scale_inv, a and b fp8 codes (E4M3 or E5M2, not both E5M2) with */   \
+  /* K innermost (unit stride), the scales one-element F32 tensors on their device; products */   \
+  /* exact, sums in fp32 (any order), the scales applied in fp32, out (contiguous F32, BF16 or */ \
+  /* F16) rounded once. CUDA: cuBLASLt's fp8 GEMM on compute capability 8.9+, else emulated. */   \
+  _(Linalg, void, fp8_gemm,                                                                       \
+    (const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,     \
+    Tensor& out),                                                                                 \
+    (a, a_scale_inv, b, b_scale_inv, out))                                                        \
   /* ---- convolution and pooling (NCHW) ------------------------------------------------------ */\
   _(Convolution, void, conv2d,                                                                    \
     (const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, const Conv2dParams& p,    \

@@ -63,4 +63,27 @@ MT_HOST_DEVICE constexpr float fp8_block_scale(float amax, float fp8_max, Fp8Sca
   return fp8_pow2(-e);
 }
 
+// fp8_gemm's arguments as its contract (backend_ops.h) wants them; host side, shared by the
+// backends. An internal caller's mistake, so an assertion.
+inline void check_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                           const Tensor& b_scale_inv, const Tensor& out) {
+  auto fp8 = [](const Tensor& t) {
+    return t.dtype() == DType::FP8_E4M3 || t.dtype() == DType::FP8_E5M2;
+  };
+  auto scale = [&](const Tensor& s) {
+    return s.dtype() == DType::F32 && s.numel() == 1 && s.device() == out.device();
+  };
+  MT_ASSERT(
+      a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && fp8(a) && fp8(b) &&
+          !(a.dtype() == DType::FP8_E5M2 && b.dtype() == DType::FP8_E5M2) &&
+          a.size(1) == b.size(1) && (a.size(1) <= 1 || (a.stride(1) == 1 && b.stride(1) == 1)) &&
+          out.size(0) == a.size(0) && out.size(1) == b.size(0) && out.is_contiguous() &&
+          (out.dtype() == DType::F32 || out.dtype() == DType::BF16 || out.dtype() == DType::F16) &&
+          a.device() == out.device() && b.device() == out.device() && scale(a_scale_inv) &&
+          scale(b_scale_inv),
+      "fp8_gemm wants fp8 a (M, K) and b (N, K) with unit stride along K (not both e5m2), "
+      "one-element F32 scales and a contiguous f32/bf16/f16 out (M, N); got ",
+      a.describe(), ", ", b.describe(), " -> ", out.describe());
+}
+
 }  // namespace mantissa::backend

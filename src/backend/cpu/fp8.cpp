@@ -155,4 +155,29 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
   });
 }
 
+void CpuBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                          const Tensor& b_scale_inv, Tensor& out) {
+  check_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out);
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
+  if (out.numel() == 0) return;
+  // The codes as bf16 (exact), one GEMM with fp32 sums, then the scales' product (in fp32)
+  // applied to each sum and the one rounding into out's dtype.
+  Tensor acc = out.dtype() == DType::F32 ? out : Tensor::empty({M, N}, DType::F32);
+  if (K == 0) {
+    fill(acc, 0.0);
+  } else {
+    Tensor ab = Tensor::empty({M, K}, DType::BF16), bb = Tensor::empty({N, K}, DType::BF16);
+    copy(a, ab);
+    copy(b, bb);
+    Tensor acc3 = acc.view({1, M, N});
+    matmul(ab.unsqueeze(0), bb.t().unsqueeze(0), nullptr, acc3, MatmulOptions{});
+  }
+  const float factor = *static_cast<const float*>(a_scale_inv.data_ptr()) *
+                       *static_cast<const float*>(b_scale_inv.data_ptr());
+  float* p = static_cast<float*>(acc.data_ptr());
+  for (int64_t i = 0; i < M * N; ++i)
+    p[i] *= factor;
+  if (!acc.is_same(out)) copy(acc, out);
+}
+
 }  // namespace mantissa::backend::cpu

@@ -23,7 +23,9 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/dtype_map.h"
+#include "backend/fp8_math.h"
 #include "mantissa/core/error.h"
+#include "mantissa/core/warning.h"
 
 #define MT_CUBLAS_CHECK(expr)                                                                     \
   do {                                                                                            \
@@ -145,6 +147,7 @@ struct Gemm {
   Operand A, B;
   void* d = nullptr;
   DType io_type = DType::F32;
+  DType out_type = DType::F32;  // D's type: io_type, or F32 for f16/bf16 inputs (fp32 sums kept)
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   int64_t m = 0, n = 0, k = 0;  // D is m x n (m = N, n = M)
   int64_t nbatch = 1;
@@ -200,11 +203,12 @@ bool run(const Gemm& g, int device) {
   const auto batch = static_cast<int32_t>(g.nbatch);
   Layout la(type, g.A.rows, g.A.cols, g.A.ld, batch, g.A.batch_stride);
   Layout lb(type, g.B.rows, g.B.cols, g.B.ld, batch, g.B.batch_stride);
-  Layout ld(type, uint64_t(g.m), uint64_t(g.n), g.m, batch, g.m * g.n);
+  Layout ld(cuda_type(g.out_type), uint64_t(g.m), uint64_t(g.n), g.m, batch, g.m * g.n);
 
   const uint32_t al_a = alignment(g.A.ptr), al_b = alignment(g.B.ptr), al_d = alignment(g.d);
   const std::vector<int64_t> key = {device,
                                     int64_t(g.io_type),
+                                    int64_t(g.out_type),
                                     int64_t(g.compute),
                                     int64_t(g.A.op),
                                     int64_t(g.B.op),
@@ -314,17 +318,25 @@ void check_shapes(const Tensor& a, const Tensor& b, const Tensor* bias, const Te
             out.describe());
 }
 
-// matmul for dtypes and roundings cuBLASLt takes natively; out has the inputs' dtype.
+// Whether cuBLASLt writes `out` from inputs of dtype `in`: the inputs' dtype, or f32 sums of
+// f16/bf16 products (the fp8 emulation's GEMM, amp/fp8.cpp).
+bool writes(DType in, DType out) {
+  return out == in || (out == DType::F32 && (in == DType::F16 || in == DType::BF16));
+}
+
+// matmul for dtypes and roundings cuBLASLt takes natively; out has the inputs' dtype, or F32.
 void native_matmul(CudaBackend& be, const Tensor& a, const Tensor& b, const Tensor* bias,
                    Tensor& out, Format rounding) {
   const int device = be.device();
   const int64_t nbatch = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
-  MT_ASSERT(out.dtype() == a.dtype(), "cuBLASLt writes the inputs' dtype, got ", out.describe());
+  MT_ASSERT(writes(a.dtype(), out.dtype()), "cuBLASLt writes the inputs' dtype or f32, got ",
+            a.describe(), " -> ", out.describe());
   Gemm g;
   Tensor a_keep, b_keep;
   set_operands(be, a, b, nbatch, g, a_keep, b_keep);
   g.d = out.data_ptr();
   g.io_type = a.dtype();
+  g.out_type = out.dtype();
   g.compute = compute_type(a.dtype(), rounding);
   g.m = N;
   g.n = M;
@@ -335,7 +347,7 @@ void native_matmul(CudaBackend& be, const Tensor& a, const Tensor& b, const Tens
     // where cuBLASLt has no bias epilogue, D starts as the broadcast bias and beta = 1 adds the
     // product to it (also before the one rounding).
     const Tensor bias_c = converted(be, *bias, out.dtype());
-    if (nbatch == 1 && out.dtype() != DType::F64) {
+    if (nbatch == 1 && out.dtype() != DType::F64 && out.dtype() == a.dtype()) {
       Gemm ge = g;
       ge.epilogue = CUBLASLT_EPILOGUE_BIAS;
       ge.bias = bias_c.data_ptr();
@@ -346,6 +358,94 @@ void native_matmul(CudaBackend& be, const Tensor& a, const Tensor& b, const Tens
   }
   MT_CHECK(run(g, device), "cuBLASLt has no matmul for ", a.describe(), " @ ", b.describe(), " -> ",
            out.describe());
+}
+
+// ---- fp8 -------------------------------------------------------------------------------------
+
+// Whether the device has fp8 tensor cores (compute capability 8.9: Ada; 9.0: Hopper; later).
+bool has_fp8_tensor_cores(int device) {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return known[device] = major * 10 + minor >= 89;
+}
+
+cudaDataType_t fp8_type(DType d) {
+  return d == DType::FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+// cuBLASLt's fp8 GEMM: out^T (N x M, column-major) = b (stored K x N, op T) @ a (stored K x M,
+// op N) -- the "TN" layout its fp8 kernels require -- with the scales as device pointers (A's
+// is b's, B's is a's) and fp32 accumulation (FAST_ACCUM off: partial sums are promoted to fp32
+// registers, as Transformer Engine does for its gradients GEMMs). False, with nothing queued,
+// where the device or the shapes do not qualify (leading dimensions and K multiples of 16,
+// 16-byte aligned pointers) or cuBLASLt has no algorithm.
+bool native_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                     const Tensor& b_scale_inv, Tensor& out, int device) {
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
+  const int64_t lda = a.stride(0), ldb = b.stride(0);
+  if (!has_fp8_tensor_cores(device)) return false;
+  if (K % 16 != 0 || N % 16 != 0 || lda % 16 != 0 || ldb % 16 != 0 || lda < K || ldb < K)
+    return false;
+  if (alignment(a.data_ptr()) < 16 || alignment(b.data_ptr()) < 16 ||
+      alignment(out.data_ptr()) < 16)
+    return false;
+  OpDesc op(CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  op.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  op.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale_inv.data_ptr());
+  op.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv.data_ptr());
+  const int8_t fast_accum = 0;
+  op.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
+  Layout la(fp8_type(b.dtype()), uint64_t(K), uint64_t(N), ldb, 1, 0);
+  Layout lb(fp8_type(a.dtype()), uint64_t(K), uint64_t(M), lda, 1, 0);
+  Layout ld(cuda_type(out.dtype()), uint64_t(N), uint64_t(M), N, 1, 0);
+  const uint32_t al_a = alignment(b.data_ptr()), al_b = alignment(a.data_ptr()),
+                 al_d = alignment(out.data_ptr());
+  const std::vector<int64_t> key = {device,
+                                    -1,
+                                    int64_t(a.dtype()),
+                                    int64_t(b.dtype()),
+                                    int64_t(out.dtype()),
+                                    M,
+                                    N,
+                                    K,
+                                    lda,
+                                    ldb,
+                                    al_a,
+                                    al_b,
+                                    al_d};
+  cublasLtHandle_t handle = lt_handle(device);
+  cublasLtMatmulAlgo_t algo{};
+  if (!algo_cache().find(key, algo)) {
+    Preference pref;
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+    // Partial sums reduced in fp32 only (no split-K reduced in the output type).
+    pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+             uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.d, lb.d, ld.d, ld.d,
+                                                             pref.d, 1, &result, &count);
+    if (st != CUBLAS_STATUS_SUCCESS || count == 0) return false;
+    algo = result.algo;
+    algo_cache().put(key, algo);
+  }
+  const Tensor workspace = scratch(int64_t(kWorkspaceBytes), device);
+  const float alpha = 1.0f, beta = 0.0f;
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, &alpha, b.data_ptr(), la.d, a.data_ptr(), lb.d,
+                                 &beta, out.data_ptr(), ld.d, out.data_ptr(), ld.d, &algo,
+                                 workspace.data_ptr(), kWorkspaceBytes, stream_for(device)));
+  return true;
 }
 
 }  // namespace
@@ -364,7 +464,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor* bias, T
     return;
   }
   const Format rounding = options.input_rounding;
-  if (native(a.dtype(), rounding)) {
+  if (native(a.dtype(), rounding) && writes(a.dtype(), out.dtype())) {
     native_matmul(*this, a, b, bias, out, rounding);
     return;
   }
@@ -414,6 +514,7 @@ bool matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, Tens
   const Tensor bias_c = converted(be, bias, dt);
   g.d = out.data_ptr();
   g.io_type = dt;
+  g.out_type = dt;
   g.compute = compute_type(dt, options.input_rounding);
   g.m = N;
   g.n = M;
@@ -422,6 +523,40 @@ bool matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, Tens
   g.bias = bias_c.data_ptr();
   g.aux = pre_gelu ? pre_gelu->data_ptr() : nullptr;
   return run(g, device);
+}
+
+void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                           const Tensor& b_scale_inv, Tensor& out) {
+  DeviceGuard guard(device_);
+  check_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out);
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
+  if (out.numel() == 0) return;
+  if (K == 0) {
+    fill(out, 0.0);
+    return;
+  }
+  if (native_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out, device_)) return;
+  warn("fp8:emulated:cuda",
+       "fp8 GEMMs on cuda:" + std::to_string(device_) +
+           " run emulated (the codes through a bf16 GEMM with fp32 sums, the CPU's numbers): " +
+           (has_fp8_tensor_cores(device_)
+                ? "cuBLASLt's fp8 GEMM needs K and the output width to be multiples of 16"
+                : "this GPU has no fp8 tensor cores (compute capability 8.9 or later)"));
+  Tensor ab = Tensor::empty({1, M, K}, DType::BF16, out.device());
+  Tensor bb = Tensor::empty({1, N, K}, DType::BF16, out.device());
+  copy(a.unsqueeze(0), ab);
+  copy(b.unsqueeze(0), bb);
+  Tensor acc = Tensor::empty({1, M, N}, DType::F32, out.device());
+  matmul(ab, bb.transpose(1, 2), nullptr, acc, MatmulOptions{});
+  Tensor factor = Tensor::empty({1}, DType::F32, out.device());
+  binary(BinaryOp::Mul, a_scale_inv.reshape({1}), b_scale_inv.reshape({1}), factor);
+  Tensor scaled = out.dtype() == DType::F32 ? out.view({1, M, N})
+                                            : Tensor::empty({1, M, N}, DType::F32, out.device());
+  binary(BinaryOp::Mul, acc, factor.view({1, 1, 1}), scaled);
+  if (out.dtype() != DType::F32) {
+    Tensor o3 = out.view({1, M, N});
+    copy(scaled, o3);
+  }
 }
 
 }  // namespace mantissa::backend::cuda
