@@ -174,8 +174,20 @@ std::shared_ptr<Fp8LinearState> Fp8Context::add_layer(const std::string& name) {
   return st;
 }
 
-void Fp8Context::update() {
+void Fp8Context::update(const AmaxReduce& reduce) {
   if (options_.recipe != Fp8Recipe::Delayed) return;
+  if (reduce) {
+    std::vector<float> amaxes;
+    amaxes.reserve(layers_.size() * kNumFp8Roles);
+    for (const auto& l : layers_)
+      for (const Fp8TensorMeta& m : l->meta)
+        amaxes.push_back(m.amax_history[0]);
+    reduce(amaxes);
+    size_t i = 0;
+    for (const auto& l : layers_)
+      for (Fp8TensorMeta& m : l->meta)
+        m.amax_history[0] = amaxes[i++];
+  }
   for (const auto& l : layers_) {
     for (int r = 0; r < kNumFp8Roles; ++r) {
       Fp8TensorMeta& m = l->meta[size_t(r)];

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <thread>
 #include <tuple>
 
@@ -554,7 +555,21 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   // On a GPU the answer is read back with the losses (read_back), not here: no wait per step.
   *skipped = !sc.on_device() && stepped.skipped();
   sc.update();
-  if (fp8_) fp8_->update();  // delayed scaling: the next step's scales from this step's amaxes
+  // Delayed scaling: the next step's scales from this step's amaxes, their maximum over the
+  // ranks (every rank quantizes with the same scales, and rank 0's checkpoint holds them all).
+  if (fp8_) {
+    amp::Fp8Context::AmaxReduce over_ranks;
+    if (host_comm_) {
+      over_ranks = [this](std::span<float> amaxes) {
+        Tensor t = Tensor::from_vector(std::vector<float>(amaxes.begin(), amaxes.end()),
+                                       {int64_t(amaxes.size())});
+        host_comm_->all_reduce(t, dist::ReduceOp::Max);
+        const std::vector<float> all = t.to_vector<float>();
+        std::copy(all.begin(), all.end(), amaxes.begin());
+      };
+    }
+    fp8_->update(over_ranks);
+  }
   if (ddp_) ddp_->all_gather_parameters();  // ZeRO-1: every owner's update to every rank
   ++state_.step;
   return loss.detach().to(DType::F32);

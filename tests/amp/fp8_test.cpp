@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "mantissa/amp/amp.h"
@@ -193,6 +194,37 @@ TEST(Fp8Delayed, HistoryRollMaxMarginAndUpdateOrder) {
     ctx.update();
     EXPECT_EQ(in.scale, want_after[step]) << "after step " << step;
     EXPECT_EQ(in.amax_history[0], 0.0f);
+  }
+}
+
+// The data-parallel hook: update() hands this step's amaxes (layer by layer, input, weight,
+// grad_output) to `reduce` first, and scales and history follow what it returns.
+TEST(Fp8Delayed, UpdateTakesTheReducedAmaxes) {
+  Fp8Options o;
+  o.amax_history_len = 2;
+  Fp8Context ctx(o);
+  auto a = ctx.add_layer("a"), b = ctx.add_layer("b");
+  const float mine[] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  int i = 0;
+  for (auto* st : {a.get(), b.get()})
+    for (Fp8TensorMeta& m : st->meta)
+      m.amax_history[0] = mine[i++];
+  std::vector<float> seen;
+  ctx.update([&](std::span<float> amaxes) {
+    seen.assign(amaxes.begin(), amaxes.end());
+    for (float& v : amaxes)
+      v *= 4;  // another rank's larger amaxes, say
+  });
+  EXPECT_EQ(seen, std::vector<float>(std::begin(mine), std::end(mine)));
+  i = 0;
+  for (auto* st : {a.get(), b.get()}) {
+    for (int r = 0; r < kNumFp8Roles; ++r) {
+      const Fp8TensorMeta& m = st->meta[size_t(r)];
+      const float fp8_max = r == int(Fp8Role::GradOutput) ? 57344.0f : 448.0f;
+      EXPECT_EQ(m.scale, fp8_max / (4 * mine[i])) << st->name << " role " << r;
+      EXPECT_EQ(m.amax_history[1], 4 * mine[i]);  // rolled: the reduced value is kept
+      ++i;
+    }
   }
 }
 

@@ -18,9 +18,11 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "mantissa/amp/amp.h"
+#include "mantissa/amp/fp8.h"
 #include "mantissa/dist/communicator.h"
 #include "mantissa/dist/ddp.h"
 #include "mantissa/nn/models.h"
@@ -447,6 +449,39 @@ TEST(Ranks, ZeroOneSkipsOnBothRanksWhenAnInfReachesOneOwner) {
   for (const Tensor& p : params)
     EXPECT_TRUE(same_on_every_rank(p));
   EXPECT_NE(snapshot(params), before);
+}
+
+// fp8 with delayed scaling across ranks: each rank's activations and gradients differ, so their
+// amaxes do; update() takes their maximum over the ranks, so every rank quantizes with the same
+// scales and rank 0's checkpoint holds every rank's state. Without the reduction the same run's
+// scales differ (checked first, so the test can see the difference it guards).
+TEST(Ranks, Fp8DelayedScalesAreTheSameOnEveryRank) {
+  amp::Fp8Context local;
+  auto st = local.add_layer("l");
+  (*st)[amp::Fp8Role::Input].amax_history[0] = 1.0f + float(world().rank());
+  local.update();
+  EXPECT_FALSE(same_on_every_rank(local.state_dict().at("fp8.l.input.scale")));
+
+  train::TrainConfig c;
+  c.model = "mlp";
+  c.data = "synthetic";
+  c.synthetic_size = 512;
+  c.batch_size = 16;
+  c.max_steps = 6;
+  c.epochs = 0;
+  c.precision = "fp8";
+  c.fp8_layers = "all";
+  c.distributed = true;
+  c.progress = false;
+  c.workers = 0;
+  c.threads = 1;
+  train::Trainer t(c);
+  t.fit();
+  ASSERT_NE(t.fp8(), nullptr);
+  const std::map<std::string, Tensor> state = t.fp8()->state_dict();
+  ASSERT_FALSE(state.empty());
+  for (const auto& [name, tensor] : state)
+    EXPECT_TRUE(same_on_every_rank(tensor)) << name << " differs between the ranks";
 }
 
 train::TrainResult train_mlp(const std::string& grad_comm) {

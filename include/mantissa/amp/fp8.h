@@ -36,9 +36,11 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,10 +109,17 @@ class Fp8Context {
   std::shared_ptr<Fp8LinearState> add_layer(const std::string& name);
   const std::vector<std::shared_ptr<Fp8LinearState>>& layers() const { return layers_; }
 
-  // Once per optimizer step, after backward. Delayed: each tensor's new scale from its history
-  // (max, or the most recent), kept where the amax is 0 or not finite; then the history rolls
-  // (slot 0 moves to the end, the new slot 0 is zeroed). Other recipes: nothing.
-  void update();
+  // Every tensor's amax of this step (history slot 0), in a fixed order of layers and roles:
+  // what `reduce` of update() sees.
+  using AmaxReduce = std::function<void(std::span<float> amaxes)>;
+
+  // Once per optimizer step, after backward. Delayed: `reduce`, when given, first turns this
+  // step's amaxes into their maximum over the data-parallel ranks (an all-reduce), so that every
+  // rank computes the same scales, as Transformer Engine reduces them over its group; then each
+  // tensor's new scale from its history (max, or the most recent), kept where the amax is 0 or
+  // not finite; then the history rolls (slot 0 moves to the end, the new slot 0 is zeroed).
+  // Other recipes: nothing.
+  void update(const AmaxReduce& reduce = {});
 
   // For checkpoints: "fp8.<layer>.<role>.scale" (F32, 1) and ".amax_history" (F32, len) for
   // delayed scaling; nothing for the other recipes (their scales come from the data).
