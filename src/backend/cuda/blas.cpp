@@ -185,6 +185,36 @@ AlgoCache& algo_cache() {
   return cache;
 }
 
+// The heuristic's algorithm for `op` on these layouts and alignments, cached under `key`; false
+// when cuBLASLt has none (an unsupported combination is NOT_SUPPORTED or INVALID_VALUE depending
+// on the cuBLASLt version: either way the caller falls back or reports the shapes).
+// `fp32_reduction`: only unsplit or fp32-reduced split-K algorithms, for outputs narrower than
+// fp32 (split-K reducing "in place" or in the output type would round the output more than
+// once; PyTorch's default for half GEMMs does the same).
+bool find_algo(cublasLtHandle_t handle, const OpDesc& op, const Layout& la, const Layout& lb,
+               const Layout& ld, const std::vector<int64_t>& key, uint32_t al_a, uint32_t al_b,
+               uint32_t al_d, bool fp32_reduction, cublasLtMatmulAlgo_t& algo) {
+  if (algo_cache().find(key, algo)) return true;
+  Preference pref;
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+  if (fp32_reduction) {
+    pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+             uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.d, lb.d, ld.d, ld.d,
+                                                           pref.d, 1, &result, &count);
+  if (st != CUBLAS_STATUS_SUCCESS || count == 0) return false;
+  algo = result.algo;
+  algo_cache().put(key, algo);
+  return true;
+}
+
 // Runs g on the current stream; false (nothing queued) when cuBLASLt has no algorithm for it.
 bool run(const Gemm& g, int device) {
   const cudaDataType_t type = cuda_type(g.io_type);
@@ -228,30 +258,9 @@ bool run(const Gemm& g, int device) {
                                     g.aux ? int64_t(alignment(g.aux)) : 0};
   cublasLtHandle_t handle = lt_handle(device);
   cublasLtMatmulAlgo_t algo{};
-  if (!algo_cache().find(key, algo)) {
-    Preference pref;
-    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
-    if (dtype_size(g.io_type) < dtype_size(DType::F32)) {
-      // Split-K algorithms reducing "in place" or in the output type store fp16/bf16 partial
-      // sums: the output would be rounded more than once. Only unsplit or fp32-reduced ones
-      // (PyTorch's default for half GEMMs does the same).
-      pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-               uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.d, lb.d, ld.d, ld.d,
-                                                             pref.d, 1, &result, &count);
-    // An unsupported combination (an epilogue, an alignment) is NOT_SUPPORTED or INVALID_VALUE
-    // depending on the cuBLASLt version: either way the caller falls back or reports the shapes.
-    if (st != CUBLAS_STATUS_SUCCESS || count == 0) return false;
-    algo = result.algo;
-    algo_cache().put(key, algo);
-  }
+  if (!find_algo(handle, op, la, lb, ld, key, al_a, al_b, al_d,
+                 dtype_size(g.io_type) < dtype_size(DType::F32), algo))
+    return false;
   const Tensor workspace = scratch(int64_t(kWorkspaceBytes), device);
   cudaStream_t stream = stream_for(device);
   if (g.io_type == DType::F64) {
@@ -422,24 +431,8 @@ bool native_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b
                                     al_d};
   cublasLtHandle_t handle = lt_handle(device);
   cublasLtMatmulAlgo_t algo{};
-  if (!algo_cache().find(key, algo)) {
-    Preference pref;
-    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
-    // Partial sums reduced in fp32 only (no split-K reduced in the output type).
-    pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-             uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
-    cublasLtMatmulHeuristicResult_t result{};
-    int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.d, lb.d, ld.d, ld.d,
-                                                             pref.d, 1, &result, &count);
-    if (st != CUBLAS_STATUS_SUCCESS || count == 0) return false;
-    algo = result.algo;
-    algo_cache().put(key, algo);
-  }
+  // Partial sums reduced in fp32 only (no split-K reduced in the output type).
+  if (!find_algo(handle, op, la, lb, ld, key, al_a, al_b, al_d, true, algo)) return false;
   const Tensor workspace = scratch(int64_t(kWorkspaceBytes), device);
   const float alpha = 1.0f, beta = 0.0f;
   MT_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, &alpha, b.data_ptr(), la.d, a.data_ptr(), lb.d,
