@@ -391,7 +391,7 @@ cudaDataType_t fp8_type(DType d) {
 // cuBLASLt's fp8 GEMM: out^T (N x M, column-major) = b (stored K x N, op T) @ a (stored K x M,
 // op N) -- the "TN" layout its fp8 kernels require -- with the scales as device pointers (A's
 // is b's, B's is a's) and fp32 accumulation (FAST_ACCUM off: partial sums are promoted to fp32
-// registers, as Transformer Engine does for its gradients GEMMs). False, with nothing queued,
+// registers, as Transformer Engine does for its gradient GEMMs). False, with nothing queued,
 // where the device or the shapes do not qualify (leading dimensions and K multiples of 16,
 // 16-byte aligned pointers) or cuBLASLt has no algorithm.
 bool native_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
@@ -533,7 +533,8 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
        "fp8 GEMMs on cuda:" + std::to_string(device_) +
            " run emulated (the codes through a bf16 GEMM with fp32 sums, the CPU's numbers): " +
            (has_fp8_tensor_cores(device_)
-                ? "cuBLASLt's fp8 GEMM needs K and the output width to be multiples of 16"
+                ? "cuBLASLt's fp8 GEMM needs K and the output width to be multiples of 16 "
+                  "and 16-byte aligned buffers"
                 : "this GPU has no fp8 tensor cores (compute capability 8.9 or later)"));
   Tensor ab = Tensor::empty({1, M, K}, DType::BF16, out.device());
   Tensor bb = Tensor::empty({1, N, K}, DType::BF16, out.device());
