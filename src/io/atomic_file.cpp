@@ -1,6 +1,7 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -31,10 +32,42 @@ void sync_directory(const std::string& path) {
   ::close(fd);
 }
 
+// Removes the temporary files of `path` (PATH.tmp.<pid>.<stamp>.<n>) that a process which no
+// longer exists left behind: killed while it wrote (kill -9, a power cut), it could not remove
+// them. A live process's are left alone (another run may be writing the same file), and so is
+// any name this did not write. Best effort: errors are ignored.
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t digits_end = name.find('.', prefix.size());
+    if (digits_end == std::string::npos || digits_end == prefix.size() ||
+        digits_end - prefix.size() > 9)
+      continue;
+    pid_t pid = 0;
+    bool numeric = true;
+    for (size_t i = prefix.size(); i < digits_end; ++i) {
+      numeric = numeric && name[i] >= '0' && name[i] <= '9';
+      pid = pid * 10 + (name[i] - '0');
+    }
+    if (!numeric || pid <= 0 || pid == ::getpid()) continue;
+    // ESRCH: no such process. EPERM (someone else's live process) or success: leave it.
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove(it->path(), rm);
+  }
+}
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path, std::string what)
     : path_(std::move(path)), what_(std::move(what)) {
+  remove_stale_temporaries(path_);
   static std::atomic<uint64_t> counter{0};
   const auto stamp = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   for (int attempt = 0; attempt < 100; ++attempt) {

@@ -1,8 +1,9 @@
 // Internal: a file written whole or not at all. The bytes go to a temporary file in the target's
 // directory (so rename() is atomic), which is synced and renamed over the target on commit();
 // a failure before that (full disk, bad data found half way, a crash) leaves any earlier file at
-// the target untouched and no temporary file behind. safetensors checkpoints and token shards are
-// written this way.
+// the target untouched and no temporary file behind. A process killed while it wrote (kill -9)
+// cannot clean up: the next AtomicFile of the same target removes the temporary files of
+// processes that no longer exist. safetensors checkpoints and token shards are written this way.
 #pragma once
 
 #include <cstddef>
