@@ -3,26 +3,11 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/bytes_text.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::backend {
 namespace {
-
-// Bytes with a readable unit next to them, for messages that a user sizes a batch by.
-std::string with_unit(int64_t bytes) {
-  static const char* const units[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " bytes";
-  double v = double(bytes);
-  int u = -1;
-  while (v >= 1024 && u < 3) {
-    v /= 1024;
-    ++u;
-  }
-  char text[64];
-  std::snprintf(text, sizeof text, "%lld bytes (%.2f %s)", static_cast<long long>(bytes), v,
-                units[u]);
-  return text;
-}
 
 // Far beyond any device; keeps the rounding below from overflowing.
 constexpr size_t kMaxRequest = size_t(1) << 60;

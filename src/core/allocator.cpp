@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/bytes_text.h"
 #include "core/cuda_allocator.h"
 #include "mantissa/core/device.h"
 #include "mantissa/core/error.h"
@@ -21,6 +22,12 @@ namespace {
 // (at most 12.5% slack) and kept per class; smaller blocks go straight to malloc, which recycles
 // them well. The statistics count requested bytes of live allocations (what tensors hold);
 // reserved_bytes adds the slack and the cache.
+// What helps, in the training CLI's terms (the library's users have the same levers).
+constexpr const char* kHostAdvice =
+    "Use a smaller batch (mantissa train --batch-size), recompute activations in backward "
+    "(--checkpoint-activations), keep the weights in half precision (--opt-level O2), or a "
+    "smaller model";
+
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheFrom = size_t(64) << 10;
@@ -52,8 +59,9 @@ class CpuAllocator final : public Allocator {
         empty_cache();  // give the cache back and try once more
         p = std::aligned_alloc(kAllocAlignment, block);
       }
-      MT_CHECK(p != nullptr, "out of host memory: could not allocate ", bytes, " bytes (",
-               current_.load(), " bytes already in use); use a smaller batch or model");
+      MT_CHECK(p != nullptr, "out of host memory: could not allocate ", with_unit(int64_t(bytes)),
+               " for a tensor, with ", with_unit(current_.load()), " in use (peak ",
+               with_unit(peak_.load()), "). ", kHostAdvice);
       held_ += int64_t(block);
     }
     const int64_t now = current_.fetch_add(int64_t(bytes)) + int64_t(bytes);

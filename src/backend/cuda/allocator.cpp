@@ -148,9 +148,11 @@ int64_t cache_limit_from_env() {
 }
 
 const char* const kDeviceAdvice =
-    "Use a smaller batch or model, free tensors that are no longer needed, or, when other "
-    "processes share the GPU, call mantissa::empty_cache(Device::cuda()) in them or set "
-    "MANTISSA_CUDA_CACHE_MB to cap the idle memory each process keeps cached";
+    "Use a smaller batch (mantissa train --batch-size), recompute activations in backward "
+    "(--checkpoint-activations), keep the weights in half precision (--opt-level O2) or a smaller "
+    "model, free tensors that are no longer needed, or, when other processes share the GPU, call "
+    "mantissa::empty_cache(Device::cuda()) in them or set MANTISSA_CUDA_CACHE_MB to cap the idle "
+    "memory each process keeps cached";
 
 CachingAllocator& device_allocator(int device) {
   check_gpu("the cuda device");
