@@ -150,20 +150,4 @@ void empty_cache(Device d) {
   allocator_for(d).empty_cache();
 }
 
-std::string Device::str() const {
-  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
-}
-
-Device parse_device(const std::string& text) {
-  if (text == "cpu") return Device::cpu();
-  if (text == "cuda") return Device::cuda(0);
-  if (text.rfind("cuda:", 0) == 0) {
-    char* end = nullptr;
-    const long idx = std::strtol(text.c_str() + 5, &end, 10);
-    if (end != text.c_str() + 5 && *end == '\0' && idx >= 0) return Device::cuda(int(idx));
-  }
-  MT_CHECK(false, "unknown device '", text, "'; use cpu, cuda or cuda:N");
-  return {};
-}
-
 }  // namespace mantissa

@@ -1,6 +1,9 @@
 // A user's mistake gets a mantissa::Error whose message says what was wrong.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa {
@@ -75,6 +78,14 @@ TEST(Errors, BadArguments) {
                   {"3 values", "(2, 2)"});
   expect_mentions(error_of([] { set_num_threads(0); }), {"threads"});
   expect_mentions(error_of([] { parse_device("tpu"); }), {"tpu", "cpu"});
+  // All of the text is the index, and an int holds it.
+  for (const std::string& bad :
+       std::vector<std::string>{"cuda:", "cuda:x", "cuda: 1", "cuda:+1", "cuda:-1", "cuda:1x",
+                                std::string("cuda:1\0", 7), "cuda:99999999999"}) {
+    EXPECT_THROW(parse_device(bad), Error) << bad;
+  }
+  EXPECT_EQ(parse_device("cuda:3"), Device::cuda(3));
+  EXPECT_EQ(parse_device("cuda"), Device::cuda(0));
 }
 
 }  // namespace
