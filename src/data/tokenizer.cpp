@@ -47,6 +47,11 @@ BpeTokenizer::BpeTokenizer(std::vector<std::pair<uint32_t, uint32_t>> merges,
   for (size_t r = 0; r < merges_.size(); ++r) {
     const auto [left, right] = merges_[r];
     MT_ASSERT(left < kByteTokens + r && right < kByteTokens + r, "merge ", r, " is not valid");
+    const size_t length = token_bytes(left).size() + token_bytes(right).size();
+    MT_CHECK(length <= kMaxTokenBytes && bytes_.size() + length <= kMaxVocabularyBytes, "merge ", r,
+             " makes a token of ", length, " bytes (", bytes_.size() + length,
+             " for the vocabulary so far); tokens are at most ", kMaxTokenBytes,
+             " bytes and all together ", kMaxVocabularyBytes, " bytes");
     ranks_.emplace(pair_key(left, right), uint32_t(r));
     // Copied through a temporary: bytes_ may reallocate while it is appended to.
     const std::string joined = std::string(token_bytes(left)) + std::string(token_bytes(right));
@@ -236,7 +241,8 @@ BpeTokenizer BpeTokenizer::load(const std::string& path) {
   Json doc;
   try {
     doc = Json::parse(bytes.begin(), bytes.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for a number beyond a double's range ("1e999").
     MT_CHECK(false, where, " is not valid JSON: ", e.what());
   }
   MT_CHECK(doc.is_object(), where, " holds JSON but not an object");
@@ -262,6 +268,8 @@ BpeTokenizer BpeTokenizer::load(const std::string& path) {
   std::vector<std::pair<uint32_t, uint32_t>> merges;
   merges.reserve(jm->size());
   std::unordered_map<uint64_t, size_t> seen;
+  std::vector<uint64_t> lengths(size_t(kByteTokens), 1);  // of every token so far, in bytes
+  uint64_t total = uint64_t(kByteTokens);
   for (size_t r = 0; r < jm->size(); ++r) {
     const Json& m = (*jm)[r];
     const std::string what = "merge " + std::to_string(r);
@@ -277,6 +285,13 @@ BpeTokenizer BpeTokenizer::load(const std::string& path) {
              defined - 1, ")");
     const auto [it, fresh] = seen.emplace(pair_key(uint32_t(left), uint32_t(right)), r);
     MT_CHECK(fresh, where, ": ", what, " ", m.dump(), " repeats merge ", it->second);
+    // Lengths before any byte is stored: each merge may double the longest token.
+    lengths.push_back(lengths[left] + lengths[right]);
+    total += lengths.back();
+    MT_CHECK(lengths.back() <= kMaxTokenBytes && total <= kMaxVocabularyBytes, where, ": ", what,
+             " ", m.dump(), " makes a token of ", lengths.back(), " bytes (", total,
+             " for the vocabulary so far); tokens are at most ", kMaxTokenBytes,
+             " bytes and all together ", kMaxVocabularyBytes, " (a damaged or hostile file)");
     merges.emplace_back(uint32_t(left), uint32_t(right));
   }
 

@@ -21,7 +21,8 @@ std::optional<ParsedNumber> parse_number(std::string_view text) {
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || *end != '\0') return std::nullopt;
+  // All of it: a NUL inside `text` would stop strtod early and pass for the end.
+  if (end == s.c_str() || end != s.c_str() + s.size()) return std::nullopt;
   ParsedNumber p;
   p.text = s;
   p.value = v;

@@ -419,12 +419,43 @@ TEST_F(BpeFile, EveryBadFileIsNamedWithWhatIsWrong) {
       {edited("specialid.json", [](J& j) { j["special_tokens"][0]["id"] = 5; }), "must be 279"},
       {edited("noeot.json", [](J& j) { j["special_tokens"][0]["content"] = "<pad>"; }),
        "no <|endoftext|>"},
+      // Found by fuzz/tokenizer_fuzz.cpp: a number beyond a double's range is JSON's out_of_range,
+      // not its parse_error, and escaped as a foreign exception.
+      {write("huge.json", "4e5111"), "not valid JSON"},
   };
   for (const Case& c : cases) {
     const std::string msg = error_of([&] { BpeTokenizer::load(c.path); });
     EXPECT_HAS(msg, c.path);
     EXPECT_HAS(msg, c.expected);
   }
+}
+
+// Found by fuzz/tokenizer_fuzz.cpp (fuzz/regressions/tokenizer/merges-that-double-a-token): each
+// merge of the last token with itself doubles its length, so a 1 KB file of 41 merges asked for
+// 2^41 bytes. The lengths are now checked before any byte is stored.
+TEST_F(BpeFile, RefusesMergesThatMakeATokenTooLong) {
+  nlohmann::json merges = nlohmann::json::array({{97, 97}});
+  for (int i = 0; i < 40; ++i)
+    merges.push_back({256 + i, 256 + i});
+  const nlohmann::json doc = {
+      {"format", "mantissa-bpe"},
+      {"version", 1},
+      {"vocab_size", 256 + 41 + 1},
+      {"merges", merges},
+      {"special_tokens", {{{"id", 256 + 41}, {"content", "<|endoftext|>"}}}}};
+  const std::string path = write("doubling.json", doc.dump());
+  const std::string msg = error_of([&] { BpeTokenizer::load(path); });
+  EXPECT_HAS(msg, path);
+  // Merge 16 makes the first token over 65,536 bytes: 2^17.
+  EXPECT_HAS(msg, "merge 16");
+  EXPECT_HAS(msg, "131072 bytes");
+  // The same merges up to the limit load.
+  nlohmann::json fits = doc;
+  fits["merges"] = nlohmann::json(std::vector<nlohmann::json>(merges.begin(), merges.begin() + 16));
+  fits["vocab_size"] = 256 + 16 + 1;
+  fits["special_tokens"][0]["id"] = 256 + 16;
+  const BpeTokenizer tok = BpeTokenizer::load(write("fits.json", fits.dump()));
+  EXPECT_EQ(tok.token_bytes(256 + 15).size(), kMaxTokenBytes);
 }
 
 // ---- the real corpus ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string_view>
 
 #include "mantissa/core/error.h"
 #include "mantissa/numerics/inspect.h"
@@ -32,6 +33,10 @@ TEST(ParseNumber, RejectsNonNumbers) {
   for (const char* bad : {"", "   ", "abc", "1.5x", "12,5", "--1", "0x"}) {
     EXPECT_FALSE(parse_number(bad).has_value()) << "'" << bad << "'";
   }
+  // Found by fuzz/number_fuzz.cpp: strtod stops at a NUL, which passed for the end of the text.
+  using namespace std::string_view_literals;
+  EXPECT_FALSE(parse_number("2\0"sv).has_value());
+  EXPECT_FALSE(parse_number("1.5\0abc"sv).has_value());
 }
 
 TEST(Inspect, TheIssueExample) {

@@ -32,6 +32,11 @@
 namespace mantissa::data {
 
 inline constexpr std::string_view kEndOfText = "<|endoftext|>";
+// The most bytes one token may have, and all tokens together. Real vocabularies are far below
+// (GPT-2's 50,257 tokens hold about 0.4 MB); the limits keep a hostile tokenizer file, whose
+// merges could double a token's length each, from asking for terabytes.
+inline constexpr size_t kMaxTokenBytes = size_t(1) << 16;
+inline constexpr size_t kMaxVocabularyBytes = size_t(1) << 28;
 
 // The GPT-2 pre-tokens of `text`, in order; they concatenate back to `text`.
 std::vector<std::string_view> pretokenize(std::string_view text);
@@ -72,7 +77,8 @@ class BpeTokenizer {
   // "special_tokens": [{"id", "content"}, ...]}. Written atomically.
   void save(const std::string& path) const;
   // Checks everything (format, version, each merge's ids defined before it, no duplicate merge,
-  // the special tokens' ids and text, the vocabulary size) and names the file in every error.
+  // the tokens' lengths, the special tokens' ids and text, the vocabulary size) and names the
+  // file in every error.
   static BpeTokenizer load(const std::string& path);
 
   // Text is bytes: a special token's text inside `text` encodes as ordinary bytes (a document
