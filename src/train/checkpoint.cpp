@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -81,6 +82,7 @@ std::string state_json(const TrainState& s) {
   j["generator_seed"] = std::to_string(s.generator.seed);
   j["generator_offset"] = std::to_string(s.generator.offset);
   j["train_seconds"] = s.train_seconds;
+  j["lr_scale"] = s.lr_scale;
   return j.dump();
 }
 
@@ -94,6 +96,9 @@ TrainState parse_state(const std::string& text, const std::string& path) {
     s.generator.seed = std::stoull(j.at("generator_seed").get<std::string>());
     s.generator.offset = std::stoull(j.at("generator_offset").get<std::string>());
     s.train_seconds = j.value("train_seconds", 0.0);
+    s.lr_scale = j.value("lr_scale", 1.0);  // checkpoints before rollbacks existed: 1
+    MT_CHECK(std::isfinite(s.lr_scale) && s.lr_scale > 0, "lr_scale ", s.lr_scale,
+             " is not a positive factor");
     return s;
   } catch (const std::exception& e) {
     MT_CHECK(false, "checkpoint '", path, "': the training state in its metadata is damaged (",

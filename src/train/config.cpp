@@ -65,6 +65,8 @@ namespace mantissa::train {
   _(checkpoint_every)             \
   _(resume_path)                  \
   _(log_every)                    \
+  _(on_divergence)                \
+  _(divergence_patience)          \
   _(progress)                     \
   _(distributed)                  \
   _(bucket_mb)                    \
@@ -225,10 +227,20 @@ void TrainConfig::validate() const {
   MT_CHECK(distributed || zero == 0,
            "--zero shards the optimizer state across data-parallel ranks: add --distributed "
            "(under mpirun)");
+  MT_CHECK(on_divergence == "stop" || on_divergence == "skip" || on_divergence == "rollback",
+           "unknown --on-divergence '", on_divergence,
+           "'; use stop, skip (skip steps with inf/NaN gradients) or rollback (reload the last "
+           "checkpoint, halve the learning rate)");
+  MT_CHECK(divergence_patience >= 1, "--divergence-patience must be at least 1, got ",
+           divergence_patience);
+  MT_CHECK(on_divergence != "rollback" || !checkpoint_path.empty(),
+           "--on-divergence rollback reloads the last checkpoint written: give --checkpoint FILE "
+           "(and --checkpoint-every N to lose fewer steps)");
   if (loss_scale != "dynamic") {
     char* end = nullptr;
     const double v = std::strtod(loss_scale.c_str(), &end);
-    MT_CHECK(end != loss_scale.c_str() && *end == '\0' && v > 0 && std::isfinite(v),
+    MT_CHECK(end == loss_scale.c_str() + loss_scale.size() && !loss_scale.empty() && v > 0 &&
+                 std::isfinite(v),
              "--loss-scale takes 'dynamic' or a positive number, got '", loss_scale, "'");
   }
 }

@@ -30,6 +30,7 @@
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/clip.h"
 #include "mantissa/tensor/ops.h"
+#include "train/divergence.h"
 
 namespace mantissa::train {
 namespace {
@@ -237,7 +238,11 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   if (!config_.checkpoint_path.empty() && rank() == 0)
     check_checkpoint_path(config_.checkpoint_path);
   build();
-  if (!config_.resume_path.empty()) restore(load_checkpoint(config_.resume_path));
+  if (!config_.resume_path.empty()) {
+    restore(load_checkpoint(config_.resume_path));
+    last_good_checkpoint_ = config_.resume_path;
+    last_good_step_ = state_.step;
+  }
   metrics_ = config_.metrics_path.empty() || rank() != 0
                  ? std::make_unique<MetricsWriter>()
                  : std::make_unique<MetricsWriter>(config_.metrics_path);
@@ -357,6 +362,15 @@ void Trainer::build() {
       std::make_unique<optim::LRSchedule>(optim::LRSchedule::from_name(config_.schedule, so));
 
   amp_ = std::make_unique<amp::Amp>(initialize_precision(*model_, *optimizer_, config_));
+  if (config_.on_divergence == "skip" &&
+      amp_->scaler().options().mode == amp::ScaleMode::Disabled) {
+    // A precision without a loss scaler applies every step: checking the gradients (one fused
+    // pass) lets a step with inf/NaN be skipped instead.
+    amp::GradScalerOptions check;
+    check.init_scale = 1;
+    check.mode = amp::ScaleMode::Static;
+    check_scaler_ = std::make_unique<amp::GradScaler>(check);
+  }
   if (config_.precision == "fp8") {
     amp::Fp8Options fo;
     fo.recipe = *amp::parse_fp8_recipe(config_.fp8_recipe);
@@ -465,8 +479,9 @@ void Trainer::restore(const Checkpoint& ckpt) {
   NamedTensors scaler_state;
   for (const auto& [name, t] : ckpt.scaler)
     if (!name.starts_with("fp8.")) scaler_state.emplace_back(name, t);
-  if (scaler().options().mode != amp::ScaleMode::Disabled && !scaler_state.empty()) {
-    scaler().load_state_dict(scaler_state);
+  // (The gradient check of --on-divergence skip, a static scale of 1, keeps no state.)
+  if (amp_->scaler().options().mode != amp::ScaleMode::Disabled && !scaler_state.empty()) {
+    amp_->scaler().load_state_dict(scaler_state);
   }
   state_ = ckpt.state;
   set_generator_state(state_.generator);
@@ -494,6 +509,10 @@ void Trainer::save(const std::string& path) const {
 
 Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skipped) {
   schedule_->apply(*optimizer_, state_.step);
+  if (state_.lr_scale != 1) {
+    for (size_t g = 0; g < optimizer_->num_groups(); ++g)
+      optimizer_->set_lr(g, optimizer_->lr(g) * state_.lr_scale);
+  }
   optimizer_->zero_grad(true);
   if (ddp_) ddp_->broadcast_buffers();  // rank 0's batch-norm statistics, as PyTorch's DDP
   amp::GradScaler& sc = scaler();
@@ -720,6 +739,65 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   const int64_t read_every = device_.is_cuda() ? config_.log_every : 1;
   const bool scaled = scaler().options().mode != amp::ScaleMode::Disabled;
   const int64_t skipped_before = scaled ? scaler().skipped_steps() : 0;
+  const bool dynamic = scaler().options().mode == amp::ScaleMode::Dynamic;
+  DivergenceGuard guard(config_.divergence_patience);
+  std::string diverged;  // why, once the guard has said so (the same on every rank)
+  int64_t skipped_at_read = skipped_before;
+  // What --on-divergence does once the run has diverged: true when it goes on (rolled back to
+  // the last good checkpoint, the epoch loop then restarts from its state), false to stop.
+  auto handle_divergence = [&] {
+    const bool roll = config_.on_divergence == "rollback" && !last_good_checkpoint_.empty() &&
+                      result.rollbacks < kMaxRollbacks;
+    if (metrics_->enabled()) {
+      auto j = record("divergence");
+      j["step"] = state_.step;
+      j["what"] = diverged;
+      j["action"] = roll ? "rollback" : "stop";
+      if (!last_good_checkpoint_.empty()) {
+        j["checkpoint"] = last_good_checkpoint_;
+        j["checkpoint_step"] = last_good_step_;
+      }
+      metrics_->write(j.dump());
+    }
+    if (!roll) {
+      if (config_.on_divergence == "rollback") {
+        diverged += last_good_checkpoint_.empty()
+                        ? "; no checkpoint had been written yet to roll back to"
+                        : "; rolled back " + std::to_string(kMaxRollbacks) + " times already";
+      }
+      result.diverged = diverged;
+      return false;
+    }
+    const double spent = state_.train_seconds, lr_scale = state_.lr_scale;
+    restore(load_checkpoint(last_good_checkpoint_));
+    // Half the smaller of the two factors: rolling back twice to the same checkpoint must not
+    // retrace the same steps.
+    state_.lr_scale = std::min(lr_scale, state_.lr_scale) * 0.5;
+    state_.train_seconds = spent;  // time spent is spent
+    ++result.rollbacks;
+    guard.reset();
+    if (rank() == 0) {
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "%s; rolled back to step %lld ('%s') with the learning rate x%g (rollback %lld "
+                    "of %d)",
+                    diverged.c_str(), (long long)state_.step, last_good_checkpoint_.c_str(),
+                    state_.lr_scale, (long long)result.rollbacks, kMaxRollbacks);
+      progress.end_epoch(line);
+    }
+    diverged.clear();
+    return true;
+  };
+  // The checkpoint, when the guard trusts the state (or at the run's end, which it reached
+  // without diverging); then it is the last good one.
+  auto save_checkpoint = [&](bool at_end) {
+    if (!guard.trusted() && !at_end) return;
+    save(config_.checkpoint_path);  // rank 0 writes
+    if (guard.trusted()) {
+      last_good_checkpoint_ = config_.checkpoint_path;
+      last_good_step_ = state_.step;
+    }
+  };
 
   const int64_t stop_epoch = max_epochs > 0 ? std::min(epochs, state_.epoch + max_epochs) : epochs;
   // A resumed run with nothing left to train would report an evaluation it never made.
@@ -735,7 +813,8 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t correct = 0, seen = 0, run_batches = 0;
-    std::vector<Tensor> pending_losses;  // steps not read back yet
+    std::vector<Tensor> pending_losses;    // steps not read back yet
+    std::vector<uint8_t> pending_skipped;  // and whether each was skipped (known on the CPU)
     Tensor pending_correct;
     bool last_skipped = false;
     double eval_seconds = 0;  // evaluations inside the epoch (--eval-every): not training time
@@ -754,6 +833,31 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       for (const float loss : losses) {
         step_losses_.push_back(loss);
         loss_sum += loss;
+      }
+      // The divergence guard sees every step in order. On a GPU the window's skips are known
+      // only as a count: all or none, or else the steps whose loss is not finite (their
+      // gradients are not either, and a scaler skips them).
+      const int64_t window_skips = scaled ? scaler().skipped_steps() - skipped_at_read : 0;
+      skipped_at_read += window_skips;
+      const bool at_min = dynamic && scaler().at_min_scale();
+      for (size_t i = 0; i < losses.size() && diverged.empty(); ++i) {
+        StepOutcome o;
+        o.step = state_.step - int64_t(losses.size()) + int64_t(i) + 1;
+        o.loss = losses[i];
+        o.skipped = scaler().on_device() ? window_skips == int64_t(losses.size()) ||
+                                               (window_skips > 0 && !std::isfinite(losses[i]))
+                                         : pending_skipped[i] != 0;
+        diverged = guard.observe(o, dynamic, at_min);
+      }
+      pending_skipped.clear();
+      if (host_comm_) {
+        // Every rank stops or rolls back after the same step (an inf reaches all ranks' weights
+        // through the averaged gradients, but a rank's own loss may show it a step earlier).
+        Tensor flag = Tensor::from_vector(std::vector<int64_t>{diverged.empty() ? 0 : 1}, {1});
+        host_comm_->all_reduce(flag, dist::ReduceOp::Max);
+        if (flag.to_vector<int64_t>()[0] != 0 && diverged.empty()) {
+          diverged = "step " + std::to_string(state_.step) + ": another rank's loss diverged";
+        }
       }
       const double elapsed = seconds_since(t0) - eval_seconds;
       StepStats st;
@@ -792,21 +896,25 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       if (!batch) break;
       bool skipped = false;
       pending_losses.push_back(train_step(*batch, &pending_correct, &skipped));
+      pending_skipped.push_back(skipped);
       result.skipped_steps += skipped;
       last_skipped = skipped;
       seen += batch->y().numel();
       ++run_batches;
       ++state_.batch;
       if (state_.step % read_every == 0 || state_.batch == batches || steps_done()) read_back();
-      // Mid-epoch checkpoints (the epoch's end writes its own).
+      if (!diverged.empty()) break;
+      // Mid-epoch checkpoints (the epoch's end writes its own), of a state the guard has seen.
       if (config_.checkpoint_every > 0 && state_.step % config_.checkpoint_every == 0 &&
           state_.batch < batches) {
         read_back();
-        save(config_.checkpoint_path);
+        if (!diverged.empty()) break;
+        save_checkpoint(false);
       }
       if (config_.eval_every > 0 && state_.step % config_.eval_every == 0 &&
           state_.batch < batches && !steps_done()) {
         read_back();
+        if (!diverged.empty()) break;
         const auto e0 = Clock::now();
         evaluate_and_report(state_.epoch + 1, "eval at");
         eval_seconds += seconds_since(e0);
@@ -817,6 +925,11 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     if (device_.is_cuda()) cuda::synchronize(device_.index);
     const double epoch_seconds = seconds_since(t0) - eval_seconds;
     state_.train_seconds += epoch_seconds;
+    // A diverged state is neither evaluated nor saved.
+    if (!diverged.empty()) {
+      if (handle_divergence()) continue;
+      break;
+    }
     if (result.interrupted) {
       // Mid-epoch: the state says which batch comes next; no evaluation and no summary (nothing
       // is reported that was not measured), the checkpoint, and the result below.
@@ -878,7 +991,8 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     }
     if (rank() == 0) progress.end_epoch(line);
     result.epochs.push_back(er);
-    if (!config_.checkpoint_path.empty()) save(config_.checkpoint_path);  // rank 0 writes
+    if (!config_.checkpoint_path.empty())
+      save_checkpoint(state_.epoch >= stop_epoch || steps_done());
   }
   result.train_seconds = state_.train_seconds;
   result.steps = state_.step;
@@ -895,7 +1009,9 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     result.optimizer_state_bytes = most.to_vector<int64_t>()[1];
   }
   result.dataset_bytes = dataset_bytes_;
-  if (metrics_->enabled() && !result.interrupted) {
+  result.last_good_checkpoint = last_good_checkpoint_;
+  result.last_good_step = last_good_step_;
+  if (metrics_->enabled() && !result.interrupted && result.diverged.empty()) {
     auto j = record("summary");
     j.update(nlohmann::ordered_json::parse(summary_json(result)));
     metrics_->write(j.dump());

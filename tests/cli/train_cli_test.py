@@ -183,5 +183,20 @@ with tempfile.TemporaryDirectory() as tmp:
                   and "run with --device cpu" in err and out == "",
                   f"{cmd[0]} --device cuda without a GPU: {rc} {err!r}")
 
+    # A run that diverges stops with exit status 3 and one message: what happened at which step,
+    # the last good checkpoint, what may help; it writes no summary and keeps the checkpoint.
+    boom = os.path.join(tmp, "boom.safetensors")
+    boom_metrics = os.path.join(tmp, "boom.jsonl")
+    rc, out, err = run("train", *small, "--epochs", "2", "--lr", "1e4", "--checkpoint", boom,
+                       "--checkpoint-every", "2", "--metrics", boom_metrics)
+    records = [json.loads(line) for line in open(boom_metrics)] if os.path.exists(boom_metrics) else []
+    kinds = [r["kind"] for r in records]
+    check(rc == 3 and "the run diverged: step" in err and "the loss is NaN" in err
+          and "the last good state is step 2 in " + boom in err and "--on-divergence rollback" in err
+          and "summary" not in kinds and "divergence" in kinds and os.path.exists(boom),
+          f"a diverged run ({rc}): {err[-600:]!r} {kinds}")
+    rc, out, err = run("train", *small, "--steps", "2", "--on-divergence", "rollback")
+    check(rc == 2 and "give --checkpoint FILE" in err, f"rollback without --checkpoint: {rc} {err!r}")
+
 print("all train CLI checks passed" if not failures else f"{len(failures)} train CLI checks failed")
 sys.exit(1 if failures else 0)

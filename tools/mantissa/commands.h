@@ -19,5 +19,8 @@ Command add_generate_command(CLI::App& app);
 
 // Exit code for a user's mistake (bad flag, bad number, bad file).
 inline constexpr int kUsageError = 2;
+// Exit code of `train` when the run diverged and stopped (TrainConfig::on_divergence); 1 is an
+// internal error, 130/143 a run stopped by Ctrl-C/SIGTERM.
+inline constexpr int kDivergedExit = 3;
 
 }  // namespace mantissa::cli

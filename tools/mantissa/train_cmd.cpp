@@ -249,6 +249,18 @@ Command add_train_command(CLI::App& app) {
                   "exactly)")
       ->capture_default_str();
   cmd->add_option("--resume", c.resume_path, "Continue the run saved in checkpoint FILE");
+  cmd->add_option("--on-divergence", c.on_divergence,
+                  "When a step is applied with a non-finite loss, or --divergence-patience steps "
+                  "in a row are skipped for inf/NaN gradients where that cannot help: stop (say "
+                  "so and name the last good checkpoint), skip (also check fp32/bf16 gradients "
+                  "and skip such steps) or rollback (reload the last checkpoint, halve the "
+                  "learning rate; at most 3 times)")
+      ->check(CLI::IsMember({"stop", "skip", "rollback"}))
+      ->capture_default_str();
+  cmd->add_option("--divergence-patience", c.divergence_patience,
+                  "Skipped steps in a row (fp16 at its minimum loss scale, or with "
+                  "--on-divergence skip) before the run counts as diverged")
+      ->capture_default_str();
   cmd->add_option("--log-every", c.log_every, "Steps between metric records / progress lines")
       ->capture_default_str();
   cmd->add_flag("--distributed", c.distributed,
@@ -304,6 +316,9 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--eval-every")) merged.eval_every = config.eval_every;
       if (cmd->count("--eval-batches")) merged.eval_batches = config.eval_batches;
       if (cmd->count("--log-every")) merged.log_every = config.log_every;
+      if (cmd->count("--on-divergence")) merged.on_divergence = config.on_divergence;
+      if (cmd->count("--divergence-patience"))
+        merged.divergence_patience = config.divergence_patience;
       // A run saved by N ranks goes on with M: the state is the same on every rank.
       merged.distributed = config.distributed;
       if (cmd->count("--bucket-mb")) merged.bucket_mb = config.bucket_mb;
@@ -335,6 +350,29 @@ Command add_train_command(CLI::App& app) {
                    r.interrupted == SIGTERM ? "SIGTERM" : "Ctrl-C", r.steps, r.checkpoint, launch);
       }
       return 128 + r.interrupted;  // 130 for SIGINT, 143 for SIGTERM, as a shell reports them
+    }
+    if (!r.diverged.empty()) {
+      if (trainer.rank() == 0) {
+        const std::string last =
+            r.last_good_checkpoint.empty()
+                ? std::string(
+                      "no checkpoint was written (--checkpoint FILE --checkpoint-every N "
+                      "keeps one)")
+                : fmt::format("the last good state is step {} in {}", r.last_good_step,
+                              r.last_good_checkpoint);
+        const train::TrainConfig& run = trainer.config();
+        std::string help = "a smaller --lr or a --warmup, --clip-grad-norm";
+        if (run.precision == "fp16") help += ", bf16 instead of fp16 (no loss scale to outgrow)";
+        if (run.on_divergence != "rollback")
+          help +=
+              ", --on-divergence rollback (back to the last checkpoint with half the "
+              "learning rate)";
+        fmt::print(stderr,
+                   "mantissa train: the run diverged: {}. Training stopped after step {} and "
+                   "wrote nothing more; {}. What may help: {}.\n",
+                   r.diverged, r.steps, last, help);
+      }
+      return kDivergedExit;
     }
     if (trainer.rank() == 0) print_result(r, trainer, args->json);
     return 0;

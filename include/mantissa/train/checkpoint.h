@@ -24,6 +24,9 @@ struct TrainState {
   int64_t batch = 0;           // batches of that epoch already done
   GeneratorState generator{};  // the default generator (dropout) to continue with
   double train_seconds = 0;    // training time so far (excluding evaluation)
+  // The factor on the schedule's learning rate: 1, halved by each rollback after a divergence
+  // (TrainConfig::on_divergence), and kept from then on.
+  double lr_scale = 1;
 };
 
 struct Checkpoint {

@@ -119,7 +119,16 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // > 0: also every this many steps (mid-epoch, resumable)
   std::string resume_path;       // a checkpoint to continue from
   int64_t log_every = 50;        // steps between train metric records / plain progress lines
-  bool progress = true;          // a progress bar on a terminal
+  // When the run diverges (docs/training.md, "Divergence"): a step applied with a non-finite
+  // loss, or divergence_patience steps in a row skipped for inf/NaN gradients where skipping
+  // cannot help (fp16's dynamic scale at its minimum, or no dynamic scale). stop: end the run,
+  // saying what happened and which checkpoint is the last good one; skip: also check the
+  // gradients of fp32/tf32/bf16 steps and skip those with inf/NaN, stopping only after
+  // divergence_patience in a row; rollback: reload the last good checkpoint, halve the learning
+  // rate and go on (at most 3 times: train::kMaxRollbacks, then stop).
+  std::string on_divergence = "stop";
+  int64_t divergence_patience = 10;
+  bool progress = true;  // a progress bar on a terminal
 
   std::string to_json() const;
   static TrainConfig from_json(const std::string& json);  // unknown keys are errors

@@ -72,7 +72,18 @@ struct TrainResult {
   int interrupted = 0;
   std::string checkpoint;
   UnderflowStats underflow;  // with TrainConfig::underflow_every
+  // Stopped because the run diverged (TrainConfig::on_divergence): what happened, at which
+  // step, and what was done; empty otherwise. No evaluation, summary or checkpoint follows it:
+  // the last checkpoint written (last_good_checkpoint, at last_good_step) is the run's last
+  // healthy state.
+  std::string diverged;
+  std::string last_good_checkpoint;
+  int64_t last_good_step = 0;
+  int64_t rollbacks = 0;  // --on-divergence rollback: how many times this run rolled back
 };
+
+// --on-divergence rollback: the most rollbacks in one run (each halves the learning rate).
+inline constexpr int kMaxRollbacks = 3;
 
 // Where an interrupted run without --checkpoint writes its state (the working directory).
 inline constexpr const char* kInterruptedCheckpoint = "mantissa-interrupted.safetensors";
@@ -98,7 +109,9 @@ class Trainer {
 
   nn::Module& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
-  amp::GradScaler& scaler() { return amp_->scaler(); }
+  // The loss scaler of the run's precision, or (--on-divergence skip on a precision without
+  // one) a static scale of 1 that checks the gradients and skips steps with inf/NaN.
+  amp::GradScaler& scaler() { return check_scaler_ ? *check_scaler_ : amp_->scaler(); }
   const amp::Amp& amp() const { return *amp_; }
   // amp's description, led by the fp8 recipe for --precision fp8 ("fp8 delayed (hybrid) in 15
   // Linear layers; bf16 O1: ...").
@@ -164,7 +177,12 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<amp::Amp> amp_;
-  std::unique_ptr<amp::Fp8Context> fp8_;  // --precision fp8
+  std::unique_ptr<amp::Fp8Context> fp8_;           // --precision fp8
+  std::unique_ptr<amp::GradScaler> check_scaler_;  // --on-divergence skip: see scaler()
+  // The newest checkpoint of a healthy state (written by this run or resumed from) and its step:
+  // where --on-divergence rollback returns to.
+  std::string last_good_checkpoint_;
+  int64_t last_good_step_ = 0;
   UnderflowStats underflow_;
   std::unique_ptr<data::DevicePrefetcher> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
