@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -74,6 +77,41 @@ namespace mantissa::train {
   _(zero)
 // clang-format on
 
+namespace {
+
+// One field's value, of exactly its type: nlohmann's get_to would convert 1e30 to an int64 (an
+// undefined conversion, found by fuzz/config_fuzz.cpp) and 3.7 to 3.
+template <typename T>
+void read_value(const nlohmann::json& v, T& out, const std::string& key) {
+  if constexpr (std::is_same_v<T, bool>) {
+    MT_CHECK(v.is_boolean(), "training configuration: '", key, "' must be true or false, not ",
+             v.dump());
+    out = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    MT_CHECK(v.is_string(), "training configuration: '", key, "' must be a string, not ", v.dump());
+    out = v.get<std::string>();
+  } else if constexpr (std::is_integral_v<T>) {
+    using Limits = std::numeric_limits<T>;
+    bool fits = false;
+    if (v.is_number_unsigned()) {
+      fits = v.get<uint64_t>() <= uint64_t(Limits::max());
+    } else if (v.is_number_integer()) {
+      const int64_t x = v.get<int64_t>();
+      fits = Limits::is_signed ? x >= int64_t(Limits::min()) && x <= int64_t(Limits::max())
+                               : x >= 0 && uint64_t(x) <= uint64_t(Limits::max());
+    }
+    MT_CHECK(fits, "training configuration: '", key, "' must be an integer in [", +Limits::min(),
+             ", ", +Limits::max(), "], not ", v.dump());
+    out = v.is_number_unsigned() ? T(v.get<uint64_t>()) : T(v.get<int64_t>());
+  } else {
+    static_assert(std::is_floating_point_v<T>);
+    MT_CHECK(v.is_number(), "training configuration: '", key, "' must be a number, not ", v.dump());
+    out = v.get<T>();
+  }
+}
+
+}  // namespace
+
 std::string TrainConfig::to_json() const {
   nlohmann::ordered_json j;
 #define MT_TO_JSON(f) j[#f] = f;
@@ -95,10 +133,10 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     const std::string& key = it.key();
     bool known = false;
     try {
-#define MT_FROM_JSON(f)     \
-  if (key == #f) {          \
-    it.value().get_to(c.f); \
-    known = true;           \
+#define MT_FROM_JSON(f)               \
+  if (key == #f) {                    \
+    read_value(it.value(), c.f, key); \
+    known = true;                     \
   }
       MT_TRAIN_CONFIG_FIELDS(MT_FROM_JSON)
 #undef MT_FROM_JSON

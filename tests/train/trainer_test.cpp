@@ -487,5 +487,34 @@ TEST(TrainConfigTest, JsonRoundTripAndValidation) {
   EXPECT_THROW(bad.validate(), Error);
 }
 
+// Found by fuzz/config_fuzz.cpp (fuzz/regressions/config/integer-field-given-1e25): an integer
+// field given a number it cannot hold was converted anyway (1e25 to int64: undefined behaviour).
+TEST(TrainConfigTest, EachKeyTakesExactlyItsType) {
+  struct Case {
+    const char* json;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"fp8_amax_history": 7.7e25})", "'fp8_amax_history' must be an integer in ["},
+           {R"({"batch_size": 3.5})", "'batch_size' must be an integer"},
+           {R"({"threads": 4294967296})", "'threads' must be an integer in [-2147483648, "},
+           {R"({"seed": -1})", "'seed' must be an integer in [0, 18446744073709551615]"},
+           {R"({"lr": "0.1"})", "'lr' must be a number, not \"0.1\""},
+           {R"({"nesterov": 1})", "'nesterov' must be true or false"},
+           {R"({"model": 5})", "'model' must be a string"}}) {
+    try {
+      TrainConfig::from_json(c.json);
+      ADD_FAILURE() << c.json << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(c.message), std::string::npos) << e.message();
+    }
+  }
+  const TrainConfig ok =
+      TrainConfig::from_json(R"({"seed": 18446744073709551615, "lr": 1, "threads": -3})");
+  EXPECT_EQ(ok.seed, 18446744073709551615ull);
+  EXPECT_EQ(ok.lr, 1.0);
+  EXPECT_EQ(ok.threads, -3);  // read as written; validate() says what is wrong with it
+}
+
 }  // namespace
 }  // namespace mantissa::train
