@@ -1,5 +1,7 @@
 #include "mantissa/autograd/engine.h"
 
+#include "mantissa/autograd/anomaly.h"
+
 #include <atomic>
 #include <queue>
 #include <unordered_map>
@@ -169,6 +171,7 @@ std::shared_ptr<Node> record(const std::string& name, const std::vector<Tensor>&
     meta.grad_fn = node;
     meta.output_nr = uint32_t(i);
   }
+  if (anomaly_enabled()) check_forward(name, inputs, outputs, *node);
   return node;
 }
 
@@ -261,8 +264,10 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
         continue;
       }
     }
-    const std::vector<Tensor> grad_outputs = n->post_hooks.empty() ? std::vector<Tensor>() : grads;
+    const std::vector<Tensor> grad_outputs =
+        n->post_hooks.empty() && !anomaly_enabled() ? std::vector<Tensor>() : grads;
     std::vector<Tensor> outs = n->apply(std::move(grads));
+    if (anomaly_enabled()) check_backward(*n, grad_outputs, outs);
     for (auto& hook : n->post_hooks)
       hook(outs, grad_outputs);
     // Each node runs once per backward: free what it saved now rather than when the whole

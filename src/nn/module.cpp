@@ -383,14 +383,14 @@ const ModulePtr& Sequential::operator[](size_t i) const {
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (const auto& [n, m] : named_children())
-    h = m->forward(h);
+    h = (*m)(h);  // the call operator: each child's scope (anomaly reports name it)
   return h;
 }
 
 TensorList Sequential::forward_list(const TensorList& inputs) {
   TensorList h = inputs;
   for (const auto& [n, m] : named_children())
-    h = m->forward_list(h);
+    h = (*m)(h);
   return h;
 }
 

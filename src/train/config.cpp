@@ -70,6 +70,7 @@ namespace mantissa::train {
   _(log_every)                    \
   _(on_divergence)                \
   _(divergence_patience)          \
+  _(detect_anomaly)               \
   _(progress)                     \
   _(distributed)                  \
   _(bucket_mb)                    \

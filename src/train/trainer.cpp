@@ -9,13 +9,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
 #include "mantissa/amp/autocast.h"
+#include "mantissa/autograd/anomaly.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
@@ -381,6 +384,24 @@ void Trainer::build() {
     amp::prepare_fp8(*model_, *fp8_,
                      config_.fp8_layers == "all" ? amp::Fp8Layers::All : amp::Fp8Layers::Inner);
   }
+  if (config_.detect_anomaly) {
+    // After amp::initialize (O2 replaces the parameters by half copies): the names of what trains.
+    auto modules = std::make_shared<std::unordered_map<const void*, std::string>>();
+    for (const auto& [path, m] : model_->named_modules())
+      (*modules)[m] = path.empty() ? config_.model : path;
+    auto params = std::make_shared<std::unordered_map<const void*, std::string>>();
+    for (const auto& [name, t] : model_->named_parameters())
+      (*params)[t.impl()] = name;
+    anomaly_names_.module = [modules](const void* m) {
+      const auto it = modules->find(m);
+      return it == modules->end() ? std::string() : it->second;
+    };
+    anomaly_names_.context = [this] { return "step " + std::to_string(state_.step + 1); };
+    anomaly_names_.tensor = [params](const Tensor& t) {
+      const auto it = params->find(t.impl());
+      return it == params->end() ? std::string() : "parameter " + it->second;
+    };
+  }
   if (comm_) {
     // After amp::initialize, which may replace the parameters by half copies: the hooks go on
     // the tensors that train. Broadcasts rank 0's weights.
@@ -508,6 +529,12 @@ void Trainer::save(const std::string& path) const {
 }
 
 Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skipped) {
+  // A dynamic loss scaler's gradient overflows are expected (it skips those steps): the check
+  // then covers the forward only.
+  std::optional<autograd::DetectAnomaly> anomaly;
+  if (config_.detect_anomaly) {
+    anomaly.emplace(anomaly_names_, scaler().options().mode != amp::ScaleMode::Dynamic);
+  }
   schedule_->apply(*optimizer_, state_.step);
   if (state_.lr_scale != 1) {
     for (size_t g = 0; g < optimizer_->num_groups(); ++g)
@@ -538,6 +565,16 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
         j["cast_unscaled"] = u.cast_unscaled;
         j["cast_scaled"] = u.cast_scaled;
         j["observed"] = u.observed;
+        nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+        for (const LayerUnderflow& l : u.layers) {
+          if (l.nonzero == 0) continue;
+          layers.push_back({{"name", l.name},
+                            {"nonzero", l.nonzero},
+                            {"cast_unscaled", l.cast_unscaled},
+                            {"cast_scaled", l.cast_scaled},
+                            {"observed", l.observed}});
+        }
+        j["layers"] = std::move(layers);
         metrics_->write(j.dump());
       }
     }
@@ -573,6 +610,27 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   const amp::StepResult stepped = sc.step(*optimizer_);
   // On a GPU the answer is read back with the losses (read_back), not here: no wait per step.
   *skipped = !sc.on_device() && stepped.skipped();
+  // Which layers overflowed, not only that one did: a skipped step's record names the
+  // parameters whose gradients hold inf/NaN (on the CPU, where the skip is known here; a GPU
+  // decides it on the device).
+  if (*skipped && metrics_->enabled()) {
+    NoGrad ng;
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const auto& [name, p] : model_->named_parameters()) {
+      if (!p.grad().defined()) continue;
+      for (const float g : p.grad().to(DType::F32).to_vector<float>()) {
+        if (!std::isfinite(g)) {
+          layers.push_back(name);
+          break;
+        }
+      }
+    }
+    auto j = record("skipped_step");
+    j["step"] = state_.step + 1;
+    j["loss_scale"] = sc.get_scale();
+    j["nonfinite_gradients"] = std::move(layers);
+    metrics_->write(j.dump());
+  }
   sc.update();
   // Delayed scaling: the next step's scales from this step's amaxes, their maximum over the
   // ranks (every rank quantizes with the same scales, and rank 0's checkpoint holds them all).
@@ -628,7 +686,7 @@ UnderflowStats Trainer::measure_underflow(const std::vector<Tensor>& reference) 
   UnderflowStats u;
   u.measurements = 1;
   const double scale = amp_->scaler().get_scale();
-  const std::vector<Tensor> params = model_->parameters();
+  const NamedTensors params = model_->named_parameters();
   // Elements where both masks are true.
   auto both = [](const Tensor& a, const Tensor& b) {
     return int64_t(sum(mul(a.to(DType::F32), b.to(DType::F32))).item());
@@ -637,15 +695,21 @@ UnderflowStats Trainer::measure_underflow(const std::vector<Tensor>& reference) 
   // a cuda tensor).
   const Tensor zero16 = Tensor::scalar(0.0, DType::F16, device_);
   for (size_t i = 0; i < params.size(); ++i) {
+    LayerUnderflow& l = u.layers.emplace_back();
+    l.name = params[i].first;
     if (!reference[i].defined()) continue;
     const Tensor r = reference[i].to(DType::F32);
     const Tensor nz = ne(r, Tensor::scalar(0.0, DType::F32, r.device()));
-    u.nonzero += int64_t(sum(nz.to(DType::F32)).item());
-    u.cast_unscaled += both(nz, eq(r.to(DType::F16), zero16));
-    u.cast_scaled += both(nz, eq(mul(r, scale).to(DType::F16), zero16));
-    const Tensor own = params[i].grad();
-    u.observed += own.defined() ? both(nz, eq(own, Tensor::scalar(0.0, own.dtype(), own.device())))
-                                : both(nz, nz);
+    l.nonzero = int64_t(sum(nz.to(DType::F32)).item());
+    l.cast_unscaled = both(nz, eq(r.to(DType::F16), zero16));
+    l.cast_scaled = both(nz, eq(mul(r, scale).to(DType::F16), zero16));
+    const Tensor own = params[i].second.grad();
+    l.observed = own.defined() ? both(nz, eq(own, Tensor::scalar(0.0, own.dtype(), own.device())))
+                               : both(nz, nz);
+    u.nonzero += l.nonzero;
+    u.cast_unscaled += l.cast_unscaled;
+    u.cast_scaled += l.cast_scaled;
+    u.observed += l.observed;
   }
   return u;
 }
@@ -656,7 +720,31 @@ UnderflowStats& UnderflowStats::operator+=(const UnderflowStats& o) {
   cast_unscaled += o.cast_unscaled;
   cast_scaled += o.cast_scaled;
   observed += o.observed;
+  if (layers.empty()) {
+    layers = o.layers;
+  } else {
+    MT_ASSERT(layers.size() == o.layers.size(), "underflow measurements of different models");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      layers[i].nonzero += o.layers[i].nonzero;
+      layers[i].cast_unscaled += o.layers[i].cast_unscaled;
+      layers[i].cast_scaled += o.layers[i].cast_scaled;
+      layers[i].observed += o.layers[i].observed;
+    }
+  }
   return *this;
+}
+
+std::vector<LayerUnderflow> UnderflowStats::worst(size_t n) const {
+  std::vector<LayerUnderflow> out;
+  for (const LayerUnderflow& l : layers)
+    if (l.nonzero > 0) out.push_back(l);
+  std::sort(out.begin(), out.end(), [](const LayerUnderflow& a, const LayerUnderflow& b) {
+    const double x = double(a.observed) / double(a.nonzero);
+    const double y = double(b.observed) / double(b.nonzero);
+    return x != y ? x > y : a.name < b.name;
+  });
+  if (out.size() > n) out.resize(n);
+  return out;
 }
 
 double EvalResult::perplexity() const {
@@ -1092,6 +1180,15 @@ std::string Trainer::summary_json(const TrainResult& result) const {
                       {"cast_unscaled", u.cast_unscaled},
                       {"cast_scaled", u.cast_scaled},
                       {"observed", u.observed}};
+    nlohmann::ordered_json worst = nlohmann::ordered_json::array();
+    for (const LayerUnderflow& l : u.worst(5)) {
+      worst.push_back({{"name", l.name},
+                       {"nonzero", l.nonzero},
+                       {"cast_unscaled", l.cast_unscaled},
+                       {"cast_scaled", l.cast_scaled},
+                       {"observed", l.observed}});
+    }
+    j["underflow"]["worst_layers"] = std::move(worst);
   }
   j["model"] = config_.model;
   j["parameters"] = model_->num_parameters();

@@ -13,8 +13,12 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "harness/errors.h"
 #include "harness/temp_dir.h"
+#include "mantissa/autograd/grad_mode.h"
+#include "mantissa/nn/layers.h"
 #include "mantissa/optim/optimizer.h"
 #include "mantissa/optim/schedule.h"
 #include "mantissa/tensor/ops.h"
@@ -186,6 +190,7 @@ TEST_F(DivergenceTrainer, Fp16StopsOnceTheLossScaleIsStuckAtItsMinimum) {
   TrainConfig c = small("stop");
   c.precision = "fp16";
   c.init_scale = 4;  // backs off 4 -> 2 -> 1, the minimum: then the patience counts
+  c.metrics_path = file("metrics.jsonl");
   Trainer t(c);
   ASSERT_EQ(t.fit(1).steps, 8);
   poison(t);
@@ -197,6 +202,53 @@ TEST_F(DivergenceTrainer, Fp16StopsOnceTheLossScaleIsStuckAtItsMinimum) {
   EXPECT_HAS(r.diverged, "steps 10 to 12");
   EXPECT_EQ(r.steps, 12);
   EXPECT_EQ(r.loss_scale, 1.0);
+  // Each skipped step's record names the parameters whose gradients overflowed, and the scale.
+  std::ifstream in(c.metrics_path);
+  std::vector<nlohmann::json> skips;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["kind"] == "skipped_step") skips.push_back(j);
+  }
+  ASSERT_EQ(skips.size(), 4u);
+  EXPECT_EQ(skips[0]["step"], 9);
+  EXPECT_EQ(skips[0]["loss_scale"], 4.0);
+  EXPECT_EQ(skips[3]["loss_scale"], 1.0);
+  // The NaN in the first Linear's weight reaches the weight gradients of the layers after it
+  // through their inputs; ReLU's backward passes no NaN to the layers before (nor to 4.bias).
+  const std::vector<std::string> names = skips[0]["nonfinite_gradients"];
+  EXPECT_EQ(names, (std::vector<std::string>{"4.weight", "7.weight", "7.bias"}));
+}
+
+// --detect-anomaly on a planted overflow: fp16 weights without loss scaling, one MLP's second
+// Linear given weights so large that its output overflows fp16. The report names that layer.
+TEST_F(DivergenceTrainer, DetectAnomalyNamesTheLayerAPlantedFp16OverflowComesFrom) {
+  TrainConfig c = small("stop");
+  c.model = "gpt2_tiny";
+  c.data = "synthetic-text";
+  c.synthetic_size = 4096;
+  c.seq_len = 32;
+  c.batch_size = 8;
+  c.epochs = 2;
+  c.precision = "fp16";
+  c.opt_level = "O2";
+  c.loss_scale = "1";
+  c.detect_anomaly = true;
+  c.checkpoint_path.clear();
+  Trainer t(c);
+  EXPECT_GT(t.fit(1).steps, 0) << "a healthy epoch has nothing to report";
+  nn::Linear* fc2 = nullptr;
+  for (const auto& [path, m] : t.model().named_modules())
+    if (path == "blocks.1.mlp.fc2") fc2 = dynamic_cast<nn::Linear*>(m);
+  ASSERT_NE(fc2, nullptr);
+  {
+    NoGrad ng;
+    fc2->weight().fill_(20000.0);
+  }
+  const std::string msg = error_of([&] { t.fit(); });
+  const int64_t step = t.state().step + 1;
+  EXPECT_HAS(msg, "anomaly at step " + std::to_string(step) +
+                      ": linear (forward) in module 'blocks.1.mlp.fc2' (Linear) made inf");
+  EXPECT_HAS(msg, "input 1 f16 (128, 512) |x| from 2e+04 to 2e+04");
 }
 
 TEST_F(DivergenceTrainer, BadSettingsAreRefusedBeforeTraining) {

@@ -415,6 +415,30 @@ TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {
     }
     EXPECT_EQ(records, r.underflow.measurements);
     EXPECT_TRUE(summary);
+    // Per layer: every parameter once, in the model's order; the parts add up to the whole.
+    const NamedTensors params = t.model().named_parameters();
+    EXPECT_EQ(r.underflow.layers.size(), params.size());
+    LayerUnderflow total;
+    for (size_t i = 0; i < r.underflow.layers.size(); ++i) {
+      const LayerUnderflow& l = r.underflow.layers[i];
+      EXPECT_EQ(l.name, params[i].first);
+      EXPECT_LE(l.observed, l.nonzero);
+      total.nonzero += l.nonzero;
+      total.cast_unscaled += l.cast_unscaled;
+      total.cast_scaled += l.cast_scaled;
+      total.observed += l.observed;
+    }
+    EXPECT_EQ(total.nonzero, r.underflow.nonzero);
+    EXPECT_EQ(total.cast_unscaled, r.underflow.cast_unscaled);
+    EXPECT_EQ(total.cast_scaled, r.underflow.cast_scaled);
+    EXPECT_EQ(total.observed, r.underflow.observed);
+    // worst(): the largest fractions first.
+    const std::vector<LayerUnderflow> worst = r.underflow.worst(3);
+    EXPECT_LE(worst.size(), 3u);
+    for (size_t i = 1; i < worst.size(); ++i) {
+      EXPECT_GE(double(worst[i - 1].observed) / double(worst[i - 1].nonzero),
+                double(worst[i].observed) / double(worst[i].nonzero));
+    }
     return r.underflow;
   };
   const UnderflowStats plain = run("1");

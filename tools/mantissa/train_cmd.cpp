@@ -124,6 +124,12 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
         "in this run's gradients\n",
         u.measurements, u.nonzero, percent(u.cast_unscaled, u.nonzero),
         percent(u.cast_scaled, u.nonzero), percent(u.observed, u.nonzero));
+    std::string worst;
+    for (const train::LayerUnderflow& l : u.worst(3)) {
+      worst += fmt::format("{}{} {:.3f}% (unscaled {:.3f}%)", worst.empty() ? "" : ", ", l.name,
+                           percent(l.observed, l.nonzero), percent(l.cast_unscaled, l.nonzero));
+    }
+    if (!worst.empty()) fmt::print("the layers that lose the most: {}\n", worst);
   }
 }
 
@@ -257,6 +263,10 @@ Command add_train_command(CLI::App& app) {
                   "learning rate; at most 3 times)")
       ->check(CLI::IsMember({"stop", "skip", "rollback"}))
       ->capture_default_str();
+  cmd->add_flag("--detect-anomaly", c.detect_anomaly,
+                "Check every op of forward and backward for inf/NaN and stop at the first one "
+                "made, naming the op, the module path, dtypes, shapes and magnitudes (slow: for "
+                "finding where an overflow comes from)");
   cmd->add_option("--divergence-patience", c.divergence_patience,
                   "Skipped steps in a row (fp16 at its minimum loss scale, or with "
                   "--on-divergence skip) before the run counts as diverged")
@@ -317,6 +327,7 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--eval-batches")) merged.eval_batches = config.eval_batches;
       if (cmd->count("--log-every")) merged.log_every = config.log_every;
       if (cmd->count("--on-divergence")) merged.on_divergence = config.on_divergence;
+      if (cmd->count("--detect-anomaly")) merged.detect_anomaly = config.detect_anomaly;
       if (cmd->count("--divergence-patience"))
         merged.divergence_patience = config.divergence_patience;
       // A run saved by N ranks goes on with M: the state is the same on every rank.

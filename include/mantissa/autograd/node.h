@@ -55,6 +55,10 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<std::pair<uint32_t, std::pair<int, TensorHook>>> pre_hooks;
   std::vector<PostHook> post_hooks;
   void register_post_hook(PostHook h) { post_hooks.push_back(std::move(h)); }
+  // With anomaly detection on (autograd/anomaly.h): the module the op ran in, for the report of
+  // an anomaly in its backward. Compared, never dereferenced.
+  const void* module = nullptr;
+  std::string module_type;
 
  private:
   std::string name_;

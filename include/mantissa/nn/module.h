@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "mantissa/autograd/anomaly.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/tensor.h"
 
@@ -57,15 +58,25 @@ class Module {
   // count it does not take, throws a mantissa::Error saying what it takes.
   virtual Tensor forward(const Tensor& x);
   virtual TensorList forward_list(const TensorList& inputs);
-  Tensor operator()(const Tensor& x) { return forward(x); }
-  TensorList operator()(const TensorList& inputs) { return forward_list(inputs); }
+  // A call opens the module's scope for anomaly detection (autograd/anomaly.h): its ops are
+  // reported as running in it.
+  Tensor operator()(const Tensor& x) {
+    autograd::ModuleScope scope(this, type_name_);
+    return forward(x);
+  }
+  TensorList operator()(const TensorList& inputs) {
+    autograd::ModuleScope scope(this, type_name_);
+    return forward_list(inputs);
+  }
   // model({x}) and model({a, b}): the list forward (a braced list prefers this overload).
   TensorList operator()(std::initializer_list<Tensor> inputs) {
+    autograd::ModuleScope scope(this, type_name_);
     return forward_list(TensorList(inputs));
   }
   // model(a, b, ...) with two or more tensors: forward_list({a, b, ...}).
   template <typename... Rest>
   TensorList operator()(const Tensor& a, const Tensor& b, const Rest&... rest) {
+    autograd::ModuleScope scope(this, type_name_);
     return forward_list(TensorList{a, b, rest...});
   }
 

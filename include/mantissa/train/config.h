@@ -128,6 +128,10 @@ struct TrainConfig {
   // rate and go on (at most 3 times: train::kMaxRollbacks, then stop).
   std::string on_divergence = "stop";
   int64_t divergence_patience = 10;
+  // Check every op of each step's forward and backward for inf/NaN and stop at the first one
+  // made, naming the op, the module's path, the dtypes, shapes and magnitudes
+  // (autograd/anomaly.h). Slow: for finding where an overflow comes from, not for whole runs.
+  bool detect_anomaly = false;
   bool progress = true;  // a progress bar on a terminal
 
   std::string to_json() const;

@@ -14,6 +14,7 @@
 
 #include "mantissa/amp/amp.h"
 #include "mantissa/amp/grad_scaler.h"
+#include "mantissa/autograd/anomaly.h"
 #include "mantissa/data/loader.h"
 #include "mantissa/dist/ddp.h"
 #include "mantissa/nn/models.h"
@@ -45,13 +46,26 @@ struct EpochResult {
 // Gradient underflow in fp16, summed over the measured steps (TrainConfig::underflow_every):
 // of the `nonzero` fp32 reference gradient values, how many are zero when cast to fp16 as they
 // are, when cast after multiplying by the loss scale, and in the run's own gradients.
+// One parameter's part of an underflow measurement: which layers lose their gradients.
+struct LayerUnderflow {
+  std::string name;  // the parameter's, e.g. "blocks.3.mlp.fc2.weight"
+  int64_t nonzero = 0;
+  int64_t cast_unscaled = 0;
+  int64_t cast_scaled = 0;
+  int64_t observed = 0;
+};
+
 struct UnderflowStats {
   int64_t measurements = 0;
   int64_t nonzero = 0;
   int64_t cast_unscaled = 0;
   int64_t cast_scaled = 0;
   int64_t observed = 0;
+  std::vector<LayerUnderflow> layers;  // every parameter, in the model's order
   UnderflowStats& operator+=(const UnderflowStats& o);
+  // The (at most) n parameters with the largest fraction of their non-zero fp32 gradient values
+  // zero in this run's own gradients, the most first; ties by name.
+  std::vector<LayerUnderflow> worst(size_t n) const;
 };
 
 struct TrainResult {
@@ -183,6 +197,8 @@ class Trainer {
   // where --on-divergence rollback returns to.
   std::string last_good_checkpoint_;
   int64_t last_good_step_ = 0;
+  // --detect-anomaly: the model's module paths and parameter names, for the report.
+  autograd::AnomalyNames anomaly_names_;
   UnderflowStats underflow_;
   std::unique_ptr<data::DevicePrefetcher> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
