@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -194,6 +195,35 @@ TEST_F(Safetensors, FailedWriteKeepsTheOldFile) {
   EXPECT_EQ(read_bytes(path), before);
   EXPECT_EQ(listing(), std::vector<std::string>{"a.safetensors"});
   EXPECT_EQ(load_safetensors(path).at("x").to_vector<float>(), (std::vector<float>{1, 1, 1}));
+}
+
+// A real full disk: a 64 KiB tmpfs mounted for the test (root only; skipped where mounting is
+// not allowed). The second save runs out of space half way.
+TEST_F(Safetensors, AFullDiskKeepsTheOldFileAndSaysSo) {
+  const std::string disk = file("disk");
+  fs::create_directory(disk);
+  if (::mount("tmpfs", disk.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno)
+                 << "): needs root; the RLIMIT_FSIZE test above covers the same path";
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{disk};
+  const std::string path = disk + "/run.safetensors";
+  save_safetensors(path, {{"x", Tensor::ones({1000})}});
+  const std::string before = read_bytes(path);
+  std::string message;
+  try {
+    save_safetensors(path, {{"x", Tensor::ones({100000})}});  // 400 KB on a 64 KiB disk
+  } catch (const Error& e) {
+    message = e.message();
+  }
+  EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+  EXPECT_NE(message.find("'" + path + "' was left as it was"), std::string::npos) << message;
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(std::distance(fs::directory_iterator(disk), fs::directory_iterator()), 1)
+      << "no temporary file is left to fill the disk";
 }
 
 TEST_F(Safetensors, FailedRenameLeavesNoTemporaryFile) {
