@@ -13,11 +13,9 @@
 
 namespace mantissa::autograd {
 
-namespace detail {
-thread_local bool t_anomaly_enabled = false;
-}
-
 namespace {
+
+thread_local bool t_anomaly_enabled = false;
 
 struct AnomalyState {
   AnomalyNames names;
@@ -131,15 +129,19 @@ std::string inputs_text(const char* what, const std::vector<Tensor>& ts,
 
 }  // namespace
 
+bool anomaly_enabled() {
+  return t_anomaly_enabled;
+}
+
 DetectAnomaly::DetectAnomaly(AnomalyNames names, bool check_backward)
-    : was_enabled_(detail::t_anomaly_enabled) {
+    : was_enabled_(t_anomaly_enabled) {
   MT_CHECK(!was_enabled_, "anomaly detection is already on in this thread");
   t_state = new AnomalyState{std::move(names), check_backward, {}};
-  detail::t_anomaly_enabled = true;
+  t_anomaly_enabled = true;
 }
 
 DetectAnomaly::~DetectAnomaly() {
-  detail::t_anomaly_enabled = false;
+  t_anomaly_enabled = false;
   delete t_state;
   t_state = nullptr;
 }

@@ -49,12 +49,10 @@ class DetectAnomaly {
   bool was_enabled_;
 };
 
-namespace detail {
-extern thread_local bool t_anomaly_enabled;
-}
-inline bool anomaly_enabled() {
-  return detail::t_anomaly_enabled;
-}
+// Whether this thread checks for anomalies now. Out of line, like grad_enabled(): an extern
+// thread_local read inline from other files is one that UBSan's build of g++ 12 reports as a
+// null load.
+bool anomaly_enabled();
 
 // The module an op runs in: nn::Module's call operator opens one for the call (a no-op when
 // anomaly detection is off).
