@@ -364,14 +364,15 @@ Command add_train_command(CLI::App& app) {
     }
     if (!r.diverged.empty()) {
       if (trainer.rank() == 0) {
-        const std::string last =
-            r.last_good_checkpoint.empty()
-                ? std::string(
-                      "no checkpoint was written (--checkpoint FILE --checkpoint-every N "
-                      "keeps one)")
-                : fmt::format("the last good state is step {} in {}", r.last_good_step,
-                              r.last_good_checkpoint);
         const train::TrainConfig& run = trainer.config();
+        const std::string last =
+            !r.last_good_checkpoint.empty() ? fmt::format("the last good state is step {} in {}",
+                                                          r.last_good_step, r.last_good_checkpoint)
+            : run.checkpoint_path.empty()
+                ? std::string(
+                      "there is no checkpoint (--checkpoint FILE --checkpoint-every N "
+                      "keeps one)")
+                : "no checkpoint of a healthy state had been written yet";
         std::string help = "a smaller --lr or a --warmup, --clip-grad-norm";
         if (run.precision == "fp16") help += ", bf16 instead of fp16 (no loss scale to outgrow)";
         if (run.on_divergence != "rollback")
