@@ -60,6 +60,16 @@ Scan scan(const Tensor& t) {
   return s;
 }
 
+// Each tensor's scan, and whether any holds inf/NaN.
+std::vector<Scan> scan_all(const std::vector<Tensor>& ts, bool* any_nonfinite = nullptr) {
+  std::vector<Scan> out;
+  for (const Tensor& t : ts) {
+    out.push_back(scan(t));
+    if (any_nonfinite != nullptr && !out.back().finite()) *any_nonfinite = true;
+  }
+  return out;
+}
+
 std::string describe(const Tensor& t) {
   return std::string(dtype_name(t.dtype())) + " " + t.shape().str();
 }
@@ -163,16 +173,10 @@ void check_forward(std::string_view op_node, const std::vector<Tensor>& inputs,
     node.module = st.modules.back().first;
     node.module_type = st.modules.back().second;
   }
-  std::vector<Scan> out;
   bool any = false;
-  for (const Tensor& t : outputs) {
-    out.push_back(scan(t));
-    any = any || !out.back().finite();
-  }
+  const std::vector<Scan> out = scan_all(outputs, &any);
   if (!any) return;
-  std::vector<Scan> in;
-  for (const Tensor& t : inputs)
-    in.push_back(scan(t));
+  const std::vector<Scan> in = scan_all(inputs);
   const std::string op = op_name(op_node);
   const std::string at = where(node.module, node.module_type);
   // A NaN from outside the graph (a parameter, a buffer, the batch): named where it is first read.
@@ -196,16 +200,10 @@ void check_forward(std::string_view op_node, const std::vector<Tensor>& inputs,
 void check_backward(const Node& node, const std::vector<Tensor>& grad_outputs,
                     const std::vector<Tensor>& grad_inputs) {
   if (!t_state->check_backward) return;
-  std::vector<Scan> made;
   bool any = false;
-  for (const Tensor& g : grad_inputs) {
-    made.push_back(scan(g));
-    any = any || !made.back().finite();
-  }
+  const std::vector<Scan> made = scan_all(grad_inputs, &any);
   if (!any) return;
-  std::vector<Scan> incoming;
-  for (const Tensor& g : grad_outputs)
-    incoming.push_back(scan(g));
+  const std::vector<Scan> incoming = scan_all(grad_outputs);
   for (size_t i = 0; i < grad_inputs.size(); ++i) {
     if (!is_new(made[i], incoming)) continue;
     MT_CHECK(false, lead(), "the backward of ", op_name(node.name()), " in ",
