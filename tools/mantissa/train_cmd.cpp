@@ -4,14 +4,21 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/models.h"
+#include "mantissa/train/run_config.h"
 #include "mantissa/train/trainer.h"
 
 namespace mantissa::cli {
@@ -21,7 +28,36 @@ struct TrainArgs {
   train::TrainConfig config;
   bool no_progress = false;
   bool json = false;
+  std::string config_file, config_from;
+  bool print_config = false;
 };
+
+// Options of `train` that are not part of the run's configuration.
+constexpr const char* kNotConfig[] = {"help", "json", "config", "config-from", "print-config"};
+
+// The TrainConfig fields the command line set (for the run config: the command line wins).
+std::set<std::string> fields_set_by(const CLI::App& cmd) {
+  std::set<std::string> fields;
+  for (const CLI::Option* opt : cmd.get_options()) {
+    const std::string name = opt->get_single_name();
+    if (opt->count() == 0 ||
+        std::find(std::begin(kNotConfig), std::end(kNotConfig), name) != std::end(kNotConfig))
+      continue;
+    const std::string field =
+        name == "no-progress" ? std::string("progress") : train::field_of_config_key(name);
+    MT_ASSERT(!field.empty(), "the option --", name, " has no configuration field");
+    fields.insert(field);
+  }
+  return fields;
+}
+
+std::string read_text_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), what, ": cannot read '", path, "': ", std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 // The options that define the run itself: a resumed run takes them from its checkpoint, and
 // giving a different value is refused rather than silently ignored.
@@ -247,7 +283,18 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "Compute threads (0: every core)")->capture_default_str();
   cmd->add_option("--workers", c.workers, "Data-loader threads")->capture_default_str();
-  cmd->add_option("--metrics", c.metrics_path, "Append JSON-lines metrics to FILE");
+  cmd->add_option("--metrics", c.metrics_path,
+                  "Append JSON-lines metrics to FILE (its first record of a launch: the whole "
+                  "configuration)");
+  cmd->add_option("--tensorboard", c.tensorboard_dir,
+                  "Write TensorBoard event files to DIR: the metrics' scalars (loss, accuracy or "
+                  "perplexity, lr, loss scale, skipped steps, grad norm, throughput, peak memory), "
+                  "histograms of weights and gradients, the configuration (tensorboard --logdir "
+                  "DIR)");
+  cmd->add_option("--histogram-every", c.histogram_every,
+                  "--tensorboard: weight and gradient histograms every N steps (0: at each "
+                  "evaluation)")
+      ->capture_default_str();
   cmd->add_option("--checkpoint", c.checkpoint_path,
                   "Write a checkpoint (safetensors) to FILE after every epoch");
   cmd->add_option("--checkpoint-every", c.checkpoint_every,
@@ -288,11 +335,35 @@ Command add_train_command(CLI::App& app) {
                   "--distributed: 1 shards the optimizer state (moments, fp32 masters) across "
                   "the ranks, ZeRO-1; 0 keeps it whole on every rank")
       ->capture_default_str();
-  cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
+  cmd->add_flag("--no-progress", args->no_progress, "No progress bar (config key: progress)");
   cmd->add_flag("--json", args->json, "Print the final result as JSON");
+  cmd->add_option("--config", args->config_file,
+                  "Read the run's options from a TOML file: keys are these options' names "
+                  "(batch-size = 64, precision = \"bf16\"); the command line overrides it "
+                  "(examples in configs/)");
+  cmd->add_option("--config-from", args->config_from,
+                  "Start from the configuration a run stored in its checkpoint or metrics file "
+                  "(its outputs are not taken: give new ones); --config and the command line "
+                  "override it");
+  cmd->add_flag("--print-config", args->print_config,
+                "Print the effective configuration as TOML (a file --config reads) and exit");
   return [args, cmd] {
     train::TrainConfig config = args->config;
     config.progress = !args->no_progress;
+    if (!args->config_file.empty() || !args->config_from.empty()) {
+      MT_CHECK(config.resume_path.empty(),
+               "--resume continues a run as its checkpoint stores it and takes no --config or "
+               "--config-from; give the options that may change (--steps, --epochs, outputs) on "
+               "the command line");
+      const train::TrainConfig base = args->config_from.empty()
+                                          ? train::TrainConfig{}
+                                          : train::stored_run_config(args->config_from);
+      std::string text;
+      if (!args->config_file.empty()) text = read_text_file(args->config_file, "--config");
+      config = train::resolve_run_config(
+          base, text, args->config_file.empty() ? args->config_from : args->config_file, config,
+          fields_set_by(*cmd));
+    }
     if (!config.resume_path.empty()) {
       // The run continues as saved; only where to write, how long and how fast may change.
       const train::Checkpoint ckpt = train::load_checkpoint(config.resume_path);
@@ -303,10 +374,7 @@ Command add_train_command(CLI::App& app) {
         // Compare the option's value in the given config against the checkpoint's.
         const nlohmann::json g = nlohmann::json::parse(given.to_json());
         const nlohmann::json s = nlohmann::json::parse(ckpt.config.to_json());
-        std::string key = std::string(opt).substr(2);
-        for (auto& ch : key)
-          ch = ch == '-' ? '_' : ch;
-        if (key == "warmup") key = "warmup_steps";
+        const std::string key = train::field_of_config_key(std::string(opt).substr(2));
         MT_CHECK(!g.contains(key) || g[key] == s[key], "--resume continues the run saved in '",
                  config.resume_path, "', whose ", opt, " is ", s[key].dump(), "; drop ", opt,
                  " or start a new run");
@@ -315,6 +383,8 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--epochs")) merged.epochs = config.epochs;
       if (cmd->count("--steps")) merged.max_steps = config.max_steps;
       if (cmd->count("--metrics")) merged.metrics_path = config.metrics_path;
+      if (cmd->count("--tensorboard")) merged.tensorboard_dir = config.tensorboard_dir;
+      if (cmd->count("--histogram-every")) merged.histogram_every = config.histogram_every;
       if (cmd->count("--checkpoint")) merged.checkpoint_path = config.checkpoint_path;
       if (cmd->count("--checkpoint-every")) merged.checkpoint_every = config.checkpoint_every;
       if (cmd->count("--threads")) merged.threads = config.threads;
@@ -339,6 +409,10 @@ Command add_train_command(CLI::App& app) {
       merged.zero = merged.distributed ? config.zero : 0;
       merged.progress = config.progress;
       config = merged;
+    }
+    if (args->print_config) {
+      fmt::print("# mantissa train --config FILE reads this back\n{}", train::to_toml(config));
+      return 0;
     }
     train::Trainer trainer(config);
     g_announce = trainer.rank() == 0;
