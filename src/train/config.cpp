@@ -64,6 +64,8 @@ namespace mantissa::train {
   _(threads)                      \
   _(workers)                      \
   _(metrics_path)                 \
+  _(tensorboard_dir)              \
+  _(histogram_every)              \
   _(checkpoint_path)              \
   _(checkpoint_every)             \
   _(resume_path)                  \
@@ -182,6 +184,8 @@ void TrainConfig::validate() const {
   MT_CHECK(threads >= 0, "--threads must be 0 (all cores) or positive, got ", threads);
   MT_CHECK(workers >= 0, "--workers must be non-negative, got ", workers);
   MT_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
+  MT_CHECK(histogram_every >= 0,
+           "--histogram-every must be 0 (at each evaluation) or positive, got ", histogram_every);
   MT_CHECK(clip_grad_norm >= 0, "--clip-grad-norm must be non-negative, got ", clip_grad_norm);
   MT_CHECK(synthetic_size > 0, "the synthetic dataset size must be positive");
   const bool half = precision == "bf16" || precision == "fp16" || precision == "fp8";

@@ -33,7 +33,9 @@
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/clip.h"
 #include "mantissa/tensor/ops.h"
+#include "mantissa/train/run_config.h"
 #include "train/divergence.h"
+#include "train/run_log.h"
 
 namespace mantissa::train {
 namespace {
@@ -246,9 +248,17 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
     last_good_checkpoint_ = config_.resume_path;
     last_good_step_ = state_.step;
   }
-  metrics_ = config_.metrics_path.empty() || rank() != 0
-                 ? std::make_unique<MetricsWriter>()
-                 : std::make_unique<MetricsWriter>(config_.metrics_path);
+  log_ = rank() != 0 ? std::make_unique<RunLog>()
+                     : std::make_unique<RunLog>(config_.metrics_path, config_.tensorboard_dir);
+  if (log_->enabled()) {
+    // The head of the metrics: the whole configuration (`mantissa train --config-from` reruns
+    // it), as TensorBoard's text too.
+    auto j = record("config");
+    j["step"] = state_.step;
+    j["config"] = nlohmann::ordered_json::parse(config_.to_json());
+    log_->write(j);
+    log_->text("config", "```toml\n" + to_toml(config_) + "```", state_.step);
+  }
 }
 
 void Trainer::check_same_config() {
@@ -556,8 +566,20 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
     count_correct(logits, y, correct);
     if (measure) {
       const UnderflowStats u = measure_underflow(reference);
+      if (log_->tensorboard()) {
+        // The distribution the measurement looks at: log2|g| of the fp32 gradients, one bucket
+        // per binary exponent (fp16's normals start at 2^-14, its subnormals at 2^-24).
+        NoGrad ng;
+        std::vector<float> all;
+        for (const Tensor& g : reference)
+          if (g.defined()) {
+            const std::vector<float> v = g.to(DType::F32).to_vector<float>();
+            all.insert(all.end(), v.begin(), v.end());
+          }
+        log_->histogram("underflow/log2_abs_gradient", log2_histogram(all), state_.step + 1);
+      }
       underflow_ += u;
-      if (metrics_->enabled()) {
+      if (log_->enabled()) {
         auto j = record("underflow");
         j["step"] = state_.step + 1;
         j["loss_scale"] = sc.get_scale();
@@ -575,7 +597,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
                             {"observed", l.observed}});
         }
         j["layers"] = std::move(layers);
-        metrics_->write(j.dump());
+        log_->write(j);
       }
     }
   } else {
@@ -601,11 +623,29 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   // Every rank's gradients become their mean over the ranks (an inf or NaN anywhere reaches
   // every rank, so all skip the same steps); a rank's norm is then the global norm.
   if (ddp_) ddp_->finish_gradients();
+  // The gradient norm of the steps the metrics record (before clipping, of the true gradients):
+  // clipping's own, or the norm of the model's gradients over the loss scale. ZeRO-1 without
+  // clipping records none (a rank holds only its share of the gradients).
+  const bool record_norm = log_->enabled() && (state_.step + 1) % config_.log_every == 0;
+  // TensorBoard's histograms: this step's true gradients (before the update, over the loss
+  // scale) and the weights it makes, every histogram_every steps or at each evaluation.
+  const int64_t next = state_.step + 1;
+  const bool histograms =
+      log_->tensorboard() && (config_.histogram_every > 0
+                                  ? next % config_.histogram_every == 0
+                                  : state_.batch + 1 == batches_per_epoch() ||
+                                        (config_.eval_every > 0 && next % config_.eval_every == 0));
+  if (histograms) write_histograms("gradients/", 1.0 / sc.get_scale(), next);
+  grad_norm_ = Tensor();
   if (config_.clip_grad_norm > 0) {
     sc.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
     // ZeRO-1: each rank holds its own share of the gradients; the norm is over all ranks'.
-    optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm, 2.0,
-                          ddp_ ? ddp_->norm_combiner() : optim::NormCombiner{});
+    const Tensor norm = optim::clip_grad_norm(optimizer_->params(), config_.clip_grad_norm, 2.0,
+                                              ddp_ ? ddp_->norm_combiner() : optim::NormCombiner{});
+    if (record_norm) grad_norm_ = norm;
+  } else if (record_norm && config_.zero == 0) {
+    NoGrad ng;
+    grad_norm_ = div(optim::grad_norm(model_->parameters()), sc.get_scale());
   }
   const amp::StepResult stepped = sc.step(*optimizer_);
   // On a GPU the answer is read back with the losses (read_back), not here: no wait per step.
@@ -613,7 +653,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   // Which layers overflowed, not only that one did: a skipped step's record names the
   // parameters whose gradients hold inf/NaN (on the CPU, where the skip is known here; a GPU
   // decides it on the device).
-  if (*skipped && metrics_->enabled()) {
+  if (*skipped && log_->enabled()) {
     NoGrad ng;
     nlohmann::ordered_json layers = nlohmann::ordered_json::array();
     for (const auto& [name, p] : model_->named_parameters()) {
@@ -629,7 +669,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
     j["step"] = state_.step + 1;
     j["loss_scale"] = sc.get_scale();
     j["nonfinite_gradients"] = std::move(layers);
-    metrics_->write(j.dump());
+    log_->write(j);
   }
   sc.update();
   // Delayed scaling: the next step's scales from this step's amaxes, their maximum over the
@@ -649,7 +689,22 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   }
   if (ddp_) ddp_->all_gather_parameters();  // ZeRO-1: every owner's update to every rank
   ++state_.step;
+  if (histograms) write_histograms("weights/", 1.0, next);
   return loss.detach().to(DType::F32);
+}
+
+void Trainer::write_histograms(const std::string& prefix, double factor, int64_t step) {
+  NoGrad ng;
+  const bool grads = prefix == "gradients/";
+  for (const auto& [name, p] : model_->named_parameters()) {
+    const Tensor t = grads ? p.grad() : p;
+    if (!t.defined()) continue;
+    std::vector<float> v = t.to(DType::F32).to_vector<float>();
+    if (factor != 1.0)
+      for (float& x : v)
+        x = float(double(x) * factor);
+    log_->histogram(prefix + name, v, step);
+  }
 }
 
 Tensor Trainer::forward(const Tensor& x) {
@@ -723,7 +778,7 @@ EvalResult Trainer::evaluate() {
 
 EvalResult Trainer::evaluate_and_report(int64_t epoch, const char* when) {
   const EvalResult r = evaluate();
-  if (metrics_->enabled()) {
+  if (log_->enabled()) {
     auto j = record("eval");
     j["epoch"] = epoch;
     j["step"] = state_.step;
@@ -731,7 +786,7 @@ EvalResult Trainer::evaluate_and_report(int64_t epoch, const char* when) {
     j["test_accuracy"] = r.accuracy;
     if (language_model_) j["val_perplexity"] = r.perplexity();
     j["eval_seconds"] = r.seconds;
-    metrics_->write(j.dump());
+    log_->write(j);
   }
   if (rank() != 0) return r;
   if (when != nullptr && language_model_) {
@@ -770,7 +825,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   auto handle_divergence = [&] {
     const bool roll = config_.on_divergence == "rollback" && !last_good_checkpoint_.empty() &&
                       result.rollbacks < kMaxRollbacks;
-    if (metrics_->enabled()) {
+    if (log_->enabled()) {
       auto j = record("divergence");
       j["step"] = state_.step;
       j["what"] = diverged;
@@ -779,7 +834,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         j["checkpoint"] = last_good_checkpoint_;
         j["checkpoint_step"] = last_good_step_;
       }
-      metrics_->write(j.dump());
+      log_->write(j);
     }
     if (!roll) {
       if (config_.on_divergence == "rollback") {
@@ -899,7 +954,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         st.skipped = result.skipped_steps;
       }
       progress.update(st);
-      if (metrics_->enabled() && state_.step % config_.log_every == 0) {
+      if (log_->enabled() && state_.step % config_.log_every == 0) {
         auto j = record("train");
         j["step"] = state_.step;
         j["epoch"] = state_.epoch + 1;
@@ -908,8 +963,11 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         j[language_model_ ? "tokens_per_s" : "samples_per_s"] = st.samples_per_s;
         j["loss_scale"] = scaler().get_scale();
         j["skipped"] = last_skipped;
-        metrics_->write(j.dump());
-        if (fp8_) metrics_->write(fp8_record());
+        j["skipped_steps"] = result.skipped_steps;
+        if (grad_norm_.defined()) j["grad_norm"] = grad_norm_.item();
+        j["peak_memory_bytes"] = memory_stats(device_).peak_bytes;
+        log_->write(j);
+        if (fp8_) log_->write(nlohmann::ordered_json::parse(fp8_record()));
       }
     };
     while (!steps_done()) {
@@ -983,7 +1041,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
     }
     er.test = evaluate();
     result.test = er.test;
-    if (metrics_->enabled()) {
+    if (log_->enabled()) {
       auto j = record("eval");
       j["epoch"] = er.epoch;
       j["step"] = state_.step;
@@ -993,7 +1051,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       j["train_loss"] = er.train_loss;
       j["train_accuracy"] = er.train_accuracy;
       j["epoch_seconds"] = er.seconds;
-      metrics_->write(j.dump());
+      log_->write(j);
     }
     char line[256];
     if (language_model_) {
@@ -1033,10 +1091,10 @@ TrainResult Trainer::fit(int64_t max_epochs) {
   result.dataset_bytes = dataset_bytes_;
   result.last_good_checkpoint = last_good_checkpoint_;
   result.last_good_step = last_good_step_;
-  if (metrics_->enabled() && !result.interrupted && result.diverged.empty()) {
+  if (log_->enabled() && !result.interrupted && result.diverged.empty()) {
     auto j = record("summary");
     j.update(nlohmann::ordered_json::parse(summary_json(result)));
-    metrics_->write(j.dump());
+    log_->write(j);
   }
   return result;
 }
@@ -1154,6 +1212,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& data_
   c.device = device;
   c.resume_path.clear();
   c.metrics_path.clear();
+  c.tensorboard_dir.clear();
   c.checkpoint_path.clear();
   c.progress = false;
   if (!data_dir.empty()) c.data_dir = data_dir;

@@ -114,7 +114,12 @@ struct TrainConfig {
   int zero = 0;
 
   // outputs
-  std::string metrics_path;      // JSON lines; empty: none
+  std::string metrics_path;  // JSON lines; empty: none
+  // TensorBoard event files in this directory (empty: none): the scalars of the metrics'
+  // train, eval, underflow and fp8 records, the configuration as text, and histograms of the
+  // weights and gradients every histogram_every steps (0: at each evaluation).
+  std::string tensorboard_dir;
+  int64_t histogram_every = 0;
   std::string checkpoint_path;   // written at the end of every epoch; empty: none
   int64_t checkpoint_every = 0;  // > 0: also every this many steps (mid-epoch, resumable)
   std::string resume_path;       // a checkpoint to continue from

@@ -27,6 +27,8 @@
 
 namespace mantissa::train {
 
+class RunLog;  // src/train/run_log.h
+
 struct EvalResult {
   double loss = 0;      // mean cross-entropy (per target: per token for language models)
   double accuracy = 0;  // 0..1 (language models: next-token accuracy)
@@ -177,6 +179,9 @@ class Trainer {
   std::vector<Tensor> reference_gradients(const data::Batch& batch);
   // model(x) in the run's precision (amp's forward, inside the fp8 region for --precision fp8).
   Tensor forward(const Tensor& x);
+  // TensorBoard histograms of every parameter (prefix "weights/") or its gradient
+  // ("gradients/"), each value times `factor`.
+  void write_histograms(const std::string& prefix, double factor, int64_t step);
   // The per-layer fp8 amaxes and scales, a metrics record (JSON).
   std::string fp8_record() const;
 
@@ -201,8 +206,9 @@ class Trainer {
   autograd::AnomalyNames anomaly_names_;
   UnderflowStats underflow_;
   std::unique_ptr<data::DevicePrefetcher> loader_;
-  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<RunLog> log_;  // --metrics and --tensorboard (rank 0)
   std::vector<float> step_losses_;
+  Tensor grad_norm_;  // of the last step, on the steps a train record reports (F64, on device)
   std::shared_ptr<dist::Communicator> comm_;       // config.distributed: MPI or NCCL
   std::shared_ptr<dist::Communicator> host_comm_;  // config.distributed: MPI
   const std::atomic<int>* stop_flag_ = nullptr;

@@ -1,0 +1,90 @@
+#include "train/run_log.h"
+
+#include <cmath>
+#include <map>
+
+namespace mantissa::train {
+namespace {
+
+// The records whose numbers become scalars, and the keys that are coordinates, not values.
+bool charted(const std::string& kind) {
+  return kind == "train" || kind == "eval" || kind == "underflow";
+}
+bool coordinate(const std::string& key) {
+  return key == "kind" || key == "step" || key == "epoch";
+}
+
+}  // namespace
+
+RunLog::RunLog(const std::string& metrics_path, const std::string& tensorboard_dir) {
+  if (!metrics_path.empty()) metrics_ = std::make_unique<MetricsWriter>(metrics_path);
+  if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<io::SummaryWriter>(tensorboard_dir);
+}
+
+void RunLog::write(const nlohmann::ordered_json& record) {
+  if (metrics_) metrics_->write(record.dump());
+  if (!tensorboard_) return;
+  const std::string kind = record.value("kind", "");
+  if (record.contains("step") && record["step"].is_number_integer())
+    last_step_ = record["step"].get<int64_t>();
+  const int64_t step = last_step_;
+  if (charted(kind)) {
+    for (const auto& [key, value] : record.items()) {
+      if (coordinate(key)) continue;
+      if (value.is_number()) tensorboard_->add_scalar(kind + "/" + key, value.get<double>(), step);
+      if (value.is_boolean()) tensorboard_->add_scalar(kind + "/" + key, value.get<bool>(), step);
+    }
+  } else if (kind == "fp8") {
+    // Per layer and role: fp8/<layer>/<role>/{amax,scale,range_used}.
+    for (const auto& layer : record["layers"]) {
+      const std::string name = layer.value("layer", "");
+      for (const auto& [role, stats] : layer.items()) {
+        if (!stats.is_object()) continue;
+        for (const auto& [key, value] : stats.items())
+          if (value.is_number())
+            tensorboard_->add_scalar("fp8/" + name + "/" + role + "/" + key, value.get<double>(),
+                                     step);
+      }
+    }
+  } else if (kind == "divergence" || kind == "skipped_step") {
+    tensorboard_->add_text(kind, "```\n" + record.dump(2) + "\n```", step);
+  }
+}
+
+void RunLog::histogram(const std::string& tag, std::span<const float> values, int64_t step) {
+  if (tensorboard_) tensorboard_->add_histogram(tag, values, step);
+}
+
+void RunLog::histogram(const std::string& tag, const io::Histogram& h, int64_t step) {
+  if (tensorboard_) tensorboard_->add_histogram(tag, h, step);
+}
+
+void RunLog::text(const std::string& tag, const std::string& markdown, int64_t step) {
+  if (tensorboard_) tensorboard_->add_text(tag, markdown, step);
+}
+
+io::Histogram log2_histogram(std::span<const float> values) {
+  std::map<int, double> by_exponent;
+  io::Histogram h;
+  for (const float f : values) {
+    if (f == 0 || !std::isfinite(f)) continue;
+    int e = 0;
+    std::frexp(f, &e);  // |f| = m * 2^e, 0.5 <= m < 1: 2^(e-1) <= |f| < 2^e
+    by_exponent[e - 1] += 1;
+    const double l = std::log2(std::fabs(double(f)));
+    h.num += 1;
+    h.sum += l;
+    h.sum_squares += l * l;
+  }
+  if (by_exponent.empty()) return h;
+  h.min = by_exponent.begin()->first;
+  h.max = by_exponent.rbegin()->first + 1;
+  for (int e = by_exponent.begin()->first; e <= by_exponent.rbegin()->first; ++e) {
+    const auto it = by_exponent.find(e);
+    h.limits.push_back(e + 1);
+    h.counts.push_back(it == by_exponent.end() ? 0 : it->second);
+  }
+  return h;
+}
+
+}  // namespace mantissa::train
