@@ -1,7 +1,7 @@
 // The PyTorch AMP recipe in C++: a custom module trained with half weights, fp32 master weights,
 // an autocast region and a dynamic loss scaler, on synthetic data. Runs in a second or two.
 //
-//   ./amp_custom_model        (loss and accuracy every 50 steps; exit status 1 if it did not learn)
+//   ./amp_custom_model        (loss and accuracy every 30 steps; exit status 1 if it did not learn)
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -24,7 +24,7 @@ class TwoLayerNet : public mt::nn::Module {
 };
 
 int main() {
-  const int64_t n = 512, in = 32, classes = 4;
+  const int64_t n = 256, in = 32, classes = 4;
   // Synthetic task: the label is the argmax of a fixed random projection of x.
   const mt::Tensor x = mt::Tensor::normal({n, in}, 0, 1, /*seed=*/10);
   const mt::Tensor y = mt::argmax(mt::matmul(x, mt::Tensor::normal({in, classes}, 0, 1, 11)), 1);
@@ -36,7 +36,7 @@ int main() {
   mt::amp::GradScaler scaler;    // dynamic loss scaling: fp16 gradients would underflow
 
   double first = 0, last = 0;
-  for (int step = 0; step <= 300; ++step) {
+  for (int step = 0; step <= 150; ++step) {
     opt.zero_grad();
     mt::Tensor loss;
     {
@@ -48,7 +48,7 @@ int main() {
     scaler.update();                // grows or backs off S
     last = loss.item();
     if (step == 0) first = last;
-    if (step % 50 == 0) {
+    if (step % 30 == 0) {
       mt::NoGrad no_grad;
       mt::Tensor logits;
       {
