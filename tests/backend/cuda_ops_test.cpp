@@ -16,6 +16,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -532,6 +533,11 @@ struct Param {
   DType dtype;
   bool strided;
 };
+
+// gtest prints a test's parameter when it fails or is skipped: the case, not its 16 bytes.
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << cases()[p.index].name << ' ' << dtype_name(p.dtype) << (p.strided ? " strided" : "");
+}
 
 class CudaOps : public ::testing::TestWithParam<Param> {};
 

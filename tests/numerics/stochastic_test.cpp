@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "mantissa/numerics/convert.h"
@@ -28,6 +30,10 @@ struct Case {
   Format format;
   float x;
 };
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << format_name(c.format) << ' ' << c.x;
+}
 
 class StochasticMean : public ::testing::TestWithParam<Case> {};
 
@@ -58,7 +64,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Format::FP16, std::ldexp(1.0f, -30) /* far below min subnormal */},
                       Case{Format::TF32, 1.0f + 1e-4f}, Case{Format::FP8_E4M3, 0.3f},
                       Case{Format::FP8_E4M3, 300.0f}, Case{Format::FP8_E5M2, -1000.5f},
-                      Case{Format::BF16, std::ldexp(1.1f, -130) /* bf16 subnormal */}));
+                      Case{Format::BF16, std::ldexp(1.1f, -130) /* bf16 subnormal */}),
+    [](const auto& p) {
+      return std::string(format_name(p.param.format)) + "_" + std::to_string(p.index);
+    });
 
 TEST(Stochastic, SameSeedSameBitsOtherSeedOtherBits) {
   std::vector<float> src(100003);

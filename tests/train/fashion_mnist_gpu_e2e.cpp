@@ -51,7 +51,8 @@ TEST_P(FashionMnistGpuE2E, ReachesTheCpuAccuracy) {
   EXPECT_GT(cpu.test.accuracy, 0.88) << "the reference run itself learned";
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, FashionMnistGpuE2E, testing::Values("fp32", "bf16"));
+INSTANTIATE_TEST_SUITE_P(Precisions, FashionMnistGpuE2E, testing::Values("fp32", "bf16"),
+                         [](const auto& p) { return std::string(p.param); });
 
 }  // namespace
 }  // namespace mantissa::train

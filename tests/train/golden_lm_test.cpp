@@ -139,7 +139,8 @@ TEST_P(GoldenLm, Bf16AutocastLossesMatchPyTorchToBf16Precision) {
         << "step " << i << ": " << mine[i] << " vs " << ref[i];
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GoldenLm, testing::Values("gpt2_tiny", "lstm"));
+INSTANTIATE_TEST_SUITE_P(Models, GoldenLm, testing::Values("gpt2_tiny", "lstm"),
+                         [](const auto& p) { return std::string(p.param); });
 
 }  // namespace
 }  // namespace mantissa

@@ -1,6 +1,7 @@
 // `mantissa info`: what this build and machine offer — the facts a benchmark note starts with.
 #include <fmt/core.h>
 
+#include "build_info.h"
 #include "commands.h"
 #include "mantissa/core/cpu.h"
 #include "mantissa/core/device_info.h"
@@ -12,7 +13,7 @@ Command add_info_command(CLI::App& app) {
   return [] {
     const CpuFeatures hw = detect_cpu_features();
     const CpuFeatures& used = cpu_features();
-    fmt::print("mantissa 0.1.0\n");
+    fmt::print("mantissa {}\n", version_number());
     fmt::print("cpu features: {}\n", hw.describe());
     if (used.describe() != hw.describe())
       fmt::print("cpu features used (MANTISSA_ISA): {}\n", used.describe());

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "build_info.h"
 #include "commands.h"
 #include "mantissa/core/error.h"
 #include "mantissa/dist/communicator.h"
@@ -31,7 +32,9 @@ int main(int argc, char** argv) {
   namespace cli = mantissa::cli;
   CLI::App app{"Mantissa: mixed-precision training engine", "mantissa"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "mantissa 0.1.0");
+  app.set_version_flag("--version", cli::version_text,
+                       "Show the version, git commit, build type, CPU features and which of "
+                       "CUDA, cuDNN, NCCL and MPI are built in, then exit");
 
   std::map<const CLI::App*, cli::Command> commands;
   auto add = [&](cli::Command (*adder)(CLI::App&)) {
