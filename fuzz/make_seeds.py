@@ -5,7 +5,8 @@ The seeds are small valid inputs of every kind each parser reads, so the fuzzer 
 deep paths instead of rediscovering the formats: safetensors files of every dtype (numpy and the
 `safetensors` package, as PyTorch users write them) and a real Mantissa checkpoint; IDX images and
 labels, raw and gzip, cut from Fashion-MNIST; token shards of both widths and a flat token file;
-tokenizer files (a trained one and hand-made edge cases); numbers; training configurations.
+tokenizer files (a trained one and hand-made edge cases); numbers; training configurations;
+run configs (TOML: configs/*.toml and the printed defaults).
 
     python3 fuzz/make_seeds.py [--cli build/mantissa]
 
@@ -148,6 +149,19 @@ def config_seeds(ckpt):
     return config
 
 
+def run_config_seeds(cli):
+    # The example run configs, and the default configuration as --print-config writes it.
+    for path in sorted((HERE.parent / "configs").glob("*.toml")):
+        put("run_config", path.stem, path.read_bytes())
+    printed = subprocess.run([cli, "train", "--print-config"], check=True, capture_output=True)
+    put("run_config", "printed-defaults", printed.stdout)
+    keys = [line.split(" = ")[0] for line in printed.stdout.decode().splitlines()
+            if " = " in line and not line.startswith("#")]
+    (HERE / "run_config.dict").write_text(
+        "# Keys of a run config, as --print-config names them (made by make_seeds.py)\n"
+        + "".join(f'"{k} = "\n' for k in keys))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cli", default=str(HERE.parent / "build" / "mantissa"))
@@ -161,6 +175,7 @@ def main():
         tokenizer_seeds()
         number_seeds()
         config = config_seeds(ckpt)
+        run_config_seeds(args.cli)
     # The configuration's keys as a dictionary: the fuzzer combines them instead of guessing.
     keys = "".join(f'"\\"{k}\\""\n' for k in config)
     (HERE / "config.dict").write_text("# Keys of the training configuration (made by make_seeds.py)\n" + keys)

@@ -19,6 +19,7 @@
 #include "mantissa/io/safetensors.h"
 #include "mantissa/numerics/inspect.h"
 #include "mantissa/train/config.h"
+#include "mantissa/train/run_config.h"
 
 namespace mantissa {
 namespace {
@@ -63,6 +64,8 @@ const std::map<std::string, std::function<void(const fs::path&)>>& loaders() {
            inspect(Format(f), *x, RoundingMode::NearestEven);
        }},
       {"config", [](const fs::path& p) { train::TrainConfig::from_json(contents(p)).validate(); }},
+      {"run_config",
+       [](const fs::path& p) { train::resolve_run_config({}, contents(p), p.string()); }},
   };
   return m;
 }

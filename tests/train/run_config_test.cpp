@@ -125,6 +125,20 @@ TEST(RunConfig, MistakesNameTheFileTheLineAndTheKey) {
   EXPECT_EQ(from_cli.find("run.toml"), std::string::npos) << from_cli;
 }
 
+// toml++ 3.3 met these with undefined behaviour (fuzz/regressions/run_config): now a syntax error
+// where TOML allows no such character, and the text itself in strings and comments.
+TEST(RunConfig, NonAsciiIsTextInStringsAndASyntaxErrorElsewhere) {
+  const std::string cafe = "caf\xC3\xA9", u0459 = "\xD1\x99", ufefd = "\xEF\xBB\xBD";
+  const TrainConfig c = resolve_run_config(
+      {}, "\xEF\xBB\xBF# " + cafe + "\ndata-path = \"" + cafe + u0459 + ufefd + "\"\n", "f");
+  EXPECT_EQ(c.data_path, cafe + u0459 + ufefd);
+  for (const std::string& bad : {ufefd + "model = \"mlp\"", "metrics = -\"a" + u0459 + "\"",
+                                 "model = \"mlp\"\n" + cafe + " = 1", "lr = 1" + u0459}) {
+    const std::string e = error_of([&] { resolve_run_config({}, bad, "run.toml"); });
+    EXPECT_NE(e.find("not valid TOML"), std::string::npos) << bad << ": " << e;
+  }
+}
+
 TEST(Log2Histogram, OneBucketPerBinaryExponent) {
   const float tiny = std::numeric_limits<float>::denorm_min();  // 2^-149
   const std::vector<float> v = {1.0f,  1.5f, -1.99f, 2.0f,

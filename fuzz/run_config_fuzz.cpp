@@ -1,0 +1,20 @@
+// Fuzz target: a TOML run config, as `mantissa train --config FILE` reads it. One that is
+// accepted must print (to_toml) as a file that reads back to the same configuration.
+#include <cstdint>
+#include <string>
+
+#include "fuzz_input.h"
+#include "mantissa/train/run_config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace mantissa;
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  fuzz::expect_only_mantissa_errors([&] {
+    const train::TrainConfig c = train::resolve_run_config({}, text, "fuzz.toml");
+    const std::string printed = train::to_toml(c);
+    const train::TrainConfig back = train::resolve_run_config({}, printed, "printed.toml");
+    FUZZ_REQUIRE(back.to_json() == c.to_json(),
+                 "a run config does not survive to_toml and back:\n%s", printed.c_str());
+  });
+  return 0;
+}
