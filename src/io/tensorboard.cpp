@@ -204,6 +204,9 @@ void SummaryWriter::add_histogram(std::string_view tag, std::span<const float> v
 void SummaryWriter::add_histogram(std::string_view tag, const Histogram& h, int64_t step) {
   MT_CHECK(h.limits.size() == h.counts.size(), "a histogram has ", h.limits.size(),
            " bucket limits and ", h.counts.size(), " counts");
+  // An empty histogram (no finite value: a skipped step's gradients) is not written: one in a
+  // run keeps TensorBoard's Time Series page from drawing any of the run's cards (tested).
+  if (h.counts.empty()) return;
   Proto histo;
   histo.double_field(1, h.min);
   histo.double_field(2, h.max);

@@ -28,12 +28,17 @@ void RunLog::write(const nlohmann::ordered_json& record) {
   if (record.contains("step") && record["step"].is_number_integer())
     last_step_ = record["step"].get<int64_t>();
   const int64_t step = last_step_;
+  // Non-finite numbers (a skipped step's gradient norm) are left out, as the metrics file
+  // writes them as null: TensorBoard's Time Series page draws no curve of a run whose batch of
+  // scalars holds one (tested: the screenshot of tests/cli/tensorboard_cli_test.py went blank).
+  auto scalar = [&](const std::string& tag, const nlohmann::ordered_json& value) {
+    if (value.is_boolean()) tensorboard_->add_scalar(tag, value.get<bool>(), step);
+    if (value.is_number() && std::isfinite(value.get<double>()))
+      tensorboard_->add_scalar(tag, value.get<double>(), step);
+  };
   if (charted(kind)) {
-    for (const auto& [key, value] : record.items()) {
-      if (coordinate(key)) continue;
-      if (value.is_number()) tensorboard_->add_scalar(kind + "/" + key, value.get<double>(), step);
-      if (value.is_boolean()) tensorboard_->add_scalar(kind + "/" + key, value.get<bool>(), step);
-    }
+    for (const auto& [key, value] : record.items())
+      if (!coordinate(key)) scalar(kind + "/" + key, value);
   } else if (kind == "fp8") {
     // Per layer and role: fp8/<layer>/<role>/{amax,scale,range_used}.
     for (const auto& layer : record["layers"]) {
@@ -41,9 +46,7 @@ void RunLog::write(const nlohmann::ordered_json& record) {
       for (const auto& [role, stats] : layer.items()) {
         if (!stats.is_object()) continue;
         for (const auto& [key, value] : stats.items())
-          if (value.is_number())
-            tensorboard_->add_scalar("fp8/" + name + "/" + role + "/" + key, value.get<double>(),
-                                     step);
+          scalar("fp8/" + name + "/" + role + "/" + key, value);
       }
     }
   } else if (kind == "divergence" || kind == "skipped_step") {

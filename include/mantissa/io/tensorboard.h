@@ -42,6 +42,7 @@ class SummaryWriter {
   // Each call writes one event and flushes it: a crash loses nothing written, and a running
   // TensorBoard sees the point at once.
   void add_scalar(std::string_view tag, double value, int64_t step);
+  // A histogram without a finite value is not written (TensorBoard cannot draw it).
   void add_histogram(std::string_view tag, std::span<const float> values, int64_t step,
                      int buckets = 64);
   void add_histogram(std::string_view tag, const Histogram& h, int64_t step);
