@@ -122,6 +122,8 @@ TEST_F(TrainerTest, Fp16ResumeKeepsTheLossScale) {
   EXPECT_EQ(rc.loss_scale, ra.loss_scale);
   std::ifstream in(resumed.metrics_path);
   std::string line;
+  std::getline(in, line);  // the config record, then the first train record
+  EXPECT_EQ(nlohmann::json::parse(line)["kind"], "config") << line;
   std::getline(in, line);
   const auto j = nlohmann::json::parse(line);
   EXPECT_TRUE(j.contains("loss_scale") && j.contains("skipped")) << line;
@@ -138,11 +140,16 @@ TEST_F(TrainerTest, LearnsAndWritesMetrics) {
   EXPECT_EQ(r.steps, 2 * t.batches_per_epoch());
   std::ifstream in(c.metrics_path);
   std::string line;
-  int train = 0, eval = 0, summary = 0;
+  int train = 0, eval = 0, summary = 0, config = 0;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
     const std::string kind = j.at("kind");
-    if (kind == "train") {
+    if (kind == "config") {
+      // The head: the whole configuration, as --config-from reads it.
+      EXPECT_EQ(train + eval + summary, 0) << "the config record comes first";
+      ++config;
+      EXPECT_EQ(TrainConfig::from_json(j.at("config").dump()).to_json(), c.to_json());
+    } else if (kind == "train") {
       ++train;
       for (const char* k : {"step", "epoch", "loss", "lr", "samples_per_s"})
         EXPECT_TRUE(j.contains(k)) << k;
@@ -161,6 +168,7 @@ TEST_F(TrainerTest, LearnsAndWritesMetrics) {
       EXPECT_EQ(j["steps"].get<int64_t>(), r.steps);
     }
   }
+  EXPECT_EQ(config, 1);
   EXPECT_EQ(train, int(r.steps / 4));
   EXPECT_EQ(eval, 2);
   EXPECT_EQ(summary, 1);
