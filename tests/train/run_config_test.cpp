@@ -10,22 +10,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/errors.h"
 #include "mantissa/core/error.h"
 #include "train/run_log.h"
 
 namespace mantissa::train {
 namespace {
 
-// The message of the error `f` throws ("" when none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(RunConfig, EveryFieldHasAKeyThatNamesItBack) {
   const nlohmann::ordered_json j = nlohmann::ordered_json::parse(TrainConfig{}.to_json());
