@@ -23,6 +23,7 @@ RunLog::RunLog(const std::string& metrics_path, const std::string& tensorboard_d
 
 void RunLog::write(const nlohmann::ordered_json& record) {
   if (metrics_) metrics_->write(record.dump());
+  if (callback_) callback_(record.dump());
   if (!tensorboard_) return;
   const std::string kind = record.value("kind", "");
   if (record.contains("step") && record["step"].is_number_integer())

@@ -4,6 +4,7 @@
 // record's step, so the curves are the metrics file's values.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,7 +21,13 @@ class RunLog {
   RunLog() = default;  // writes nothing
   RunLog(const std::string& metrics_path, const std::string& tensorboard_dir);
 
-  bool enabled() const { return metrics_ != nullptr || tensorboard_ != nullptr; }
+  bool enabled() const {
+    return metrics_ != nullptr || tensorboard_ != nullptr || callback_ != nullptr;
+  }
+  // Also hands every record to `callback` as its JSON text (Trainer::set_record_callback).
+  void set_callback(std::function<void(const std::string&)> callback) {
+    callback_ = std::move(callback);
+  }
   bool tensorboard() const { return tensorboard_ != nullptr; }
   void write(const nlohmann::ordered_json& record);
   // TensorBoard only (the metrics file keeps numbers, not distributions).
@@ -31,6 +38,7 @@ class RunLog {
  private:
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<io::SummaryWriter> tensorboard_;
+  std::function<void(const std::string&)> callback_;
   int64_t last_step_ = 0;  // for records without a step
 };
 

@@ -280,6 +280,18 @@ void Trainer::check_same_config() {
 
 Trainer::~Trainer() = default;
 
+std::optional<data::Batch> Trainer::next_batch() {
+  if (!loader_started_) {
+    loader_->start_epoch(state_.epoch, state_.batch);
+    loader_started_ = true;
+  }
+  return loader_->next();
+}
+
+void Trainer::set_record_callback(std::function<void(const std::string& json)> callback) {
+  if (rank() == 0) log_->set_callback(std::move(callback));
+}
+
 void Trainer::build() {
   const std::vector<std::string> names = nn::model_names();
   MT_CHECK(std::find(names.begin(), names.end(), config_.model) != names.end(), "unknown model '",

@@ -129,6 +129,43 @@ TEST_F(TrainerTest, Fp16ResumeKeepsTheLossScale) {
   EXPECT_TRUE(j.contains("loss_scale") && j.contains("skipped")) << line;
 }
 
+TEST_F(TrainerTest, TheRecordCallbackGetsWhatTheMetricsFileGets) {
+  TrainConfig c = small("mlp");
+  c.metrics_path = file("metrics.jsonl");
+  c.log_every = 3;
+  Trainer t(c);
+  std::vector<std::string> seen;
+  t.set_record_callback([&](const std::string& json) { seen.push_back(json); });
+  t.fit();
+  std::ifstream in(c.metrics_path);
+  std::vector<std::string> written;
+  for (std::string line; std::getline(in, line);)
+    written.push_back(line);
+  // The config record is written by the constructor, before the callback is set.
+  ASSERT_EQ(written.size(), seen.size() + 1);
+  EXPECT_EQ(std::vector<std::string>(written.begin() + 1, written.end()), seen);
+  EXPECT_EQ(nlohmann::json::parse(seen.back())["kind"], "summary");
+}
+
+TEST_F(TrainerTest, NextBatchFollowsTheRunsSeededLoader) {
+  TrainConfig c = small("mlp");
+  Trainer a(c), b(c);
+  c.seed += 1;
+  Trainer other(c);
+  int64_t n = 0;
+  bool differs = false;
+  while (std::optional<data::Batch> x = a.next_batch()) {
+    const std::optional<data::Batch> y = b.next_batch(), z = other.next_batch();
+    ASSERT_TRUE(y && z);
+    EXPECT_EQ(x->x().to_vector<float>(), y->x().to_vector<float>()) << "batch " << n;
+    EXPECT_EQ(x->y().to_vector<int64_t>(), y->y().to_vector<int64_t>()) << "batch " << n;
+    differs = differs || x->y().to_vector<int64_t>() != z->y().to_vector<int64_t>();
+    ++n;
+  }
+  EXPECT_EQ(n, a.batches_per_epoch());  // then the epoch ends
+  EXPECT_TRUE(differs) << "another seed shuffles otherwise";
+}
+
 TEST_F(TrainerTest, LearnsAndWritesMetrics) {
   TrainConfig c = small("mlp");
   c.dropout = 0;

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,7 +123,16 @@ class Trainer {
   // signal handler may set); data parallel, the ranks agree on it every step (one all-reduce of
   // an int), so all stop after the same step. Null: none.
   void set_stop_flag(const std::atomic<int>* flag) { stop_flag_ = flag; }
+  // Every metrics record from now on (train every log_every steps, eval, underflow, fp8,
+  // skipped_step, divergence, summary) is also handed to `callback` as its JSON text, on rank 0,
+  // whether or not a metrics file or TensorBoard is written (the Python package's per-step
+  // callback). An exception from it ends fit().
+  void set_record_callback(std::function<void(const std::string& json)> callback);
   EvalResult evaluate();  // the test set, in eval mode, without a graph
+  // The next training batch of the run's seeded loader, as fit() would take it from where the run
+  // stands (nullopt at the end of the epoch): the data of a loop written elsewhere, e.g. the
+  // Python package's custom loops. Not to be mixed with fit() on the same Trainer.
+  std::optional<data::Batch> next_batch();
 
   nn::Module& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
@@ -206,6 +217,7 @@ class Trainer {
   autograd::AnomalyNames anomaly_names_;
   UnderflowStats underflow_;
   std::unique_ptr<data::DevicePrefetcher> loader_;
+  bool loader_started_ = false;  // by next_batch()
   std::unique_ptr<RunLog> log_;  // --metrics and --tensorboard (rank 0)
   std::vector<float> step_losses_;
   Tensor grad_norm_;  // of the last step, on the steps a train record reports (F64, on device)
