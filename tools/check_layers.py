@@ -3,7 +3,8 @@
 include headers of its own layer and of the layers below it, never of a layer above; and only the
 backend layer may include a device backend's own headers (src/backend/cpu/, src/backend/cuda/).
 
-Every source and header under src/, include/mantissa/, tools/mantissa/ and bench/ belongs to the
+Every source and header under src/, include/mantissa/, tools/mantissa/, bench/ and python/src/
+(the Python module, which may include public headers only) belongs to the
 first layer whose patterns match its path (relative to src/ or include/mantissa/, without the
 extension). A quoted #include is resolved the same way. An include of a higher layer is reported
 with the file, the line and both layers; the exit status is the number of such includes (0: the
@@ -42,7 +43,7 @@ LAYERS = [
     # optimizers and the loss scaler; the trainer drives it.
     ("dist", ["dist/"]),
     ("train", ["train/"]),
-    ("tools", ["mantissa", "tools:", "bench:"]),
+    ("tools", ["mantissa", "tools:", "bench:", "python:"]),
 ]
 
 # A device backend's own folder is private to the backend layer: the layers above reach a device
@@ -50,7 +51,7 @@ LAYERS = [
 PRIVATE = ["backend/cpu/", "backend/cuda/"]
 
 ROOTS = [("src", "src"), ("include", "include/mantissa"), ("tools", "tools/mantissa"),
-         ("bench", "bench")]
+         ("bench", "bench"), ("python", "python/src")]
 SUFFIXES = {".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
@@ -66,7 +67,7 @@ def layer_of(kind, rel):
                 if pat == "" or fnmatch.fnmatch(rel, pat) or rel.startswith(pat):
                     return index
                 continue
-            if kind in ("tools", "bench"):
+            if kind in ("tools", "bench", "python"):
                 continue
             if pattern.endswith("/") and rel.startswith(pattern):
                 return index
@@ -128,6 +129,10 @@ def main():
             if private and target[0] == "src" and not (kind == "src" and rel.startswith("backend/")):
                 upward.append(f"{path.relative_to(root)}:{number}: includes \"{m.group(1)}\", "
                               f"private to {private}; go through backend/backend.h")
+                continue
+            if kind == "python" and target[0] == "src":
+                upward.append(f"{path.relative_to(root)}:{number}: includes \"{m.group(1)}\"; the "
+                              "Python module uses the public API (include/mantissa/) only")
                 continue
             if other > own:
                 upward.append(f"{path.relative_to(root)}:{number}: {LAYERS[own][0]} includes "
