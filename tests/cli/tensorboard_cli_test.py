@@ -5,9 +5,10 @@
    train, eval, underflow and fp8 metrics record is a scalar at the record's step with the same
    value (as float32, what TensorBoard stores); the histograms (weights, gradients, log2|g|) and
    the configuration text are there.
-2. As a person looks at it: `tensorboard --logdir` serves the run, headless Chromium opens its
-   Time Series page filtered to train/loss, and the screenshot must show both curves (train/loss
-   and train/loss_scale) drawn across their plots.
+2. As a person looks at it: `tensorboard --logdir` serves the run, headless Chromium (driven by
+   Selenium through chromium-driver) opens its Time Series page filtered to train/loss, and within
+   a minute a screenshot must show both curves (train/loss and train/loss_scale) drawn across
+   their plots.
 
 usage: tensorboard_cli_test.py MANTISSA [SCREENSHOT.png]
 """
@@ -161,32 +162,61 @@ with tempfile.TemporaryDirectory() as tmp:
             except OSError:
                 time.sleep(0.5)
         check("fp16" in runs, f"tensorboard serves the run: {runs}")
-        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-        check(chromium is not None, "chromium is installed (scripts/setup installs it)")
+        # ... and has read all of it (it loads event files in the background).
+        want = len(expected_scalars(records)["train/loss_scale"])
+        points = []
+        while time.time() < deadline and len(points) < want:
+            try:
+                points = json.load(urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?run=fp16"
+                    "&tag=train/loss_scale", timeout=2))
+            except (OSError, ValueError):
+                pass
+            if len(points) < want:
+                time.sleep(0.5)
+        check(len(points) == want, f"tensorboard serves all {want} points: {len(points)}")
+        chromedriver = shutil.which("chromedriver")
+        check(chromedriver is not None,
+              "chromium and chromium-driver are installed (scripts/test installs them)")
         png = SHOT or os.path.join(tmp, "tensorboard.png")
-        if chromium and "fp16" in runs:
-            subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                            "--hide-scrollbars", "--window-size=1400,900",
-                            "--virtual-time-budget=20000", f"--screenshot={png}",
-                            # SVG lines: headless Chromium without a GPU left TensorBoard's
-                            # WebGL charts blank in every try here.
-                            f"http://127.0.0.1:{port}/?forceSVG=true&runFilter=fp16"
-                            "&tagFilter=train/loss#timeseries"],
-                           capture_output=True, timeout=120)
-            check(os.path.exists(png), "chromium wrote the screenshot")
-        if os.path.exists(png):
-            # The two cards (train/loss, train/loss_scale) side by side: each plot area must hold
-            # a coloured line across many pixel columns. Grid, axes and text are grey; the
-            # interface's orange is left out; the runs' legend dots are below the plots.
-            img = np.asarray(Image.open(png).convert("RGB")).astype(int)
+
+        def curves(image):
+            """Pixel columns holding a line in the two cards (train/loss, train/loss_scale) side
+            by side. Grid, axes and text are grey; the interface's orange is left out; the runs'
+            legend dots are below the plots."""
+            img = np.asarray(image.convert("RGB")).astype(int)
             spread = img.max(axis=2) - img.min(axis=2)
             orange = (img[..., 0] > 200) & (img[..., 2] < 120)
-            coloured = (spread >= 25) & ~orange
-            plots = coloured[190:470]
-            left = int(plots[:, 300:700].any(axis=0).sum())
-            right = int(plots[:, 710:1110].any(axis=0).sum())
-            check(left >= 100 and right >= 100,
-                  f"the screenshot shows both curves: {left} and {right} columns hold a line ({png})")
+            plots = ((spread >= 25) & ~orange)[190:470]
+            return (int(plots[:, 300:700].any(axis=0).sum()),
+                    int(plots[:, 710:1110].any(axis=0).sum()))
+
+        columns = (0, 0)
+        if chromedriver and "fp16" in runs:
+            # Through WebDriver, so the test waits as a person would, in real time, until the
+            # curves are drawn (Chromium's --screenshot with a virtual-time budget came back with
+            # the cards still empty on a loaded machine). SVG lines: without a GPU, headless
+            # Chromium left TensorBoard's WebGL charts blank in every try here.
+            from selenium import webdriver
+            from selenium.webdriver.chrome.service import Service
+            opts = webdriver.ChromeOptions()
+            for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--window-size=1400,900"):
+                opts.add_argument(arg)
+            driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
+            try:
+                driver.set_window_size(1400, 900)
+                driver.get(f"http://127.0.0.1:{port}/?forceSVG=true&runFilter=fp16"
+                           "&tagFilter=train/loss#timeseries")
+                shown = time.time() + 60
+                while time.time() < shown and min(columns) < 100:
+                    time.sleep(1)
+                    driver.save_screenshot(png)
+                    columns = curves(Image.open(png))
+            finally:
+                driver.quit()
+        check(min(columns) >= 100,
+              f"the screenshot shows both curves: {columns} columns hold a line ({png})")
     finally:
         board.terminate()
         board.wait(timeout=30)
