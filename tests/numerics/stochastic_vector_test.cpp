@@ -245,5 +245,31 @@ TEST(StochasticConvert, MatchesDefinitionAndChunksCompose) {
   }
 }
 
+// round_in_place's stochastic rounding (bf16 and fp16 through the vector conversion, in chunks)
+// gives the definition's values: each element the widened reference bits at index + i.
+TEST(StochasticRoundInPlace, MatchesDefinition) {
+  const size_t n = 10000;  // more than one 4096-element chunk, and a ragged end
+  const std::vector<float> src = interesting_floats(n, 7);
+  for (Overflow ov : {Overflow::Infinity, Overflow::Saturate}) {
+    for (const Stream& s : kStreams) {
+      for (Format f : {Format::BF16, Format::FP16}) {
+        std::vector<float> v = src;
+        round_in_place(f, v.data(), n,
+                       {.mode = RoundingMode::Stochastic,
+                        .overflow = ov,
+                        .seed = s.seed,
+                        .offset = s.offset,
+                        .index = s.index});
+        const std::vector<uint16_t> want = reference(f, src, s.seed, s.offset, s.index, ov);
+        for (size_t i = 0; i < n; ++i) {
+          const float w = decode(f, want[i]);
+          ASSERT_EQ(std::bit_cast<uint32_t>(v[i]), std::bit_cast<uint32_t>(w))
+              << format_name(f) << " i=" << i << " x=" << src[i];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mantissa
