@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "mantissa/core/cuda.h"
 #include "mantissa/mantissa.h"
 #include "mantissa/train/run_config.h"
 
@@ -102,10 +103,14 @@ class ExternalMemory final : public mt::Allocator {
 };
 
 // A tensor viewing an ndarray's memory (no copy); `as` reinterprets its dtype (same size).
+// CPU or CUDA memory (a CUDA producer's pending work is its own: PyTorch synchronizes its stream
+// before it exports, as the DLPack protocol asks).
 mt::Tensor tensor_over(const nb::ndarray<nb::ro>& a, std::optional<mt::DType> as = {}) {
-  MT_CHECK(a.device_type() == nb::device::cpu::value,
-           "from_dlpack: only CPU memory can be shared (this build's Python module); copy the "
-           "tensor to the CPU first");
+  const bool cuda = a.device_type() == nb::device::cuda::value;
+  MT_CHECK(a.device_type() == nb::device::cpu::value || cuda,
+           "from_dlpack: memory of DLPack device type ", a.device_type(),
+           " cannot be shared; only the CPU's and CUDA's");
+  const mt::Device device = cuda ? mt::Device::cuda(a.device_id()) : mt::Device::cpu();
   const mt::DType dtype = as ? *as : dtype_of(a.dtype());
   MT_CHECK(mt::dtype_size(dtype) * 8 == a.dtype().bits, "cannot view ", int(a.dtype().bits),
            "-bit elements as ", mt::dtype_name(dtype));
@@ -122,7 +127,7 @@ mt::Tensor tensor_over(const nb::ndarray<nb::ro>& a, std::optional<mt::DType> as
   const size_t bytes = size_t(hi - lo + 1) * esize;
   auto* memory = new ExternalMemory(base, nb::cast(a));
   auto impl = std::make_shared<mt::TensorImpl>();
-  impl->storage = std::make_shared<mt::Storage>(bytes, mt::Device::cpu(), *memory);
+  impl->storage = std::make_shared<mt::Storage>(bytes, device, *memory);
   impl->shape = mt::Shape(shape);
   impl->strides = mt::Shape(strides);
   impl->offset = -lo;
@@ -130,10 +135,11 @@ mt::Tensor tensor_over(const nb::ndarray<nb::ro>& a, std::optional<mt::DType> as
   return mt::Tensor(impl);
 }
 
-// An ndarray viewing a tensor's memory; the capsule keeps the tensor's storage alive.
+// An ndarray viewing a tensor's memory; the capsule keeps the tensor's storage alive. A CUDA
+// tensor's queued work is finished first (the consumer may read it on any stream).
 nb::ndarray<> array_of(const mt::Tensor& t, std::optional<nb::dlpack::dtype> as = {}) {
-  MT_CHECK(t.device().is_cpu(), "a ", t.device().str(),
-           " tensor cannot be viewed from Python here: .to(\"cpu\") first");
+  const bool cuda = t.device().is_cuda();
+  if (cuda) mt::cuda::synchronize(t.device().index);
   auto* keep = new mt::Tensor(t.detach());
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<mt::Tensor*>(p); });
   std::vector<size_t> shape(size_t(t.dim()));
@@ -143,7 +149,9 @@ nb::ndarray<> array_of(const mt::Tensor& t, std::optional<nb::dlpack::dtype> as 
     strides[size_t(i)] = t.stride(i);
   }
   return nb::ndarray<>(t.data_ptr(), shape.size(), shape.data(), owner, strides.data(),
-                       as.value_or(dlpack_dtype(t.dtype())), nb::device::cpu::value);
+                       as.value_or(dlpack_dtype(t.dtype())),
+                       cuda ? nb::device::cuda::value : nb::device::cpu::value,
+                       cuda ? t.device().index : 0);
 }
 
 // ---- Ctrl-C during a long call ----------------------------------------------------------------
@@ -302,16 +310,21 @@ NB_MODULE(_mantissa, m) {
       // DLPack, the producer's side: torch.from_dlpack(t), numpy.from_dlpack(t) share the memory.
       .def("__dlpack__",
            [](const mt::Tensor& t, nb::kwargs) {
-             return nb::cast(array_of(t));  // a "dltensor" capsule; CPU memory has no stream
+             // A "dltensor" capsule. The consumer's stream needs no event: array_of waited for a
+             // CUDA tensor's work to finish.
+             return nb::cast(array_of(t));
            })
       .def("__dlpack_device__",
            [](const mt::Tensor& t) {
-             MT_CHECK(t.device().is_cpu(), "a ", t.device().str(), " tensor: .to(\"cpu\") first");
-             return nb::make_tuple(int(nb::device::cpu::value), 0);
+             return t.device().is_cuda()
+                        ? nb::make_tuple(int(nb::device::cuda::value), t.device().index)
+                        : nb::make_tuple(int(nb::device::cpu::value), 0);
            })
       // The raw view NumPy reads (mantissa/__init__.py gives half and fp8 their ml_dtypes):
       // same-size unsigned integers for bf16/f16/fp8, which NumPy's DLPack import refuses.
       .def("_numpy_view", [](const mt::Tensor& t) {
+        MT_CHECK(t.device().is_cpu(), "NumPy reads CPU memory: this tensor is on ",
+                 t.device().str(), "; .to(\"cpu\") first");
         using C = nb::dlpack::dtype_code;
         std::optional<nb::dlpack::dtype> as;
         if (t.dtype() == mt::DType::BF16 || t.dtype() == mt::DType::F16)
@@ -323,7 +336,7 @@ NB_MODULE(_mantissa, m) {
 
   m.def(
       "from_dlpack", [](nb::ndarray<nb::ro> a) { return tensor_over(a); }, "array"_a,
-      "A tensor sharing the memory of any DLPack producer (NumPy, PyTorch) on the CPU");
+      "A tensor sharing the memory of any DLPack producer (NumPy, PyTorch), CPU or CUDA");
   m.def("_from_dlpack_as", [](nb::ndarray<nb::ro> a, const std::string& dtype) {
     return tensor_over(a, dtype_of(dtype));
   });
