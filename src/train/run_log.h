@@ -42,6 +42,14 @@ class RunLog {
   int64_t last_step_ = 0;  // for records without a step
 };
 
+// A metrics record of `kind` ({"kind": kind}), to add its fields to. Numbers keep every bit a
+// float/double has (a resumed run is compared bitwise).
+inline nlohmann::ordered_json record(const char* kind) {
+  nlohmann::ordered_json j;
+  j["kind"] = kind;
+  return j;
+}
+
 // The log2|x| distribution of a record's values as a TensorBoard histogram with one bucket per
 // binary exponent: bucket e counts the non-zero finite values with 2^e <= |x| < 2^(e+1) (fp32
 // subnormals by their true exponent, down to -149), its limit e + 1.

@@ -190,9 +190,11 @@ class Trainer {
   std::vector<Tensor> reference_gradients(const data::Batch& batch);
   // model(x) in the run's precision (amp's forward, inside the fp8 region for --precision fp8).
   Tensor forward(const Tensor& x);
-  // TensorBoard histograms of every parameter (prefix "weights/") or its gradient
-  // ("gradients/"), each value times `factor`.
-  void write_histograms(const std::string& prefix, double factor, int64_t step);
+  // TensorBoard histograms of every parameter ("weights/<name>") or its gradient
+  // ("gradients/<name>"), each value times `factor`; and of log2|g| of the underflow
+  // measurement's fp32 reference gradients (src/train/records.cpp).
+  void write_histograms(bool gradients, int64_t step, double factor = 1.0);
+  void write_log2_histogram(const std::vector<Tensor>& reference, int64_t step);
   // The per-layer fp8 amaxes and scales, a metrics record (JSON).
   std::string fp8_record() const;
 
