@@ -145,10 +145,6 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType d
            rounding_name(options.rounding),
            " rounding applies to half weights (O2, O3, bf16-pure); at ", opt_level_name(level),
            " the weights are fp32");
-  MT_CHECK(
-      options.rounding == RoundingMode::NearestEven || options.rounding == RoundingMode::Stochastic,
-      where, ": weights are stored rounded to nearest even or stochastically, not ",
-      rounding_name(options.rounding));
   for (const auto& [name, t] : model.named_parameters()) {
     MT_CHECK(!t.is_floating_point() || t.dtype() == DType::F32, where,
              ": expects an fp32 model, but parameter '", name, "' is ", dtype_name(t.dtype()),

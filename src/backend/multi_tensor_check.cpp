@@ -28,10 +28,6 @@ void check_scale_state(const char* kernel, Device device, const Tensor& state) {
 void check_step_call(const char* kernel, Device device, std::span<const Tensor> params,
                      std::span<const Tensor> grads, std::initializer_list<std::span<Tensor>> states,
                      const MultiTensorOptions& o) {
-  MT_CHECK(
-      o.store_rounding == RoundingMode::NearestEven || o.store_rounding == RoundingMode::Stochastic,
-      kernel, ": rounding mode ", rounding_name(o.store_rounding),
-      " on store is not supported; use round-to-nearest-even or stochastic rounding");
   MT_ASSERT(grads.size() == params.size() && o.ids.size() == params.size(), kernel,
             ": one gradient and one id per parameter");
   MT_ASSERT(o.masters.empty() || o.masters.size() == params.size(), kernel,

@@ -36,6 +36,23 @@ std::string joined_path(const std::string& prefix, const std::string& name) {
 
 }  // namespace
 
+namespace {
+thread_local OutputObserver* t_observer = nullptr;
+}  // namespace
+
+OutputObserver::OutputObserver(Fn fn) : fn_(std::move(fn)), previous_(t_observer) {
+  t_observer = this;
+}
+
+OutputObserver::~OutputObserver() {
+  t_observer = previous_;
+}
+
+void observe_output(const Module& module, const Tensor& output) {
+  if (t_observer == nullptr || !module.named_children().empty()) return;
+  t_observer->fn_(module, output);
+}
+
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
 namespace {

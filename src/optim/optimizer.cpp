@@ -376,9 +376,6 @@ const Tensor& Optimizer::master(size_t i) const {
 }
 
 void Optimizer::set_store_rounding(RoundingMode mode, uint64_t seed) {
-  MT_CHECK(mode == RoundingMode::NearestEven || mode == RoundingMode::Stochastic,
-           "an optimizer stores parameters rounded to nearest even or stochastically, not ",
-           rounding_name(mode));
   store_rounding_ = mode;
   rounding_seed_ = seed;
 }

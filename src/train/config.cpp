@@ -228,16 +228,16 @@ void TrainConfig::validate() const {
   } else {
     MT_CHECK(opt_level != "O0", "--opt-level O0 trains in fp32: use --precision fp32");
   }
-  MT_CHECK(rounding.empty() || rounding == "nearest" || rounding == "stochastic",
-           "unknown --rounding '", rounding, "'; use nearest or stochastic");
+  MT_CHECK(rounding.empty() || rounding == "nearest" || rounding == "stochastic" ||
+               rounding == "truncate",
+           "unknown --rounding '", rounding, "'; use nearest, stochastic or truncate");
   const bool half_weights = precision == "bf16-pure" || opt_level == "O2" || opt_level == "O3";
-  MT_CHECK(rounding != "stochastic" || half_weights,
-           "--rounding stochastic applies to half weights (--opt-level O2 or O3, or --precision "
-           "bf16-pure); with ",
+  MT_CHECK(rounding.empty() || rounding == "nearest" || half_weights, "--rounding ", rounding,
+           " applies to half weights (--opt-level O2 or O3, or --precision bf16-pure); with ",
            precision, opt_level.empty() ? "" : " " + opt_level, " the weights are fp32");
-  MT_CHECK(!(precision == "bf16-pure" && rounding == "nearest"),
-           "--precision bf16-pure keeps no fp32 master and needs --rounding stochastic; for "
-           "nearest rounding use --precision bf16 --opt-level O3");
+  MT_CHECK(precision != "bf16-pure" || rounding.empty() || rounding == "stochastic",
+           "--precision bf16-pure keeps no fp32 master and needs --rounding stochastic; for ",
+           rounding, " rounding use --precision bf16 --opt-level O3");
   MT_CHECK(underflow_every >= 0, "--underflow-every must be 0 (off) or positive, got ",
            underflow_every);
   MT_CHECK(

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <span>
 #include <thread>
 #include <tuple>
@@ -36,6 +37,7 @@
 #include "mantissa/train/run_config.h"
 #include "train/divergence.h"
 #include "train/run_log.h"
+#include "train/underflow.h"
 
 namespace mantissa::train {
 namespace {
@@ -187,6 +189,7 @@ amp::Amp initialize_precision(nn::Module& model, optim::Optimizer& opt, const Tr
     half = precision == "fp16" ? DType::F16 : DType::BF16;
     level = *amp::parse_opt_level(c.opt_level.empty() ? "O1" : c.opt_level);
     if (c.rounding == "stochastic") ao.rounding = RoundingMode::Stochastic;
+    if (c.rounding == "truncate") ao.rounding = RoundingMode::TowardZero;
     ao.rounding_seed = c.seed;
   }
   if (c.loss_scale != "dynamic") ao.loss_scale = std::stod(c.loss_scale);
@@ -561,10 +564,15 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
   const Tensor& x = batch.x();
   const Tensor& y = batch.y();
   Tensor loss;  // the step's loss: the mean over every target of the batch
+  // An underflow measurement's record, written once the step has updated the weights (with what
+  // the update did to them), and the fp32 weights before it.
+  std::optional<nlohmann::ordered_json> underflow_record;
+  std::vector<Tensor> weights_before;
   if (config_.grad_accum == 1) {
     const bool measure = config_.underflow_every > 0 && state_.step % config_.underflow_every == 0;
     std::vector<Tensor> reference;
-    if (measure) reference = reference_gradients(batch);
+    ActivationGradients activations(sc.get_scale());
+    if (measure) reference = reference_gradients(batch, &activations);
     const Tensor logits = forward(x);
     loss = loss_of(logits, y);
     sc.scale(loss).backward();
@@ -591,7 +599,20 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
                             {"observed", l.observed}});
         }
         j["layers"] = std::move(layers);
-        log_->write(j);
+        // The picture (docs/training.md): log2 histograms of the activation gradients, the
+        // weight gradients and the weights, all in fp32; the updates are added after the step.
+        j["activations"] = activations.to_json();
+        Log2Counts gradients, weights;
+        for (const Tensor& g : reference)
+          if (g.defined()) gradients.add(g);
+        NoGrad ng;
+        for (const Tensor& p : model_->parameters()) {
+          weights.add(p);
+          weights_before.push_back(p.to(DType::F32).to(Device::cpu()).clone());
+        }
+        j["weight_gradients"] = gradients.to_json();
+        j["weights"] = weights.to_json();
+        underflow_record = std::move(j);
       }
     }
   } else {
@@ -682,6 +703,13 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
     fp8_->update(over_ranks);
   }
   if (ddp_) ddp_->all_gather_parameters();  // ZeRO-1: every owner's update to every rank
+  if (underflow_record) {
+    std::vector<Tensor> after;
+    for (const Tensor& p : model_->parameters())
+      after.push_back(p.to(DType::F32).to(Device::cpu()));
+    (*underflow_record)["updates"] = weight_updates(weights_before, after);
+    log_->write(*underflow_record);
+  }
   ++state_.step;
   if (histograms) write_histograms(/*gradients=*/false, next);
   return loss.detach().to(DType::F32);
@@ -693,7 +721,8 @@ Tensor Trainer::forward(const Tensor& x) {
   return amp_->forward(*model_, x);
 }
 
-std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch) {
+std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch,
+                                                 ActivationGradients* activations) {
   // The same weights and batch in fp32, without touching .grad, batch norm's running statistics
   // or the random generator (the real step then draws the same dropout masks).
   const GeneratorState gen = generator_state();
@@ -703,7 +732,22 @@ std::vector<Tensor> Trainer::reference_gradients(const data::Batch& batch) {
   std::vector<Tensor> grads;
   {
     amp::NoAutocast off;
+    // Every layer's output gradient passes through a hook into `activations`, once per tensor
+    // (a layer that returns its input, such as dropout at p = 0, hands on the same one).
+    std::optional<nn::OutputObserver> observer;
+    std::set<std::pair<const void*, uint32_t>> hooked;
+    if (activations != nullptr) {
+      observer.emplace([activations, &hooked](const nn::Module&, const Tensor& out) {
+        if (!out.requires_grad() || !hooked.emplace(out.grad_fn().get(), out.output_nr()).second)
+          return;
+        out.register_hook([activations](const Tensor& g) {
+          activations->add(g);
+          return Tensor();
+        });
+      });
+    }
     const Tensor loss = loss_of((*model_)(batch.x()), batch.y());
+    observer.reset();
     grads = autograd::grad({loss}, {}, model_->parameters());
   }
   {

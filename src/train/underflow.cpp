@@ -1,11 +1,15 @@
 // The fp16 underflow measurement of --underflow-every: how many non-zero fp32 gradient values
 // become zero in fp16, overall and per parameter (docs/training.md, docs/amp.md).
+#include "train/underflow.h"
+
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
+#include "mantissa/numerics/round.h"
 #include "mantissa/tensor/ops.h"
 #include "mantissa/train/trainer.h"
 
@@ -75,6 +79,106 @@ std::vector<LayerUnderflow> UnderflowStats::worst(size_t n) const {
   });
   if (out.size() > n) out.resize(n);
   return out;
+}
+
+}  // namespace mantissa::train
+
+// ---- the picture (underflow.h) -------------------------------------------------------------
+
+namespace mantissa::train {
+
+void Log2Counts::add(float x) {
+  if (x == 0.0f) {
+    ++zeros_;
+  } else if (!std::isfinite(x)) {
+    ++nonfinite_;
+  } else {
+    // ilogb gives subnormals their true exponent (frexp's minus one).
+    ++counts_[size_t(std::ilogb(x) - kMinExponent)];
+  }
+}
+
+void Log2Counts::add(const Tensor& t) {
+  NoGrad ng;
+  for (const float x : t.to(DType::F32).to(Device::cpu()).contiguous().to_vector<float>())
+    add(x);
+}
+
+int64_t Log2Counts::nonzero() const {
+  int64_t n = 0;
+  for (const int64_t c : counts_)
+    n += c;
+  return n;
+}
+
+nlohmann::ordered_json Log2Counts::to_json() const {
+  size_t lo = 0, hi = counts_.size();
+  while (lo < hi && counts_[lo] == 0)
+    ++lo;
+  while (hi > lo && counts_[hi - 1] == 0)
+    --hi;
+  nlohmann::ordered_json j;
+  j["zeros"] = zeros_;
+  j["nonfinite"] = nonfinite_;
+  j["min_exponent"] = lo < hi ? int(lo) + kMinExponent : 0;
+  j["counts"] = std::vector<int64_t>(counts_.begin() + std::ptrdiff_t(lo),
+                                     counts_.begin() + std::ptrdiff_t(hi));
+  return j;
+}
+
+void ActivationGradients::add(const Tensor& gradient) {
+  NoGrad ng;
+  const std::vector<float> g =
+      gradient.to(DType::F32).to(Device::cpu()).contiguous().to_vector<float>();
+  for (const float x : g) {
+    log2_.add(x);
+    if (x == 0.0f || !std::isfinite(x)) continue;
+    ++nonzero_;
+    if (round_to(Format::FP16, x) == 0.0f) ++cast_unscaled_;
+    if (round_to(Format::FP16, x * scale_) == 0.0f) ++cast_scaled_;
+  }
+}
+
+nlohmann::ordered_json ActivationGradients::to_json() const {
+  nlohmann::ordered_json j;
+  j["nonzero"] = nonzero_;
+  j["cast_unscaled"] = cast_unscaled_;
+  j["cast_scaled"] = cast_scaled_;
+  j["log2"] = log2_.to_json();
+  return j;
+}
+
+nlohmann::ordered_json weight_updates(const std::vector<Tensor>& before,
+                                      const std::vector<Tensor>& after) {
+  MT_ASSERT(before.size() == after.size(), "weight_updates: ", before.size(), " tensors before, ",
+            after.size(), " after");
+  Log2Counts ratio;
+  int64_t moved = 0, lost_bf16 = 0, lost_fp16 = 0;
+  // Whether w stored in `f` keeps no trace of the update: the stored value plus the update (in
+  // double, exact for these magnitudes, then rounded once into f) is the stored value again.
+  auto lost = [](Format f, float w, double update) {
+    const float stored = round_to(f, w);
+    return decode(f, encode(f, double(stored) + update)) == stored;
+  };
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (!before[i].defined() || !after[i].defined()) continue;
+    const std::vector<float> w = before[i].to(DType::F32).contiguous().to_vector<float>();
+    const std::vector<float> v = after[i].to(DType::F32).contiguous().to_vector<float>();
+    for (size_t k = 0; k < w.size(); ++k) {
+      const double update = double(v[k]) - double(w[k]);
+      if (update == 0.0 || w[k] == 0.0f || !std::isfinite(update)) continue;
+      ++moved;
+      ratio.add(float(std::abs(update) / std::abs(double(w[k]))));
+      lost_bf16 += lost(Format::BF16, w[k], update);
+      lost_fp16 += lost(Format::FP16, w[k], update);
+    }
+  }
+  nlohmann::ordered_json j;
+  j["moved"] = moved;
+  j["lost_bf16"] = lost_bf16;
+  j["lost_fp16"] = lost_fp16;
+  j["log2_ratio"] = ratio.to_json();
+  return j;
 }
 
 }  // namespace mantissa::train

@@ -229,7 +229,32 @@ TEST(StochasticRounding, StoresIntoFp32AreExact) {
   sr.step();
   rne.step();
   EXPECT_TRUE(same_bits(a, b));
-  EXPECT_THROW(sr.set_store_rounding(RoundingMode::TowardZero), Error);
+}
+
+// Truncation (the BFLOAT16 study's comparison): every stored value is the master's value rounded
+// toward zero, element for element, through the fused AdamW step with masters.
+TEST(TruncatedStores, EveryStoreIsTheMasterRoundedTowardZero) {
+  const int64_t n = 70000;  // more than one chunk and one thread's share
+  Tensor p = leaf(Tensor::normal({n}, 0, 1, 7, DType::F32));
+  AdamW opt({p}, AdamWOptions{});
+  opt.set_master_weights(true);
+  opt.set_store_rounding(RoundingMode::TowardZero);
+  p.set_data(p.to(DType::BF16));
+  int64_t differs_from_nearest = 0;
+  for (int k = 0; k < 3; ++k) {
+    p.set_grad(grad_at(k, n, 5));
+    opt.step();
+    const std::vector<float> master = opt.master(0).to_vector<float>();
+    const std::vector<double> stored = p.to(DType::F64).to_vector<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float m = master[size_t(i)];
+      const double want = double(round_to(Format::BF16, m, RoundingMode::TowardZero));
+      ASSERT_EQ(stored[size_t(i)], want) << "element " << i << " step " << k << " master " << m;
+      if (want != double(round_to(Format::BF16, m, RoundingMode::NearestEven)))
+        ++differs_from_nearest;
+    }
+  }
+  EXPECT_GT(differs_from_nearest, n / 2);  // about half of the values round differently
 }
 
 // ---- state dicts -------------------------------------------------------------------------------

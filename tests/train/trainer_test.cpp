@@ -512,7 +512,7 @@ TEST(TrainConfigTest, PrecisionFlagsAreCheckedTogether) {
       {"bf16", "", "stochastic", "dynamic", 0, "half weights"},
       {"bf16-pure", "O2", "", "dynamic", 0, "its own level"},
       {"bf16-pure", "", "nearest", "dynamic", 0, "stochastic"},
-      {"fp16", "", "up", "dynamic", 0, "nearest or stochastic"},
+      {"fp16", "", "up", "dynamic", 0, "nearest, stochastic or truncate"},
       {"fp32", "", "", "1024", 0, "applies to --precision fp16 or bf16"},
       {"fp16", "O2", "", "dynamic", 10, "O1"},
   };

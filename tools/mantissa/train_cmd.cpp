@@ -270,8 +270,8 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--init-scale", c.init_scale, "Where the dynamic loss scale starts (fp16 O1/O2)")
       ->capture_default_str();
   cmd->add_option("--rounding", c.rounding,
-                  "How updates are stored into half weights (O2, O3, bf16-pure): nearest or "
-                  "stochastic");
+                  "How updates are stored into half weights (O2, O3, bf16-pure): nearest, "
+                  "stochastic or truncate (toward zero)");
   cmd->add_option("--underflow-every", c.underflow_every,
                   "Every N steps, measure fp16 gradient underflow against fp32 gradients "
                   "(bf16/fp16 O1; 0: off)")

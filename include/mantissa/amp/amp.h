@@ -46,7 +46,8 @@ struct AmpOptions {
   // none otherwise. The other fields of `scaler` (growth, hysteresis, ...) are used as given.
   std::optional<double> loss_scale;
   GradScalerOptions scaler;
-  // How updates are stored into dtype weights (O2/O3): to nearest even or stochastically.
+  // How updates are stored into dtype weights (O2/O3): to nearest even, stochastically, or
+  // truncated (toward zero).
   RoundingMode rounding = RoundingMode::NearestEven;
   uint64_t rounding_seed = 0;
 };

@@ -41,6 +41,28 @@ struct LoadResult {
   std::vector<std::string> unexpected_keys;  // in the entries, not in the model
 };
 
+class Module;
+
+// Sees the output of every call of a layer (a module without children, called with one tensor)
+// on this thread while it lives, e.g. to hook the gradients of every activation (the underflow
+// measurement, train/underflow.cpp). Observers nest: the innermost one sees the calls.
+class OutputObserver {
+ public:
+  using Fn = std::function<void(const Module& layer, const Tensor& output)>;
+  explicit OutputObserver(Fn fn);
+  ~OutputObserver();
+  OutputObserver(const OutputObserver&) = delete;
+  OutputObserver& operator=(const OutputObserver&) = delete;
+
+ private:
+  Fn fn_;
+  OutputObserver* previous_;
+  friend void observe_output(const Module& module, const Tensor& output);
+};
+
+// Hands `output` of `module` to this thread's observer, if any and if the module is a layer.
+void observe_output(const Module& module, const Tensor& output);
+
 class Module {
  public:
   explicit Module(std::string type_name = "Module");
@@ -62,7 +84,9 @@ class Module {
   // reported as running in it.
   Tensor operator()(const Tensor& x) {
     autograd::ModuleScope scope(this, type_name_);
-    return forward(x);
+    Tensor y = forward(x);
+    observe_output(*this, y);
+    return y;
   }
   TensorList operator()(const TensorList& inputs) {
     autograd::ModuleScope scope(this, type_name_);

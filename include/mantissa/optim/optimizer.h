@@ -27,8 +27,9 @@
 // the optimizer keeps an fp32 master copy of every parameter stored narrower than f32 (f16, bf16,
 // fp8); the update reads and writes the master in fp32 and the parameter receives the result
 // rounded once. set_store_rounding() picks how updated values are rounded into narrow
-// parameters, with or without masters: to nearest even, or stochastically (unbiased: small
-// updates survive in expectation, which is what bf16 parameters without a master need).
+// parameters, with or without masters: to nearest even, stochastically (unbiased: small
+// updates survive in expectation, which is what bf16 parameters without a master need), or
+// truncated toward zero (biased: what the BFLOAT16 study compared round-to-nearest with).
 #pragma once
 
 #include <cstdint>

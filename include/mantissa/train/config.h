@@ -76,7 +76,8 @@ struct TrainConfig {
   std::string loss_scale = "dynamic";  // "dynamic" (fp16 O1/O2) or a fixed number (static)
   // Where a dynamic loss scale starts (PyTorch's init_scale; DeepSpeed's 2^initial_scale_power).
   double init_scale = 65536.0;
-  // How updates are stored into half weights (O2, O3, bf16-pure): nearest | stochastic. Empty:
+  // How updates are stored into half weights (O2, O3, bf16-pure): nearest | stochastic |
+  // truncate (toward zero: the BFLOAT16 study's comparison with round-to-nearest). Empty:
   // stochastic for bf16-pure, nearest otherwise.
   std::string rounding;
   // > 0: every this many steps, measure how many non-zero fp32 gradient values underflow to

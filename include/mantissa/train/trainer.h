@@ -29,7 +29,8 @@
 
 namespace mantissa::train {
 
-class RunLog;  // src/train/run_log.h
+class RunLog;               // src/train/run_log.h
+class ActivationGradients;  // src/train/underflow.h
 
 struct EvalResult {
   double loss = 0;      // mean cross-entropy (per target: per token for language models)
@@ -187,7 +188,10 @@ class Trainer {
   // Compares this step's fp32 reference gradients (same weights and batch, no autocast) with
   // the run's own scaled gradients (call after backward, before unscale).
   UnderflowStats measure_underflow(const std::vector<Tensor>& reference) const;
-  std::vector<Tensor> reference_gradients(const data::Batch& batch);
+  // The fp32 gradients of the batch's loss; with `activations`, every layer's output gradient
+  // also goes into it.
+  std::vector<Tensor> reference_gradients(const data::Batch& batch,
+                                          ActivationGradients* activations = nullptr);
   // model(x) in the run's precision (amp's forward, inside the fp8 region for --precision fp8).
   Tensor forward(const Tensor& x);
   // TensorBoard histograms of every parameter ("weights/<name>") or its gradient

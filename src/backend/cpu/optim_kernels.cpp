@@ -71,9 +71,9 @@ class ParamChunk {
   // at its update number `step`).
   void store(const MultiTensorOptions& o, size_t t, int64_t step) {
     if constexpr (!std::is_same_v<T, C>) {
-      if (o.store_rounding == RoundingMode::Stochastic) {
+      if (o.store_rounding != RoundingMode::NearestEven) {  // stochastic or truncation
         RoundingOptions r;
-        r.mode = RoundingMode::Stochastic;
+        r.mode = o.store_rounding;
         r.seed = o.seed;
         r.offset = uint64_t(step);
         const uint64_t first = o.element_offsets.empty() ? 0 : o.element_offsets[t];

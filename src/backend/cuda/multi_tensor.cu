@@ -135,7 +135,7 @@ __device__ __forceinline__ void store_c(void* p, DType dtype, int64_t i, C v) {
 
 // How an optimizer step writes parameters (MultiTensorOptions).
 struct StoreRounding {
-  bool stochastic = false;
+  RoundingMode mode = RoundingMode::NearestEven;  // nearest even, truncation or stochastic
   uint64_t seed = 0;
 };
 
@@ -148,12 +148,13 @@ __device__ __forceinline__ void store_param(const TensorArg& a, int64_t j, C v,
   device_dispatch_float(a.dtype, [&](auto tag) {
     using S = typename decltype(tag)::type;
     if constexpr (is_narrow_v<S>) {
-      if (r.stochastic) {
+      if (r.mode != RoundingMode::NearestEven) {
         // The format from the dtype list, as a constant: no default a new dtype falls into.
         const uint32_t rnd =
-            random_bits(r.seed, uint64_t(step), (a.id << 40) + a.first + uint64_t(j));
-        const uint32_t bits =
-            encode_as<format_of<S>()>(float(v), RoundingMode::Stochastic, Overflow::Infinity, rnd);
+            r.mode == RoundingMode::Stochastic
+                ? random_bits(r.seed, uint64_t(step), (a.id << 40) + a.first + uint64_t(j))
+                : 0u;
+        const uint32_t bits = encode_as<format_of<S>()>(float(v), r.mode, Overflow::Infinity, rnd);
         using Bits = std::conditional_t<sizeof(S) == 2, uint16_t, uint8_t>;
         static_assert(sizeof(S) == sizeof(Bits), "a narrow float of 1 or 2 bytes");
         static_cast<Bits*>(a.data)[j] = Bits(bits);
@@ -444,7 +445,7 @@ __global__ void update_scale_kernel(double* state, const float* found_inf, Scale
 
 // ---- host side ---------------------------------------------------------------------------------
 StoreRounding rounding_of(const MultiTensorOptions& o) {
-  return {o.store_rounding == RoundingMode::Stochastic, o.seed};
+  return {o.store_rounding, o.seed};
 }
 
 // The parts of tensor i's launch entry that both optimizer steps share.
