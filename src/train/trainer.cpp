@@ -812,7 +812,7 @@ EvalResult Trainer::evaluate_and_report(int64_t epoch, const char* when) {
     j["eval_seconds"] = r.seconds;
     log_->write(j);
   }
-  if (rank() != 0) return r;
+  if (rank() != 0 || quiet_) return r;
   if (when != nullptr && language_model_) {
     std::fprintf(stderr,
                  "%s step %lld: val loss %.4f, perplexity %.2f, next-token accuracy %.2f%%\n", when,
@@ -1040,7 +1040,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
       result.checkpoint =
           config_.checkpoint_path.empty() ? kInterruptedCheckpoint : config_.checkpoint_path;
       save(result.checkpoint);
-      if (rank() == 0) {
+      if (rank() == 0 && !quiet_) {
         char line[160];
         std::snprintf(line, sizeof line,
                       "epoch %lld/%lld: stopped after step %lld (batch %lld of %lld), train loss "
@@ -1093,7 +1093,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
                     er.test.loss, 100 * er.test.accuracy, er.seconds, er.samples_per_s,
                     format_bytes(memory_stats(device_).peak_bytes).c_str());
     }
-    if (rank() == 0) progress.end_epoch(line);
+    if (rank() == 0 && !quiet_) progress.end_epoch(line);
     result.epochs.push_back(er);
     if (!config_.checkpoint_path.empty())
       save_checkpoint(state_.epoch >= stop_epoch || steps_done());

@@ -129,6 +129,9 @@ class Trainer {
   // whether or not a metrics file or TensorBoard is written (the Python package's per-step
   // callback). An exception from it ends fit().
   void set_record_callback(std::function<void(const std::string& json)> callback);
+  // No lines on stderr (epoch summaries, evaluations) and no progress bar: for a caller that
+  // reports the run its own way (`mantissa study`). Records still go to the metrics and callback.
+  void set_quiet(bool quiet) { quiet_ = quiet; }
   EvalResult evaluate();  // the test set, in eval mode, without a graph
   // The next training batch of the run's seeded loader, as fit() would take it from where the run
   // stands (nullopt at the end of the epoch): the data of a loop written elsewhere, e.g. the
@@ -230,6 +233,7 @@ class Trainer {
   std::shared_ptr<dist::Communicator> comm_;       // config.distributed: MPI or NCCL
   std::shared_ptr<dist::Communicator> host_comm_;  // config.distributed: MPI
   const std::atomic<int>* stop_flag_ = nullptr;
+  bool quiet_ = false;
   // The stop flag's value, the same on every rank (0: go on).
   int stop_requested() const;
   std::unique_ptr<dist::DistributedDataParallel> ddp_;  // config.distributed

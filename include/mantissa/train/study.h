@@ -1,0 +1,76 @@
+// The precision study (`mantissa study`, docs/study.md): every model family trained with every
+// precision recipe from the same seed, data order and hyper-parameters, each run ("cell") kept as
+// a JSON file so that an interrupted study resumes where it stopped; results.json gathers the
+// cells for the report (tools/study_report.py: report.md and its plots).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mantissa/train/config.h"
+
+namespace mantissa::train {
+
+// A precision recipe: what it sets in a cell's TrainConfig.
+struct StudyRecipe {
+  std::string name;  // e.g. "bf16-O2-trunc"
+  std::string description;
+  std::string precision, opt_level, loss_scale = "dynamic", rounding, fp8_recipe;
+};
+
+// fp32, tf32, bf16-O1, bf16-O2, bf16-O2-trunc, bf16-pure, fp16-O1, fp16-O2, fp16-noscale,
+// fp8-delayed, fp8-current, fp8-mxfp8: in this order.
+const std::vector<StudyRecipe>& study_recipes();
+
+// A model family of the study: the model, its data and hyper-parameters, and the number it is
+// judged by (a key of its eval records).
+struct StudyFamily {
+  std::string name;  // the study's name for the row, e.g. "cnn", "lstm"
+  std::string kind;  // "CNN", "RNN", "transformer", "GAN", "recommender", "MLP"
+  std::string metric;             // e.g. "test_accuracy", "test_loss", "frechet_distance"
+  bool higher_is_better = false;  // accuracy, AUC: true; losses, distances: false
+  bool trainer = true;            // trained by train::Trainer (false: its own loop)
+};
+
+// mlp, cnn, resnet, lstm, gpt2_tiny, dcgan, dcn.
+const std::vector<StudyFamily>& study_families();
+
+struct StudyConfig {
+  std::vector<std::string> models;   // empty: every family
+  std::vector<std::string> recipes;  // empty: every recipe
+  int64_t steps = 0;                 // optimizer steps per cell; 0: each family's own default
+  int seeds = 1;                     // seeds 0 .. seeds-1 of every cell
+  std::string out_dir = "study";
+  // Fewer steps and smaller data for a run of minutes (CI): --quick.
+  bool quick = false;
+  std::string data_dir = kDefaultFashionMnistDir;  // Fashion-MNIST (image families, the GAN)
+  // Token shards for the language models (a `mantissa tokenize --out` directory). Empty:
+  // out_dir/text, made on first use from the fortunes corpus, byte-level; without the corpus,
+  // the synthetic text stream.
+  std::string text_dir;
+  // The gradient-underflow picture: the families whose fp16-O1 and fp16-noscale cells are also
+  // run once (seed 0) with the measurement every steps/underflow_points steps. Empty: every
+  // family the Trainer runs. "none": no picture.
+  std::vector<std::string> underflow_models;
+  int underflow_points = 8;
+  int threads = 0;  // 0: every core
+  std::string device = "cpu";
+  // Written into results.json: how the study was run and by which build.
+  std::string command, version;
+};
+
+// The TrainConfig of one cell (the family's defaults, the recipe's precision, the seed). A
+// probe cell measures the gradient underflow (the picture) on top.
+TrainConfig study_cell_config(const StudyConfig& study, const std::string& family,
+                              const std::string& recipe, int seed, bool probe = false);
+
+// Runs every cell of the matrix not already finished in out_dir/cells (a finished cell whose
+// configuration is the same is not rerun), then writes out_dir/results.json. `say` gets one line
+// per cell as it starts and ends. Returns the path of results.json. A cell that fails (diverges,
+// or the recipe does not apply to the model) is recorded with its status and message; the study
+// goes on.
+std::string run_study(const StudyConfig& study, const std::function<void(const std::string&)>& say);
+
+}  // namespace mantissa::train

@@ -1,0 +1,414 @@
+// The precision study (include/mantissa/train/study.h, docs/study.md).
+#include "mantissa/train/study.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
+#include "mantissa/core/cpu.h"
+#include "mantissa/core/error.h"
+#include "mantissa/data/text_corpus.h"
+#include "mantissa/data/tokenizer.h"
+#include "mantissa/data/tokens.h"
+#include "mantissa/train/trainer.h"
+
+namespace mantissa::train {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+const std::vector<StudyRecipe>& study_recipes() {
+  static const std::vector<StudyRecipe> recipes = {
+      {"fp32", "fp32 everywhere (the reference)", "fp32", "", "dynamic", "", ""},
+      {"tf32", "fp32 with GEMM/conv inputs rounded to tf32", "tf32", "", "dynamic", "", ""},
+      {"bf16-O1", "autocast to bf16, fp32 weights", "bf16", "O1", "dynamic", "", ""},
+      {"bf16-O2", "bf16 weights and activations, fp32 masters, round to nearest even", "bf16",
+       "O2", "dynamic", "nearest", ""},
+      {"bf16-O2-trunc", "bf16-O2 with the weights stored truncated (toward zero)", "bf16", "O2",
+       "dynamic", "truncate", ""},
+      {"bf16-pure", "bf16 weights without fp32 masters, stochastic rounding", "bf16-pure", "",
+       "dynamic", "", ""},
+      {"fp16-O1", "autocast to fp16, fp32 weights, dynamic loss scaling", "fp16", "O1", "dynamic",
+       "", ""},
+      {"fp16-O2", "fp16 weights, fp32 masters, dynamic loss scaling", "fp16", "O2", "dynamic", "",
+       ""},
+      {"fp16-noscale", "fp16-O1 without loss scaling (a static scale of 1)", "fp16", "O1", "1", "",
+       ""},
+      {"fp8-delayed", "fp8 Linear GEMMs, per-tensor delayed scaling (E4M3 forward, E5M2 "
+                      "gradients), the rest bf16-O1",
+       "fp8", "O1", "dynamic", "", "delayed"},
+      {"fp8-current", "fp8 Linear GEMMs, per-tensor current scaling, the rest bf16-O1", "fp8",
+       "O1", "dynamic", "", "current"},
+      {"fp8-mxfp8", "fp8 Linear GEMMs, MXFP8 32-element blocks, the rest bf16-O1", "fp8", "O1",
+       "dynamic", "", "mxfp8"},
+  };
+  return recipes;
+}
+
+const std::vector<StudyFamily>& study_families() {
+  static const std::vector<StudyFamily> families = {
+      {"mlp", "MLP", "test_accuracy", true, true},
+      {"cnn", "CNN", "test_accuracy", true, true},
+      {"resnet", "CNN", "test_accuracy", true, true},
+      {"lstm", "RNN", "test_loss", false, true},
+      {"gpt2_tiny", "transformer", "test_loss", false, true},
+  };
+  return families;
+}
+
+namespace {
+
+const StudyFamily& family_of(const std::string& name) {
+  for (const StudyFamily& f : study_families())
+    if (f.name == name) return f;
+  std::string names;
+  for (const StudyFamily& f : study_families())
+    names += (names.empty() ? "" : ", ") + f.name;
+  MT_CHECK(false, "the study has no model family '", name, "'; choose from ", names);
+  throw;  // unreachable
+}
+
+const StudyRecipe& recipe_of(const std::string& name) {
+  for (const StudyRecipe& r : study_recipes())
+    if (r.name == name) return r;
+  std::string names;
+  for (const StudyRecipe& r : study_recipes())
+    names += (names.empty() ? "" : ", ") + r.name;
+  MT_CHECK(false, "the study has no recipe '", name, "'; choose from ", names);
+  throw;  // unreachable
+}
+
+std::string text_dir_of(const StudyConfig& s) {
+  return s.text_dir.empty() ? (fs::path(s.out_dir) / "text").string() : s.text_dir;
+}
+
+// The token shards of the language-model rows: the given directory, or out_dir/text made now
+// from the fortunes corpus (byte-level tokens: no tokenizer to train, the same ids anywhere).
+// Returns false when there is no corpus (the rows then train on the synthetic stream).
+bool ensure_text(const StudyConfig& s, const std::function<void(const std::string&)>& say) {
+  const std::string dir = text_dir_of(s);
+  if (fs::exists(fs::path(dir) / "train.bin")) return true;
+  MT_CHECK(s.text_dir.empty(), "--text ", s.text_dir,
+           " holds no train.bin; write it with 'mantissa tokenize --out ", s.text_dir, "'");
+  if (!fs::exists(data::kFortunesDir)) return false;
+  data::TextCorpus corpus = data::read_text_corpus({data::kFortunesDir}, {.separator = "%"});
+  data::DocumentSplit split = data::split_train_val(std::move(corpus.documents), 0.05, 0);
+  const data::BpeTokenizer tok;  // byte-level
+  fs::create_directories(dir);
+  tok.save((fs::path(dir) / "tokenizer.json").string());
+  const std::vector<uint32_t> train = tok.encode_documents(split.train);
+  const std::vector<uint32_t> val = tok.encode_documents(split.val);
+  data::write_token_shard((fs::path(dir) / "val.bin").string(), val, tok.vocab_size(),
+                          tok.fingerprint());
+  data::write_token_shard((fs::path(dir) / "train.bin").string(), train, tok.vocab_size(),
+                          tok.fingerprint());
+  if (say)
+    say(fmt::format("text: the fortunes corpus, byte-level, {} training and {} validation tokens "
+                    "in {}",
+                    train.size(), val.size(), dir));
+  return true;
+}
+
+bool has_text(const StudyConfig& s) {
+  return fs::exists(fs::path(text_dir_of(s)) / "train.bin");
+}
+
+}  // namespace
+
+TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
+                              const std::string& recipe, int seed, bool probe) {
+  const StudyFamily& f = family_of(family);
+  const StudyRecipe& r = recipe_of(recipe);
+  TrainConfig c;
+  c.model = f.name;
+  c.seed = uint64_t(seed);
+  c.threads = s.threads;
+  c.device = s.device;
+  c.progress = false;
+  c.data_dir = s.data_dir;
+  c.epochs = 1000;  // the steps end every cell
+  c.schedule = "cosine";
+  // Each family's hyper-parameters: what trains it well in fp32 in a few hundred steps on this
+  // CPU (docs/study.md); --quick shortens the run and the evaluation.
+  int64_t steps = 0;
+  if (f.name == "mlp" || f.name == "cnn" || f.name == "resnet") {
+    c.data = "fashion-mnist";
+    c.batch_size = f.name == "mlp" ? 128 : 64;
+    c.optimizer = "sgd";
+    c.lr = f.name == "resnet" ? 0.1 : 0.05;
+    c.momentum = 0.9;
+    c.weight_decay = 5e-4;
+    c.eval_batch_size = 500;
+    steps = f.name == "mlp" ? 600 : f.name == "cnn" ? 300 : 200;
+    if (f.name == "resnet") c.model = "resnet_small";
+  } else if (f.name == "lstm" || f.name == "gpt2_tiny") {
+    c.data = has_text(s) ? "text" : "synthetic-text";
+    if (c.data == "text") c.data_path = text_dir_of(s);
+    c.synthetic_size = 200000;
+    c.seq_len = 64;
+    c.batch_size = 16;
+    c.optimizer = "adamw";
+    c.lr = f.name == "lstm" ? 3e-3 : 1e-3;
+    c.weight_decay = 0.01;
+    c.warmup_steps = 20;
+    c.clip_grad_norm = 1.0;
+    c.eval_batches = 20;
+    steps = 300;
+  }
+  if (s.quick) {
+    steps = 30;
+    c.eval_batches = std::min<int64_t>(c.eval_batches, 4);
+    if (f.name == "lstm" || f.name == "gpt2_tiny") c.batch_size = 8;
+  }
+  c.max_steps = s.steps > 0 ? s.steps : steps;
+  c.eval_every = std::max<int64_t>(1, c.max_steps / 4);
+  c.log_every = std::max<int64_t>(1, c.max_steps / 30);
+  c.precision = r.precision;
+  c.opt_level = r.precision == "bf16-pure" ? "" : r.opt_level;
+  c.loss_scale = r.loss_scale;
+  c.rounding = r.rounding;
+  if (!r.fp8_recipe.empty()) c.fp8_recipe = r.fp8_recipe;
+  if (probe) c.underflow_every = std::max<int64_t>(1, c.max_steps / std::max(1, s.underflow_points));
+  return c;
+}
+
+namespace {
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string cell_path(const StudyConfig& s, const std::string& family, const std::string& recipe,
+                      int seed, bool probe) {
+  return (fs::path(s.out_dir) / "cells" / family /
+          fmt::format("{}-seed{}{}.json", recipe, seed, probe ? "-underflow" : ""))
+      .string();
+}
+
+// The cell's file when it finished with this configuration (same numbers, same data): a rerun of
+// the study leaves it be.
+std::optional<Json> finished_cell(const std::string& path, const Json& config) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  try {
+    Json j = Json::parse(in);
+    if (j.value("config", Json()) == config) return j;
+  } catch (const nlohmann::json::exception&) {
+    // A damaged file is rerun.
+  }
+  return std::nullopt;
+}
+
+void write_json(const std::string& path, const Json& j) {
+  fs::create_directories(fs::path(path).parent_path());
+  io::AtomicFile f(path, "writing '" + path + "'");
+  const std::string text = j.dump(1) + "\n";
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+// One cell: the run with every record it made, its status and its wall time.
+Json run_cell(const TrainConfig& config, const std::string& family, const std::string& recipe,
+              int seed, bool probe) {
+  Json cell;
+  cell["model"] = family;
+  cell["recipe"] = recipe;
+  cell["seed"] = seed;
+  cell["probe"] = probe;
+  cell["config"] = Json::parse(config.to_json());
+  Json train = Json::array(), eval = Json::array(), underflow = Json::array();
+  Json summary, fp8 = Json::array();
+  int64_t skipped_records = 0;
+  auto on_record = [&](const std::string& text) {
+    Json r = Json::parse(text);
+    const std::string kind = r.value("kind", "");
+    if (kind == "train") {
+      train.push_back(std::move(r));
+    } else if (kind == "eval") {
+      eval.push_back(std::move(r));
+    } else if (kind == "underflow") {
+      underflow.push_back(std::move(r));
+    } else if (kind == "summary") {
+      summary = std::move(r);
+    } else if (kind == "fp8") {
+      fp8.push_back(std::move(r));
+    } else if (kind == "skipped_step") {
+      ++skipped_records;
+    }
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string status = "ok", message;
+  std::unique_ptr<Trainer> trainer;
+  try {
+    trainer = std::make_unique<Trainer>(config);
+  } catch (const Error& e) {
+    // An fp8 recipe that cannot be set up on the model (fewer than three Linear layers: fp8
+    // keeps the first and the last in bf16) does not apply to it; anything else failed.
+    status = config.precision == "fp8" ? "not_applicable" : "failed";
+    message = e.message();
+  }
+  if (trainer) {
+    try {
+      Trainer& t = *trainer;
+      t.set_quiet(true);
+      t.set_record_callback(on_record);
+      cell["precision"] = t.describe_precision();
+      const TrainResult r = t.fit();
+      if (!r.diverged.empty()) {
+        status = "diverged";
+        message = r.diverged;
+      }
+    } catch (const Error& e) {
+      // The run failed: the study records why and goes on.
+      status = "failed";
+      message = e.message();
+    }
+  }
+  cell["status"] = status;
+  if (!message.empty()) cell["message"] = message;
+  cell["wall_seconds"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cell["train"] = std::move(train);
+  cell["eval"] = std::move(eval);
+  if (!underflow.empty()) cell["underflow"] = std::move(underflow);
+  // The last fp8 record: every layer's amax and scale at the end.
+  if (!fp8.empty()) cell["fp8"] = fp8.back();
+  cell["summary"] = std::move(summary);
+  return cell;
+}
+
+}  // namespace
+
+std::string run_study(const StudyConfig& s, const std::function<void(const std::string&)>& say) {
+  MT_CHECK(s.seeds >= 1, "--seeds must be at least 1, not ", s.seeds);
+  MT_CHECK(s.steps >= 0, "--steps must be 0 (each model's default) or positive, not ", s.steps);
+  MT_CHECK(s.underflow_points >= 1, "--underflow-points must be at least 1, not ",
+           s.underflow_points);
+  std::vector<std::string> families = s.models, recipes = s.recipes;
+  if (families.empty())
+    for (const StudyFamily& f : study_families())
+      families.push_back(f.name);
+  if (recipes.empty())
+    for (const StudyRecipe& r : study_recipes())
+      recipes.push_back(r.name);
+  for (const std::string& f : families)
+    (void)family_of(f);
+  for (const std::string& r : recipes)
+    (void)recipe_of(r);
+  std::vector<std::string> probes;
+  if (s.underflow_models.empty()) {
+    for (const std::string& f : families)
+      if (family_of(f).trainer) probes.push_back(f);
+  } else if (!(s.underflow_models.size() == 1 && s.underflow_models[0] == "none")) {
+    for (const std::string& f : s.underflow_models) {
+      MT_CHECK(family_of(f).trainer, "--underflow-models: the underflow picture is measured by "
+               "the Trainer's models; ", f, " trains in its own loop");
+      probes.push_back(f);
+    }
+  }
+  const bool text_models = std::any_of(families.begin(), families.end(), [](const std::string& f) {
+    return f == "lstm" || f == "gpt2_tiny";
+  });
+  if (text_models && !ensure_text(s, say) && say)
+    say("text: the fortunes corpus is not installed (apt-get install fortunes): the language "
+        "models train on the synthetic text stream");
+
+  struct Planned {
+    std::string family, recipe;
+    int seed;
+    bool probe;
+  };
+  std::vector<Planned> plan;
+  for (const std::string& f : families)
+    for (int seed = 0; seed < s.seeds; ++seed)
+      for (const std::string& r : recipes)
+        plan.push_back({f, r, seed, false});
+  for (const std::string& f : probes)
+    for (const char* r : {"fp16-O1", "fp16-noscale"})
+      plan.push_back({f, r, 0, true});
+
+  Json cells = Json::array();
+  size_t done = 0, reused = 0;
+  for (const Planned& p : plan) {
+    ++done;
+    const TrainConfig config = study_cell_config(s, p.family, p.recipe, p.seed, p.probe);
+    const Json config_json = Json::parse(config.to_json());
+    const std::string path = cell_path(s, p.family, p.recipe, p.seed, p.probe);
+    const std::string name = fmt::format("[{}/{}] {} {} seed {}{}", done, plan.size(), p.family,
+                                         p.recipe, p.seed, p.probe ? " (underflow picture)" : "");
+    if (std::optional<Json> old = finished_cell(path, config_json)) {
+      ++reused;
+      cells.push_back(std::move(*old));
+      continue;
+    }
+    if (say) say(name + " ...");
+    Json cell = run_cell(config, p.family, p.recipe, p.seed, p.probe);
+    write_json(path, cell);
+    if (say) {
+      std::string line = fmt::format("{}: {} in {:.1f} s", name, cell["status"].get<std::string>(),
+                                     cell["wall_seconds"].get<double>());
+      const std::string metric = family_of(p.family).metric;
+      if (!cell["eval"].empty() && cell["eval"].back().contains(metric))
+        line += fmt::format(", {} {:.4f}", metric, cell["eval"].back()[metric].get<double>());
+      if (cell.contains("message")) line += " (" + cell["message"].get<std::string>() + ")";
+      say(line);
+    }
+    cells.push_back(std::move(cell));
+  }
+  if (say && reused > 0)
+    say(fmt::format("{} of {} cells were finished already (in {}/cells) and not rerun", reused,
+                    plan.size(), s.out_dir));
+
+  Json results;
+  Json study;
+  study["command"] = s.command;
+  study["version"] = s.version;
+  study["machine"] = {{"cpu", cpu_name()},
+                      {"cpu_features", cpu_features().describe()},
+                      {"hardware_threads", std::thread::hardware_concurrency()},
+                      {"threads", s.threads},
+                      {"device", s.device}};
+  study["steps"] = s.steps;
+  study["seeds"] = s.seeds;
+  study["quick"] = s.quick;
+  results["study"] = std::move(study);
+  Json fams = Json::array();
+  for (const std::string& f : families) {
+    const StudyFamily& fam = family_of(f);
+    fams.push_back({{"name", fam.name},
+                    {"kind", fam.kind},
+                    {"metric", fam.metric},
+                    {"higher_is_better", fam.higher_is_better}});
+  }
+  results["families"] = std::move(fams);
+  Json recs = Json::array();
+  for (const std::string& r : recipes) {
+    const StudyRecipe& rec = recipe_of(r);
+    recs.push_back({{"name", rec.name}, {"description", rec.description}});
+  }
+  results["recipes"] = std::move(recs);
+  results["cells"] = std::move(cells);
+  const std::string path = (fs::path(s.out_dir) / "results.json").string();
+  write_json(path, results);
+  return path;
+}
+
+}  // namespace mantissa::train

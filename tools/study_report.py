@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""The precision study's report: report.md and its PNG plots from the results.json that
+`mantissa study` writes (docs/study.md).
+
+    python3 tools/study_report.py study/results.json --out study
+
+Needs numpy and matplotlib (Debian: python3-numpy, python3-matplotlib).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+# The formats' ranges, as binary exponents of |x| (bucket e holds 2^e <= |x| < 2^(e+1)).
+FP16_MIN_SUBNORMAL = -24  # 2^-24; below 2^-25 a value rounds to zero
+FP16_MIN_NORMAL = -14
+FP16_MAX = 15  # the largest finite fp16 is 65504 < 2^16
+BF16_MIN_SUBNORMAL = -133
+BF16_MIN_NORMAL = -126
+BF16_EPS = -7  # 2^-7: the distance from 1 to the next bf16
+FP16_EPS = -10
+
+# Tolerances of the acceptance check: bf16 with round-to-nearest against fp32.
+ACCURACY_PP = 0.3
+RELATIVE = 0.01
+
+METRIC_LABELS = {
+    "test_accuracy": "test accuracy (%)",
+    "test_loss": "validation loss (nats/token)",
+    "frechet_distance": "Fréchet distance (own classifier's features)",
+    "log_loss": "held-out log loss",
+}
+
+
+def metric_label(metric):
+    return METRIC_LABELS.get(metric, metric.replace("_", " "))
+
+
+def is_accuracy(metric):
+    return "accuracy" in metric or metric == "auc"
+
+
+def final_metric(cell, metric):
+    """The cell's last evaluation of `metric`, or None (a failed cell, no evaluation)."""
+    for r in reversed(cell.get("eval", [])):
+        if r.get(metric) is not None:
+            return float(r[metric])
+    return None
+
+
+def shown(value, metric):
+    if value is None:
+        return "—"
+    return f"{100 * value:.2f}" if is_accuracy(metric) else f"{value:.4f}"
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None, None, 0
+    a = np.array(values, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0, len(a)
+
+
+def summary_of(cell, key):
+    s = cell.get("summary") or {}
+    v = s.get(key)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def recipe_colors(recipes):
+    cmap = plt.get_cmap("tab20")
+    return {r: cmap(i % 20) for i, r in enumerate(recipes)}
+
+
+def table_rows(results, family):
+    """Per recipe: the statistics the table shows, computed from the cells (not probes)."""
+    metric = family["metric"]
+    cells = [c for c in results["cells"] if c["model"] == family["name"] and not c.get("probe")]
+    by_recipe = {}
+    for c in cells:
+        by_recipe.setdefault(c["recipe"], []).append(c)
+    base = by_recipe.get("fp32", [])
+    base_metric, _, _ = mean_std([final_metric(c, metric) for c in base])
+    base_time, _, _ = mean_std([summary_of(c, "train_seconds") for c in base])
+    base_mem, _, _ = mean_std([summary_of(c, "peak_memory_bytes") for c in base])
+    rows = []
+    for recipe in [r["name"] for r in results["recipes"]]:
+        group = by_recipe.get(recipe, [])
+        if not group:
+            continue
+        m, sd, n = mean_std([final_metric(c, metric) for c in group])
+        t, _, _ = mean_std([summary_of(c, "train_seconds") for c in group])
+        mem, _, _ = mean_std([summary_of(c, "peak_memory_bytes") for c in group])
+        skipped, _, _ = mean_std([summary_of(c, "skipped_steps") for c in group])
+        scale, _, _ = mean_std([summary_of(c, "loss_scale") for c in group])
+        statuses = sorted({c["status"] for c in group})
+        delta = None
+        if m is not None and base_metric is not None:
+            delta = (m - base_metric) * 100 if is_accuracy(metric) else (
+                (m - base_metric) / abs(base_metric) * 100 if base_metric != 0 else None)
+        rows.append({
+            "recipe": recipe,
+            "mean": m,
+            "std": sd,
+            "n": n,
+            "seeds": len(group),
+            "delta": delta,
+            "time_ratio": t / base_time if t and base_time else None,
+            "memory_ratio": mem / base_mem if mem and base_mem else None,
+            "skipped": skipped,
+            "scale": scale,
+            "status": ", ".join(statuses),
+            "message": next((c.get("message") for c in group if c.get("message")), None),
+        })
+    return rows
+
+
+def fmt_or_dash(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def table_markdown(family, rows):
+    metric = family["metric"]
+    acc = is_accuracy(metric)
+    head = (f"| recipe | {metric_label(metric)} | Δ vs fp32 ({'pp' if acc else '%'}) "
+            "| time / fp32 | memory / fp32 | skipped steps | final loss scale | status |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["mean"] is None:
+            value = "—"
+        else:
+            value = shown(r["mean"], metric)
+            if r["n"] > 1:
+                value += " ± " + (f"{100 * r['std']:.2f}" if acc else f"{r['std']:.4f}")
+            value += f" (n={r['n']})"
+        status = r["status"]
+        if r["message"] and r["status"] != "ok":
+            status += ": " + r["message"].split("\n")[0][:120].replace("|", "/")
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["recipe"], value,
+            fmt_or_dash(r["delta"], "+.2f"),
+            fmt_or_dash(r["time_ratio"], ".2f"),
+            fmt_or_dash(r["memory_ratio"], ".2f"),
+            fmt_or_dash(r["skipped"], ".1f"),
+            fmt_or_dash(r["scale"], ".4g"),
+            status))
+    return "\n".join(lines)
+
+
+def verdicts(family, rows):
+    """The acceptance check: bf16 with round-to-nearest (O1, O2) against fp32."""
+    metric = family["metric"]
+    out = []
+    for r in rows:
+        if r["recipe"] not in ("bf16-O1", "bf16-O2") or r["delta"] is None:
+            continue
+        if is_accuracy(metric):
+            ok = abs(r["delta"]) <= ACCURACY_PP
+            out.append(f"{r['recipe']} is {r['delta']:+.2f} pp from fp32: "
+                       f"{'within' if ok else 'NOT within'} {ACCURACY_PP} pp")
+        else:
+            ok = abs(r["delta"]) <= RELATIVE * 100
+            out.append(f"{r['recipe']} is {r['delta']:+.2f} % from fp32: "
+                       f"{'within' if ok else 'NOT within'} {RELATIVE * 100:.0f} %")
+    return out
+
+
+def curve_plot(results, family, path):
+    metric = family["metric"]
+    recipes = [r["name"] for r in results["recipes"]]
+    colors = recipe_colors(recipes)
+    cells = [c for c in results["cells"]
+             if c["model"] == family["name"] and not c.get("probe") and c.get("seed") == 0]
+    fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for c in sorted(cells, key=lambda c: recipes.index(c["recipe"])):
+        style = "--" if c["recipe"].startswith("fp16") else ":" if c["recipe"].startswith(
+            "fp8") else "-"
+        train = [(r["step"], r["loss"]) for r in c.get("train", [])
+                 if r.get("loss") is not None and math.isfinite(r["loss"])]
+        if train:
+            s, l = zip(*train)
+            ax_loss.plot(s, l, style, color=colors[c["recipe"]], label=c["recipe"], lw=1.4)
+        ev = [(r["step"], r[metric]) for r in c.get("eval", []) if r.get(metric) is not None]
+        if ev:
+            s, v = zip(*ev)
+            v = [100 * x for x in v] if is_accuracy(metric) else v
+            ax_metric.plot(s, v, style, marker="o", ms=3, color=colors[c["recipe"]],
+                           label=c["recipe"], lw=1.4)
+    ax_loss.set_xlabel("optimizer step")
+    ax_loss.set_ylabel("training loss (logged steps)")
+    ax_loss.set_title(f"{family['name']}: training loss, seed 0")
+    ax_metric.set_xlabel("optimizer step")
+    ax_metric.set_ylabel(metric_label(metric))
+    ax_metric.set_title(f"{family['name']}: {metric_label(metric)}")
+    for ax in (ax_loss, ax_metric):
+        ax.grid(alpha=0.3)
+    handles, labels = ax_loss.get_legend_handles_labels()
+    if not handles:
+        handles, labels = ax_metric.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def histogram_arrays(h):
+    """exponents, counts of a log2 histogram record ({min_exponent, counts})."""
+    counts = np.array(h.get("counts", []), dtype=np.float64)
+    return np.arange(len(counts)) + int(h.get("min_exponent", 0)), counts
+
+
+def shade_formats(ax, y_top, xlim):
+    """fp16's ranges on a log2 axis (bf16's reach far below: named when it is on the plot)."""
+    lo, hi = xlim
+    ax.axvspan(lo, FP16_MIN_SUBNORMAL - 1, color="#d62728", alpha=0.08, lw=0)
+    ax.axvspan(FP16_MIN_SUBNORMAL - 1, FP16_MIN_NORMAL, color="#ff7f0e", alpha=0.12, lw=0)
+    ax.axvspan(FP16_MIN_NORMAL, min(FP16_MAX + 1, hi), color="#2ca02c", alpha=0.07, lw=0)
+    for x, label in ((FP16_MIN_SUBNORMAL - 1, "fp16 zero below 2^-25"),
+                     (FP16_MIN_NORMAL, "fp16 normal from 2^-14"),
+                     (FP16_MAX + 1, "fp16 overflow at 2^16"),
+                     (BF16_MIN_NORMAL, "bf16 normal from 2^-126")):
+        if lo < x < hi:
+            ax.axvline(x, color="k", lw=0.8, ls=":")
+            ax.text(x - 0.4, y_top * 0.97, label, rotation=90, va="top", ha="right", fontsize=7)
+    ax.set_xlim(lo, hi)
+
+
+def underflow_plots(results, family, out_dir):
+    """The gradient-underflow picture of one family's probes; returns (markdown, figure paths)."""
+    probes = {c["recipe"]: c for c in results["cells"]
+              if c["model"] == family["name"] and c.get("probe") and c.get("underflow")}
+    if "fp16-O1" not in probes:
+        return "", []
+    name = family["name"]
+    records = probes["fp16-O1"]["underflow"]
+    first, last = records[0], records[-1]
+    figs = []
+
+    # 1. log2|g| of the activation gradients (fp32 reference), where fp16 puts them, at the
+    #    first and the last measurement, unscaled and multiplied by the scaler's scale.
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    lows, highs = [], []
+    for rec in (first, last):
+        e, _ = histogram_arrays(rec["activations"]["log2"])
+        shift = math.log2(rec["loss_scale"]) if rec.get("loss_scale", 1) > 0 else 0.0
+        if len(e):
+            lows.append(e.min())
+            highs.append(e.max() + 1 + shift)
+    xlim = (min(lows + [-40]) - 3, max(highs + [17]) + 2)
+    for ax, rec in zip(axes, (first, last)):
+        e, n = histogram_arrays(rec["activations"]["log2"])
+        total = max(n.sum(), 1)
+        frac = n / total
+        scale = rec.get("loss_scale", 1.0)
+        shift = math.log2(scale) if scale > 0 else 0.0
+        top = max(frac.max() if len(frac) else 0.1, 0.05) * 1.15
+        shade_formats(ax, top, xlim)
+        ax.bar(e + 0.5, frac, width=1.0, color="#1f77b4", alpha=0.75,
+               label="activation gradients (fp32)")
+        ax.step(e + shift, frac, where="post", color="#9467bd", lw=1.2,
+                label=f"× loss scale {scale:g} (2^{shift:g})")
+        a = rec["activations"]
+        nz = max(a["nonzero"], 1)
+        ax.set_title(f"{name}, step {rec['step']}: activation gradients\n"
+                     f"{100 * a['cast_unscaled'] / nz:.2f}% flush to zero in fp16 unscaled, "
+                     f"{100 * a['cast_scaled'] / nz:.4f}% at the scale", fontsize=10)
+        ax.set_xlabel("log2 |gradient| (binary exponent)")
+        ax.set_ylim(0, top)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of non-zero values")
+    axes[0].legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    p1 = os.path.join(out_dir, f"underflow-{name}-activations.png")
+    fig.savefig(p1, dpi=110)
+    plt.close(fig)
+    figs.append(p1)
+
+    # 2. Over training: the fractions lost, with and without loss scaling.
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.4))
+    for recipe, style in (("fp16-O1", "-"), ("fp16-noscale", "--")):
+        if recipe not in probes:
+            continue
+        recs = probes[recipe]["underflow"]
+        steps = [r["step"] for r in recs]
+        act = [100 * r["activations"]["cast_unscaled"] / max(r["activations"]["nonzero"], 1)
+               for r in recs]
+        act_scaled = [100 * r["activations"]["cast_scaled"] / max(r["activations"]["nonzero"], 1)
+                      for r in recs]
+        observed = [100 * r["observed"] / max(r["nonzero"], 1) for r in recs]
+        if recipe == "fp16-O1":
+            ax.plot(steps, act, "-o", ms=3, color="#d62728",
+                    label="activation grads cast to fp16 unscaled")
+            ax.plot(steps, act_scaled, "-o", ms=3, color="#2ca02c",
+                    label="activation grads at the dynamic scale")
+        ax2.plot(steps, observed, style + "o", ms=3,
+                 label=f"{recipe}: weight grads that are zero in the run")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("% of non-zero fp32 values that are zero")
+    ax.set_title(f"{name}: activation gradients lost in fp16")
+    ax2.set_xlabel("optimizer step")
+    ax2.set_ylabel("% of non-zero fp32 weight gradients")
+    ax2.set_title(f"{name}: weight gradients zero in the fp16 runs")
+    for a in (ax, ax2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    p2 = os.path.join(out_dir, f"underflow-{name}-over-training.png")
+    fig.savefig(p2, dpi=110)
+    plt.close(fig)
+    figs.append(p2)
+
+    # 3. Weights and updates: |Δw| / |w| against bf16's and fp16's epsilon.
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.4))
+    u = last["updates"]
+    e, n = histogram_arrays(u["log2_ratio"])
+    frac = n / max(n.sum(), 1)
+    ax.bar(e + 0.5, frac, width=1.0, color="#8c564b", alpha=0.8, label="|Δw| / |w| of the step")
+    for x, label in ((BF16_EPS - 1, "bf16: ε/2 = 2^-8"), (FP16_EPS - 1, "fp16: ε/2 = 2^-11")):
+        ax.axvline(x, color="k", ls=":", lw=0.9)
+        ax.text(x + 0.2, (frac.max() if len(frac) else 0.1) * 0.95, label, rotation=90,
+                va="top", fontsize=8)
+    moved = max(u["moved"], 1)
+    ax.set_title(f"{name}, step {last['step']}: update / weight\n"
+                 f"{100 * u['lost_bf16'] / moved:.1f}% of updates lost in bf16 weights without a "
+                 f"master, {100 * u['lost_fp16'] / moved:.1f}% in fp16", fontsize=10)
+    ax.set_xlabel("log2 (|update| / |weight|)")
+    ax.set_ylabel("fraction of the weights that moved")
+    ax.grid(alpha=0.3)
+    for key, color, label in (("weights", "#17becf", "weights"),
+                              ("weight_gradients", "#bcbd22", "weight gradients (fp32)")):
+        e2, n2 = histogram_arrays(last[key])
+        ax2.step(e2, n2 / max(n2.sum(), 1), where="post", color=color, label=label)
+    shade_formats(ax2, 0.3, (-60, 18))
+    ax2.set_xlabel("log2 |value|")
+    ax2.set_ylabel("fraction of non-zero values")
+    ax2.set_title(f"{name}, step {last['step']}: weights and weight gradients", fontsize=10)
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    p3 = os.path.join(out_dir, f"underflow-{name}-updates.png")
+    fig.savefig(p3, dpi=110)
+    plt.close(fig)
+    figs.append(p3)
+
+    a0, a1 = first["activations"], last["activations"]
+    lines = [
+        f"### {name}",
+        "",
+        f"fp16-O1 probe, {len(records)} measurements. Of the non-zero fp32 activation gradients, "
+        f"{100 * a0['cast_unscaled'] / max(a0['nonzero'], 1):.2f}% (step {first['step']}) and "
+        f"{100 * a1['cast_unscaled'] / max(a1['nonzero'], 1):.2f}% (step {last['step']}) become "
+        "zero cast to fp16 unscaled; at the scale the scaler chose "
+        f"({first['loss_scale']:g}, {last['loss_scale']:g}): "
+        f"{100 * a0['cast_scaled'] / max(a0['nonzero'], 1):.4f}% and "
+        f"{100 * a1['cast_scaled'] / max(a1['nonzero'], 1):.4f}%.",
+    ]
+    if "fp16-noscale" in probes:
+        recs = probes["fp16-noscale"]["underflow"]
+        zero = sum(r["observed"] for r in recs) / max(sum(r["nonzero"] for r in recs), 1)
+        scaled = sum(r["observed"] for r in records) / max(sum(r["nonzero"] for r in records), 1)
+        lines += ["", f"Weight gradients that are zero in the run's own gradients (non-zero in "
+                      f"fp32), over all measurements: {100 * zero:.3f}% without loss scaling, "
+                      f"{100 * scaled:.3f}% with it."]
+    lines += ["", f"At step {last['step']}, {100 * u['lost_bf16'] / moved:.1f}% of the weight "
+                  f"updates would be lost by bf16 weights without an fp32 master "
+                  f"({100 * u['lost_fp16'] / moved:.1f}% by fp16): the failure master weights "
+                  "fix.", ""]
+    for p in figs:
+        lines.append(f"![{os.path.basename(p)}]({os.path.basename(p)})")
+    return "\n".join(lines) + "\n", figs
+
+
+def report(results, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    study = results["study"]
+    machine = study.get("machine", {})
+    md = ["# Precision study", ""]
+    md.append(f"Command: `{study.get('command', 'mantissa study')}`  ")
+    md.append(f"Mantissa {study.get('version', '?')} on {machine.get('cpu', '?')} "
+              f"({machine.get('hardware_threads', '?')} hardware threads, features "
+              f"{machine.get('cpu_features', '?')}), device {machine.get('device', 'cpu')}, "
+              f"{study.get('seeds', 1)} seed(s) per cell.")
+    md.append("")
+    md.append("Every cell trains the same model from the same seed on the same data order with the "
+              "same hyper-parameters; only the precision recipe differs. The metric is the last "
+              "evaluation's; Δ is against fp32 (percentage points for accuracy, percent for "
+              "losses and distances); time and memory are the training time and peak tensor "
+              "memory over fp32's. Mean ± sample standard deviation over seeds.")
+    md.append("")
+    md.append("| recipe | what it does |")
+    md.append("|---|---|")
+    for r in results["recipes"]:
+        md.append(f"| {r['name']} | {r['description']} |")
+    md.append("")
+    md.append("## Summary: bf16 (round to nearest) against fp32")
+    md.append("")
+    all_rows = {}
+    for fam in results["families"]:
+        rows = table_rows(results, fam)
+        all_rows[fam["name"]] = rows
+        v = verdicts(fam, rows)
+        md.append(f"- **{fam['name']}** ({fam['kind']}): " + ("; ".join(v) if v else
+                                                              "no bf16 or fp32 cell"))
+    md.append("")
+    figures = []
+    for fam in results["families"]:
+        rows = all_rows[fam["name"]]
+        if not rows:
+            continue
+        md.append(f"## {fam['name']} ({fam['kind']})")
+        md.append("")
+        md.append(table_markdown(fam, rows))
+        md.append("")
+        png = os.path.join(out_dir, f"curves-{fam['name']}.png")
+        curve_plot(results, fam, png)
+        figures.append(png)
+        md.append(f"![curves-{fam['name']}](curves-{fam['name']}.png)")
+        md.append("")
+    under = []
+    for fam in results["families"]:
+        text, figs = underflow_plots(results, fam, out_dir)
+        if text:
+            under.append(text)
+            figures += figs
+    if under:
+        md.append("## The gradient-underflow picture")
+        md.append("")
+        md.append("Measured in separate fp16-O1 and fp16-noscale runs (seed 0) that also compute "
+                  "every measured step's fp32 gradients: the gradient of every layer's output "
+                  "(activation gradients), of every weight, and what the optimizer step did to "
+                  "the weights. Shaded: where fp16 flushes to zero (red), its subnormals "
+                  "(orange) and normal numbers (green).")
+        md.append("")
+        md += under
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(md) + "\n")
+    return path, figures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", help="results.json written by mantissa study")
+    ap.add_argument("--out", default=None, help="output directory (default: results.json's)")
+    args = ap.parse_args()
+    with open(args.results) as f:
+        results = json.load(f)
+    out = args.out or os.path.dirname(os.path.abspath(args.results))
+    path, figures = report(results, out)
+    print(f"report: {path} ({len(figures)} plots)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
