@@ -32,8 +32,8 @@ const std::vector<StudyRecipe>& study_recipes() {
       {"fp32", "fp32 everywhere (the reference)", "fp32", "", "dynamic", "", ""},
       {"tf32", "fp32 with GEMM/conv inputs rounded to tf32", "tf32", "", "dynamic", "", ""},
       {"bf16-O1", "autocast to bf16, fp32 weights", "bf16", "O1", "dynamic", "", ""},
-      {"bf16-O2", "bf16 weights and activations, fp32 masters, round to nearest even", "bf16",
-       "O2", "dynamic", "nearest", ""},
+      {"bf16-O2", "bf16 weights and activations, fp32 masters, round to nearest even", "bf16", "O2",
+       "dynamic", "nearest", ""},
       {"bf16-O2-trunc", "bf16-O2 with the weights stored truncated (toward zero)", "bf16", "O2",
        "dynamic", "truncate", ""},
       {"bf16-pure", "bf16 weights without fp32 masters, stochastic rounding", "bf16-pure", "",
@@ -44,11 +44,12 @@ const std::vector<StudyRecipe>& study_recipes() {
        ""},
       {"fp16-noscale", "fp16-O1 without loss scaling (a static scale of 1)", "fp16", "O1", "1", "",
        ""},
-      {"fp8-delayed", "fp8 Linear GEMMs, per-tensor delayed scaling (E4M3 forward, E5M2 "
-                      "gradients), the rest bf16-O1",
+      {"fp8-delayed",
+       "fp8 Linear GEMMs, per-tensor delayed scaling (E4M3 forward, E5M2 "
+       "gradients), the rest bf16-O1",
        "fp8", "O1", "dynamic", "", "delayed"},
-      {"fp8-current", "fp8 Linear GEMMs, per-tensor current scaling, the rest bf16-O1", "fp8",
-       "O1", "dynamic", "", "current"},
+      {"fp8-current", "fp8 Linear GEMMs, per-tensor current scaling, the rest bf16-O1", "fp8", "O1",
+       "dynamic", "", "current"},
       {"fp8-mxfp8", "fp8 Linear GEMMs, MXFP8 32-element blocks, the rest bf16-O1", "fp8", "O1",
        "dynamic", "", "mxfp8"},
   };
@@ -88,6 +89,10 @@ const StudyRecipe& recipe_of(const std::string& name) {
   throw;  // unreachable
 }
 
+std::vector<std::string> quick_recipes() {
+  return {"fp32", "bf16-O1", "bf16-O2-trunc", "fp16-O1", "fp16-noscale"};
+}
+
 std::string text_dir_of(const StudyConfig& s) {
   return s.text_dir.empty() ? (fs::path(s.out_dir) / "text").string() : s.text_dir;
 }
@@ -113,7 +118,8 @@ bool ensure_text(const StudyConfig& s, const std::function<void(const std::strin
   data::write_token_shard((fs::path(dir) / "train.bin").string(), train, tok.vocab_size(),
                           tok.fingerprint());
   if (say)
-    say(fmt::format("text: the fortunes corpus, byte-level, {} training and {} validation tokens "
+    say(
+        fmt::format("text: the fortunes corpus, byte-level, {} training and {} validation tokens "
                     "in {}",
                     train.size(), val.size(), dir));
   return true;
@@ -167,18 +173,20 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
   }
   if (s.quick) {
     steps = 30;
+    c.warmup_steps = std::min<int64_t>(c.warmup_steps, 3);
     c.eval_batches = std::min<int64_t>(c.eval_batches, 4);
     if (f.name == "lstm" || f.name == "gpt2_tiny") c.batch_size = 8;
   }
   c.max_steps = s.steps > 0 ? s.steps : steps;
-  c.eval_every = std::max<int64_t>(1, c.max_steps / 4);
+  c.eval_every = std::max<int64_t>(1, c.max_steps / (s.quick ? 2 : 4));
   c.log_every = std::max<int64_t>(1, c.max_steps / 30);
   c.precision = r.precision;
   c.opt_level = r.precision == "bf16-pure" ? "" : r.opt_level;
   c.loss_scale = r.loss_scale;
   c.rounding = r.rounding;
   if (!r.fp8_recipe.empty()) c.fp8_recipe = r.fp8_recipe;
-  if (probe) c.underflow_every = std::max<int64_t>(1, c.max_steps / std::max(1, s.underflow_points));
+  if (probe)
+    c.underflow_every = std::max<int64_t>(1, c.max_steps / std::max(1, s.underflow_points));
   return c;
 }
 
@@ -306,6 +314,7 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
   if (families.empty())
     for (const StudyFamily& f : study_families())
       families.push_back(f.name);
+  if (recipes.empty() && s.quick) recipes = quick_recipes();
   if (recipes.empty())
     for (const StudyRecipe& r : study_recipes())
       recipes.push_back(r.name);
@@ -315,12 +324,15 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
     (void)recipe_of(r);
   std::vector<std::string> probes;
   if (s.underflow_models.empty()) {
+    // --quick: the picture of the first family only.
     for (const std::string& f : families)
-      if (family_of(f).trainer) probes.push_back(f);
+      if (family_of(f).trainer && !(s.quick && !probes.empty())) probes.push_back(f);
   } else if (!(s.underflow_models.size() == 1 && s.underflow_models[0] == "none")) {
     for (const std::string& f : s.underflow_models) {
-      MT_CHECK(family_of(f).trainer, "--underflow-models: the underflow picture is measured by "
-               "the Trainer's models; ", f, " trains in its own loop");
+      MT_CHECK(family_of(f).trainer,
+               "--underflow-models: the underflow picture is measured by "
+               "the Trainer's models; ",
+               f, " trains in its own loop");
       probes.push_back(f);
     }
   }
@@ -376,6 +388,27 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
   if (say && reused > 0)
     say(fmt::format("{} of {} cells were finished already (in {}/cells) and not rerun", reused,
                     plan.size(), s.out_dir));
+  // Seeds beyond --seeds that an earlier run of the same settings finished (e.g. more seeds for
+  // a few recipes) join the results: every cell of these families and recipes that is valid now.
+  size_t extra = 0;
+  for (const std::string& f : families) {
+    for (const std::string& r : recipes) {
+      for (int seed = s.seeds;; ++seed) {
+        const std::string path = cell_path(s, f, r, seed, false);
+        if (!fs::exists(path)) break;
+        const Json config = Json::parse(study_cell_config(s, f, r, seed).to_json());
+        if (std::optional<Json> old = finished_cell(path, config)) {
+          cells.push_back(std::move(*old));
+          ++extra;
+        }
+      }
+    }
+  }
+  if (say && extra > 0)
+    say(
+        fmt::format("{} cells of further seeds, finished earlier with these settings, join the "
+                    "results",
+                    extra));
 
   Json results;
   Json study;

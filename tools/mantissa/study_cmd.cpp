@@ -93,9 +93,8 @@ int run(StudyArgs& a) {
   c.underflow_models = split_list(a.underflow_models);
   c.command = command_line();
   c.version = version_number();
-  const std::string results = train::run_study(c, [](const std::string& line) {
-    std::fprintf(stderr, "%s\n", line.c_str());
-  });
+  const std::string results = train::run_study(
+      c, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   std::fprintf(stderr, "results: %s\n", results.c_str());
   if (a.no_report) return 0;
   const std::string script = report_script();
@@ -106,11 +105,13 @@ int run(StudyArgs& a) {
            MANTISSA_SOURCE_DIR, "/tools; the results are in ", results,
            "; make the report from a source tree with: ", how);
   const std::string py = report_python();
-  MT_CHECK(!py.empty(), "the report needs Python with numpy and matplotlib (apt-get install "
-           "python3-matplotlib); the results are in ", results, "; then run: ", how);
-  const int rc = std::system(
-      fmt::format("{} {} {} --out {}", py, shell_quoted(script), shell_quoted(results), shell_quoted(c.out_dir))
-          .c_str());
+  MT_CHECK(!py.empty(),
+           "the report needs Python with numpy and matplotlib (apt-get install "
+           "python3-matplotlib); the results are in ",
+           results, "; then run: ", how);
+  const int rc = std::system(fmt::format("{} {} {} --out {}", py, shell_quoted(script),
+                                         shell_quoted(results), shell_quoted(c.out_dir))
+                                 .c_str());
   MT_CHECK(rc == 0, "the report script failed (exit ", rc, "); the results are kept in ", results,
            "; rerun it with: ", how);
   return 0;
@@ -130,24 +131,28 @@ Command add_study_command(CLI::App& app) {
     models += (models.empty() ? "" : ",") + f.name;
   for (const train::StudyRecipe& r : train::study_recipes())
     recipes += (recipes.empty() ? "" : ",") + r.name;
-  cmd->add_option("--models", a->models, "Comma-separated model families (default: " + models + ")");
+  cmd->add_option("--models", a->models,
+                  "Comma-separated model families (default: " + models + ")");
   cmd->add_option("--recipes", a->recipes,
                   "Comma-separated precision recipes (default: " + recipes + ")");
   cmd->add_option("--steps", a->config.steps,
                   "Optimizer steps per cell (0: each family's default, docs/study.md)")
       ->capture_default_str();
   cmd->add_option("--seeds", a->config.seeds, "Seeds per cell (0 .. N-1)")->capture_default_str();
-  cmd->add_option("--out", a->config.out_dir, "Output directory: cells/, results.json, report.md, "
-                                              "the plots")
+  cmd->add_option("--out", a->config.out_dir,
+                  "Output directory: cells/, results.json, report.md, "
+                  "the plots")
       ->capture_default_str();
   cmd->add_flag("--quick", a->config.quick, "A CI-sized run: 30 steps per cell, short evaluations");
-  cmd->add_option("--data-dir", a->config.data_dir, "Fashion-MNIST IDX files")->capture_default_str();
+  cmd->add_option("--data-dir", a->config.data_dir, "Fashion-MNIST IDX files")
+      ->capture_default_str();
   cmd->add_option("--text", a->config.text_dir,
                   "Token shards for the language models (mantissa tokenize --out DIR); default: "
                   "OUT/text, made from the fortunes corpus, byte-level");
-  cmd->add_option("--underflow-models", a->underflow_models,
-                  "Families whose fp16-O1 and fp16-noscale runs are repeated once with the "
-                  "gradient-underflow measurement (default: every Trainer family; none: no picture)");
+  cmd->add_option(
+      "--underflow-models", a->underflow_models,
+      "Families whose fp16-O1 and fp16-noscale runs are repeated once with the "
+      "gradient-underflow measurement (default: every Trainer family; none: no picture)");
   cmd->add_option("--underflow-points", a->config.underflow_points,
                   "Underflow measurements over a run")
       ->capture_default_str();

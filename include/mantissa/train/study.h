@@ -27,8 +27,8 @@ const std::vector<StudyRecipe>& study_recipes();
 // A model family of the study: the model, its data and hyper-parameters, and the number it is
 // judged by (a key of its eval records).
 struct StudyFamily {
-  std::string name;  // the study's name for the row, e.g. "cnn", "lstm"
-  std::string kind;  // "CNN", "RNN", "transformer", "GAN", "recommender", "MLP"
+  std::string name;               // the study's name for the row, e.g. "cnn", "lstm"
+  std::string kind;               // "CNN", "RNN", "transformer", "GAN", "recommender", "MLP"
   std::string metric;             // e.g. "test_accuracy", "test_loss", "frechet_distance"
   bool higher_is_better = false;  // accuracy, AUC: true; losses, distances: false
   bool trainer = true;            // trained by train::Trainer (false: its own loop)
@@ -38,10 +38,11 @@ struct StudyFamily {
 const std::vector<StudyFamily>& study_families();
 
 struct StudyConfig {
-  std::vector<std::string> models;   // empty: every family
-  std::vector<std::string> recipes;  // empty: every recipe
-  int64_t steps = 0;                 // optimizer steps per cell; 0: each family's own default
-  int seeds = 1;                     // seeds 0 .. seeds-1 of every cell
+  std::vector<std::string> models;  // empty: every family
+  // Empty: every recipe (--quick: fp32, bf16-O1, bf16-O2-trunc, fp16-O1, fp16-noscale).
+  std::vector<std::string> recipes;
+  int64_t steps = 0;  // optimizer steps per cell; 0: each family's own default
+  int seeds = 1;      // seeds 0 .. seeds-1 of every cell
   std::string out_dir = "study";
   // Fewer steps and smaller data for a run of minutes (CI): --quick.
   bool quick = false;
@@ -52,7 +53,7 @@ struct StudyConfig {
   std::string text_dir;
   // The gradient-underflow picture: the families whose fp16-O1 and fp16-noscale cells are also
   // run once (seed 0) with the measurement every steps/underflow_points steps. Empty: every
-  // family the Trainer runs. "none": no picture.
+  // family the Trainer runs (--quick: the first). "none": no picture.
   std::vector<std::string> underflow_models;
   int underflow_points = 8;
   int threads = 0;  // 0: every core
@@ -67,7 +68,9 @@ TrainConfig study_cell_config(const StudyConfig& study, const std::string& famil
                               const std::string& recipe, int seed, bool probe = false);
 
 // Runs every cell of the matrix not already finished in out_dir/cells (a finished cell whose
-// configuration is the same is not rerun), then writes out_dir/results.json. `say` gets one line
+// configuration is the same is not rerun), then writes out_dir/results.json: these cells, and
+// the cells of further seeds (consecutive from `seeds`) that an earlier run with the same
+// settings finished. `say` gets one line
 // per cell as it starts and ends. Returns the path of results.json. A cell that fails (diverges,
 // or the recipe does not apply to the model) is recorded with its status and message; the study
 // goes on.
