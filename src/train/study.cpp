@@ -155,7 +155,7 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
     c.momentum = 0.9;
     c.weight_decay = 5e-4;
     c.eval_batch_size = 500;
-    steps = f.name == "mlp" ? 600 : f.name == "cnn" ? 300 : 200;
+    steps = f.name == "mlp" ? 400 : f.name == "cnn" ? 200 : 150;
     if (f.name == "resnet") c.model = "resnet_small";
   } else if (f.name == "lstm" || f.name == "gpt2_tiny") {
     c.data = has_text(s) ? "text" : "synthetic-text";
@@ -169,7 +169,7 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
     c.warmup_steps = 20;
     c.clip_grad_norm = 1.0;
     c.eval_batches = 20;
-    steps = 300;
+    steps = 200;
   }
   if (s.quick) {
     steps = 30;
@@ -212,15 +212,19 @@ std::string cell_path(const StudyConfig& s, const std::string& family, const std
 }
 
 // The cell's file when it finished with this configuration (same numbers, same data): a rerun of
-// the study leaves it be.
+// the study leaves it be. The stored configuration is read as a TrainConfig, so a file written
+// before a new field existed still matches when the field has its default.
 std::optional<Json> finished_cell(const std::string& path, const Json& config) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
   try {
     Json j = Json::parse(in);
-    if (j.value("config", Json()) == config) return j;
+    const Json stored = Json::parse(TrainConfig::from_json(j.value("config", Json()).dump()).to_json());
+    if (stored == config) return j;
   } catch (const nlohmann::json::exception&) {
     // A damaged file is rerun.
+  } catch (const Error&) {
+    // So is one whose configuration no longer reads (a field since removed).
   }
   return std::nullopt;
 }
