@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   add(cli::add_bench_command);
   add(cli::add_tokenize_command);
   add(cli::add_generate_command);
+  add(cli::add_clicks_command);
   add(cli::add_formats_command);
   add(cli::add_info_command);
 
