@@ -6,7 +6,8 @@ deep paths instead of rediscovering the formats: safetensors files of every dtyp
 `safetensors` package, as PyTorch users write them) and a real Mantissa checkpoint; IDX images and
 labels, raw and gzip, cut from Fashion-MNIST; token shards of both widths and a flat token file;
 tokenizer files (a trained one and hand-made edge cases); numbers; training configurations;
-run configs (TOML: configs/*.toml and the printed defaults).
+run configs (TOML: configs/*.toml and the printed defaults); click logs (`mantissa clicks`, TSV and
+CSV, and hand-made lines).
 
     python3 fuzz/make_seeds.py [--cli build/mantissa]
 
@@ -162,6 +163,18 @@ def run_config_seeds(cli):
         + "".join(f'"{k} = "\n' for k in keys))
 
 
+def click_log_seeds(cli, tmp):
+    # Synthetic logs as `mantissa clicks` writes them (Criteo's 40 columns, TSV and CSV), and
+    # hand-made lines: other widths, missing values, CRLF, an empty line.
+    for name in ("clicks.tsv", "clicks.csv"):
+        out = tmp / name
+        subprocess.run([cli, "clicks", "--out", str(out), "--examples", "12", "--seed", "1"],
+                       check=True, capture_output=True)
+        put("click_log", "synthetic-" + name.split(".")[1], out.read_bytes())
+    put("click_log", "small-missing", b"1\t3\t\t0.5\tab\t\n0\t-2\t7\t\t\tcd\r\n\n1\t\t\t1e3\tab\tcd\n")
+    put("click_log", "dense-only", b"0\t1\t2\n1\t4\t5\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cli", default=str(HERE.parent / "build" / "mantissa"))
@@ -176,6 +189,7 @@ def main():
         number_seeds()
         config = config_seeds(ckpt)
         run_config_seeds(args.cli)
+        click_log_seeds(args.cli, tmp)
     # The configuration's keys as a dictionary: the fuzzer combines them instead of guessing.
     keys = "".join(f'"\\"{k}\\""\n' for k in config)
     (HERE / "config.dict").write_text("# Keys of the training configuration (made by make_seeds.py)\n" + keys)

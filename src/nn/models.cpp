@@ -54,6 +54,7 @@ const std::vector<Entry>& registry() {
        [](const ModelConfig& c) { return models::lstm_lm(c, 128, 256, 2); }},
       {"lstm_classifier", ModelInput::Image,
        [](const ModelConfig& c) { return models::lstm_classifier(c, 128); }},
+      {"dcn", ModelInput::Clicks, [](const ModelConfig& c) { return models::dcn(c); }},
   };
   return entries;
 }
@@ -94,6 +95,8 @@ ModelInput model_input(const std::string& name) {
 Tensor example_input(const std::string& name, const ModelConfig& config, int64_t batch,
                      int64_t seq_len, uint64_t seed) {
   MT_CHECK(batch > 0 && seq_len > 0, "example_input: batch and seq_len must be positive");
+  MT_CHECK(model_input(name) != ModelInput::Clicks, "model \"", name,
+           "\" takes {dense, categorical}: use example_inputs");
   if (model_input(name) == ModelInput::Image) {
     return Tensor::uniform({batch, config.in_channels, config.image_size, config.image_size}, -1.0,
                            1.0, seed);
@@ -106,6 +109,21 @@ Tensor example_input(const std::string& name, const ModelConfig& config, int64_t
   for (int64_t& v : tokens)
     v = int64_t(rng() % uint64_t(vocab));
   return Tensor::from_vector(tokens, {batch, t});
+}
+
+TensorList example_inputs(const std::string& name, const ModelConfig& config, int64_t batch,
+                          int64_t seq_len, uint64_t seed) {
+  if (model_input(name) != ModelInput::Clicks)
+    return {example_input(name, config, batch, seq_len, seed)};
+  MT_CHECK(batch > 0, "example_inputs: batch must be positive");
+  std::vector<int64_t> tables = config.table_sizes;
+  if (tables.empty()) tables.assign(26, 10000);
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(size_t(batch) * tables.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = int64_t(rng() % uint64_t(tables[i % tables.size()]));
+  return {Tensor::uniform({batch, config.dense_features}, 0.0, 3.0, seed),
+          Tensor::from_vector(ids, {batch, int64_t(tables.size())})};
 }
 
 }  // namespace mantissa::nn

@@ -20,6 +20,8 @@ namespace mantissa::train {
   _(data)                         \
   _(data_dir)                     \
   _(synthetic_size)               \
+  _(hash_buckets)                 \
+  _(embedding_update)             \
   _(dropout)                      \
   _(data_path)                    \
   _(val_path)                     \
@@ -150,10 +152,20 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
 }
 
 void TrainConfig::validate() const {
-  MT_CHECK(
-      data == "fashion-mnist" || data == "synthetic" || data == "text" || data == "synthetic-text",
-      "unknown dataset '", data,
-      "'; use fashion-mnist or synthetic (images), text or synthetic-text (token models)");
+  MT_CHECK(data == "fashion-mnist" || data == "synthetic" || data == "text" ||
+               data == "synthetic-text" || data == "synthetic-clicks" || data == "clicks",
+           "unknown dataset '", data,
+           "'; use fashion-mnist or synthetic (images), text or synthetic-text (token models), "
+           "synthetic-clicks or clicks (recommenders)");
+  MT_CHECK(data != "clicks" || !data_path.empty(),
+           "--data clicks needs --data-path: a click log, tab-separated (.csv: comma) with a "
+           "label, dense and categorical columns per line");
+  MT_CHECK(hash_buckets >= 2, "--hash-buckets must be at least 2 (row 0 is the empty token), got ",
+           hash_buckets);
+  MT_CHECK(embedding_update == "auto" || embedding_update == "lazy" || embedding_update == "dense",
+           "unknown --embedding-update '", embedding_update,
+           "'; use lazy (the rows a batch touched), dense (every row) or auto (lazy on the CPU, "
+           "dense on a GPU)");
   MT_CHECK(data != "text" || !data_path.empty(),
            "--data text needs --data-path: the directory `mantissa tokenize --out DIR` wrote, or "
            "a token shard");

@@ -297,6 +297,9 @@ void Trainer::build() {
                list += (list.empty() ? "" : ", ") + n;
              return list;
            }());
+  MT_CHECK(nn::model_input(config_.model) != nn::ModelInput::Clicks, "model '", config_.model,
+           "' is a recommender: train::train_recommender trains it (mantissa train --model ",
+           config_.model, " --data synthetic-clicks), not the Trainer");
   language_model_ = nn::model_input(config_.model) == nn::ModelInput::Tokens;
   nn::ModelConfig mc;
   mc.dropout = config_.dropout;

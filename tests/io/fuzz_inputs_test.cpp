@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mantissa/core/error.h"
+#include "mantissa/data/clicks.h"
 #include "mantissa/data/images.h"
 #include "mantissa/data/tokenizer.h"
 #include "mantissa/data/tokens.h"
@@ -66,6 +67,15 @@ const std::map<std::string, std::function<void(const fs::path&)>>& loaders() {
       {"config", [](const fs::path& p) { train::TrainConfig::from_json(contents(p)).validate(); }},
       {"run_config",
        [](const fs::path& p) { train::resolve_run_config({}, contents(p), p.string()); }},
+      {"click_log",
+       [](const fs::path& p) {
+         // As the fuzz target reads it: the layout detected, with small tables; tab-separated
+         // unless the file has no tab.
+         data::ClickFileOptions o;
+         o.hash_buckets = 97;
+         o.delimiter = contents(p).find('\t') == std::string::npos ? ',' : '\t';
+         data::read_click_log(p.string(), o);
+       }},
   };
   return m;
 }

@@ -17,6 +17,7 @@ Command add_bench_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_study_command(CLI::App& app);
+Command add_clicks_command(CLI::App& app);
 
 // Exit code for a user's mistake (bad flag, bad number, bad file).
 inline constexpr int kUsageError = 2;

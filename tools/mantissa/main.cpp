@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   add(cli::add_tokenize_command);
   add(cli::add_generate_command);
   add(cli::add_study_command);
+  add(cli::add_clicks_command);
   add(cli::add_formats_command);
   add(cli::add_info_command);
 

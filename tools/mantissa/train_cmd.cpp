@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "commands.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/models.h"
+#include "mantissa/train/recommender.h"
 #include "mantissa/train/run_config.h"
 #include "mantissa/train/trainer.h"
 
@@ -169,6 +171,57 @@ void print_result(const train::TrainResult& r, const train::Trainer& trainer, bo
   }
 }
 
+// A recommender's run (train::train_recommender) and its final line.
+int run_recommender(train::TrainConfig config, const CLI::App& cmd, bool from_file, bool json) {
+  // The recommender's defaults where neither the command line nor a config file chose: AdamW at
+  // 1e-3 without weight decay, batches of 512, 100,000 synthetic examples, one epoch.
+  if (!from_file) {
+    if (cmd.count("--optimizer") == 0) config.optimizer = "adamw";
+    if (cmd.count("--lr") == 0) config.lr = 1e-3;
+    if (cmd.count("--weight-decay") == 0) config.weight_decay = 0;
+    if (cmd.count("--batch-size") == 0) config.batch_size = 512;
+    if (cmd.count("--synthetic-size") == 0) config.synthetic_size = 100000;
+    // --steps alone runs that many steps, over as many epochs as they take.
+    if (cmd.count("--epochs") == 0) config.epochs = cmd.count("--steps") ? 0 : 1;
+  }
+  const train::RecommenderResult r = train::train_recommender(config);
+  if (json) {
+    nlohmann::ordered_json j;
+    j["model"] = config.model;
+    j["data"] = config.data;
+    j["precision"] = r.precision;
+    j["log_loss"] = r.log_loss;
+    j["auc"] = r.auc;
+    if (!std::isnan(r.bayes_log_loss)) j["bayes_log_loss"] = r.bayes_log_loss;
+    j["constant_log_loss"] = r.constant_log_loss;
+    j["steps"] = r.steps;
+    j["seconds"] = r.seconds;
+    j["skipped_steps"] = r.skipped_steps;
+    j["loss_scale"] = r.loss_scale;
+    j["peak_memory_bytes"] = r.peak_memory_bytes;
+    j["embedding_update"] = r.embedding_update;
+    j["table_update_seconds"] = r.table_update_seconds;
+    j["optimizer_seconds_rest"] = r.optimizer_seconds_rest;
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  const std::string bayes =
+      std::isnan(r.bayes_log_loss) ? "" : fmt::format("Bayes {:.4f}, ", r.bayes_log_loss);
+  const std::string scaling =
+      r.loss_scale != 1 || r.skipped_steps > 0
+          ? fmt::format(", loss scale {:g}, {} skipped steps", r.loss_scale, r.skipped_steps)
+          : "";
+  fmt::print(
+      "{} on {} ({}): held-out log loss {:.4f} ({}constant {:.4f}), AUC {:.4f}, {} steps, {:.1f} "
+      "s training ({:.1f} ms/step), peak memory {}, tables updated {}{}\n",
+      config.model, config.data, r.precision, r.log_loss, bayes, r.constant_log_loss, r.auc,
+      r.steps, r.seconds, r.steps ? 1e3 * r.seconds / double(r.steps) : 0.0,
+      train::format_bytes(r.peak_memory_bytes),
+      r.embedding_update == "lazy" ? "lazily (the rows each batch touched)" : "densely (every row)",
+      scaling);
+  return 0;
+}
+
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
@@ -180,11 +233,21 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--data", c.data,
                   "Dataset: fashion-mnist or synthetic (image models); text or synthetic-text "
-                  "(token models: gpt2_tiny, gpt2, lstm)")
+                  "(token models: gpt2_tiny, gpt2, lstm); synthetic-clicks or clicks "
+                  "(recommenders: dcn)")
+      ->capture_default_str();
+  cmd->add_option("--hash-buckets", c.hash_buckets,
+                  "Recommenders: rows of each categorical field's embedding table (tokens are "
+                  "hashed into them, FNV-1a)")
+      ->capture_default_str();
+  cmd->add_option("--embedding-update", c.embedding_update,
+                  "Recommenders: lazy (AdamW on the table rows a batch touched), dense (every "
+                  "row, every step) or auto (lazy on the CPU, dense on a GPU)")
       ->capture_default_str();
   cmd->add_option("--data-path", c.data_path,
                   "--data text: the directory `mantissa tokenize --out DIR` wrote (train.bin, "
-                  "val.bin, tokenizer.json), or a token shard");
+                  "val.bin, tokenizer.json), or a token shard; --data clicks: a click log (TSV, "
+                  "or CSV by extension: label, dense, categorical columns)");
   cmd->add_option("--val-path", c.val_path,
                   "--data text: the validation shard (default: DIR/val.bin, or the last 5% of "
                   "the training shard)");
@@ -192,7 +255,8 @@ Command add_train_command(CLI::App& app) {
                   "--data text: the tokenizer JSON, kept for generation (default: "
                   "DIR/tokenizer.json)");
   cmd->add_option("--synthetic-size", c.synthetic_size,
-                  "--data synthetic: training images; synthetic-text: tokens")
+                  "--data synthetic: training images; synthetic-text: tokens; synthetic-clicks: "
+                  "examples, the last 10% held out (dcn's default: 100000)")
       ->capture_default_str();
   cmd->add_option("--seq-len", c.seq_len, "Token models: tokens per training window")
       ->capture_default_str();
@@ -413,6 +477,10 @@ Command add_train_command(CLI::App& app) {
     if (args->print_config) {
       fmt::print("# mantissa train --config FILE reads this back\n{}", train::to_toml(config));
       return 0;
+    }
+    if (nn::model_input(config.model) == nn::ModelInput::Clicks) {
+      return run_recommender(config, *cmd, !args->config_file.empty() || !args->config_from.empty(),
+                             args->json);
     }
     train::Trainer trainer(config);
     g_announce = trainer.rank() == 0;

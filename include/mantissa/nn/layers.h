@@ -295,6 +295,23 @@ class Identity : public Module {
   Tensor forward(const Tensor& x) override { return x; }
 };
 
+// DCN's cross layer (Wang et al. 2017, v1): forward_list({x0, xl}) -> {x0 * (xl . w) + b + xl},
+// x0 and xl (B, dim). weight (dim) ~ U(+-1/sqrt(dim)), bias (dim) zero. One rank-one feature
+// crossing per layer: dim * 2 parameters, the product xl . w a (B, dim) x (dim, 1) GEMM.
+class CrossLayer : public Module {
+ public:
+  explicit CrossLayer(int64_t dim, std::optional<uint64_t> seed = {});
+  TensorList forward_list(const TensorList& inputs) override;
+  std::string extra_repr() const override;
+  Tensor& weight() { return *weight_; }  // (dim)
+  Tensor& bias() { return *bias_; }      // (dim)
+
+ private:
+  int64_t dim_;
+  Tensor* weight_;
+  Tensor* bias_;
+};
+
 // Flattens dims start..end (default: everything but the batch dim).
 class Flatten : public Module {
  public:

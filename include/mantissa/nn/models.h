@@ -20,6 +20,11 @@ struct ModelConfig {
   int64_t image_size = 28;    // square images
   int64_t vocab_size = 256;   // token models (gpt2 itself: 50257)
   int64_t max_seq_len = 256;  // token models (gpt2 itself: 1024)
+  // Recommenders (dcn): dense features, the rows of each categorical field's embedding table
+  // (empty: Criteo's 26 fields hashed into 10,000 rows each) and the embedding width.
+  int64_t dense_features = 13;
+  std::vector<int64_t> table_sizes = {};
+  int64_t embedding_dim = 16;
   double dropout = 0.0;
   uint64_t seed = 0;  // every initial value derives from it
   // PerBlock: every transformer block (gpt2*, vit*) or LSTM layer (lstm, lstm_classifier)
@@ -32,6 +37,8 @@ struct ModelConfig {
 enum class ModelInput {
   Image,   // f32 (B, in_channels, image_size, image_size) -> logits (B, num_classes)
   Tokens,  // i64 (B, T), T <= max_seq_len -> logits (B, T, vocab)
+  // forward_list({dense f32 (B, dense_features), categorical i64 (B, fields)}) -> {logits (B)}
+  Clicks,
 };
 
 // The models, by name:
@@ -49,15 +56,27 @@ enum class ModelInput {
 //   gpt2_tiny      4 layers, 4 heads, 128 dim, vocab_size, context max_seq_len
 //   lstm           language model: embedding 128 -> 2-layer LSTM 256 -> linear to vocab (Tokens)
 //   lstm_classifier  image rows as a sequence: (B, C, H, W) or (B, H, W) -> LSTM 128 -> classes
+//   dcn            Deep & Cross Network (Wang et al. 2017) for click logs (ModelInput::Clicks):
+//                  one embedding of embedding_dim (16) per categorical field, concatenated after
+//                  the dense features into x0 (13 + 26*16 = 429 wide by default); 3 cross layers
+//                  (CrossLayer) beside a deep MLP x0 -> 256 -> 128 (ReLU); their outputs
+//                  concatenated -> Linear -> 1 logit. Parameters: embeddings.<f>.weight,
+//                  cross.<l>.{weight,bias}, deep.{0,2}.{weight,bias}, head.{weight,bias}
+//                  (4,306,108 with the defaults, 4,160,000 of them in the tables).
 // An unknown name throws listing these. The token models (gpt2, gpt2_tiny, lstm) are
 // nn::CausalLM's (causal_lm.h): they generate with a cache (generate.h).
 std::shared_ptr<Module> make_model(const std::string& name, const ModelConfig& config = {});
 std::vector<std::string> model_names();
 ModelInput model_input(const std::string& name);
 // A random input batch the model accepts: images U(-1, 1), or tokens of length
-// min(max_seq_len, seq_len) drawn from the vocabulary.
+// min(max_seq_len, seq_len) drawn from the vocabulary. (A Clicks model takes two tensors:
+// example_inputs.)
 Tensor example_input(const std::string& name, const ModelConfig& config, int64_t batch,
                      int64_t seq_len = 64, uint64_t seed = 0);
+// Every input of a batch: {example_input(...)} for image and token models; for Clicks models
+// {dense U(0, 3) (B, dense_features), categorical (B, fields) uniform over each table}.
+TensorList example_inputs(const std::string& name, const ModelConfig& config, int64_t batch,
+                          int64_t seq_len = 64, uint64_t seed = 0);
 
 // The building blocks, for models that mix them (registered by make_model).
 namespace models {
@@ -73,6 +92,10 @@ std::shared_ptr<Module> gpt(const ModelConfig& c, int64_t vocab, int64_t context
 std::shared_ptr<Module> lstm_lm(const ModelConfig& c, int64_t embed, int64_t hidden,
                                 int64_t layers);
 std::shared_ptr<Module> lstm_classifier(const ModelConfig& c, int64_t hidden);
+// DCN v1: `cross_layers` CrossLayers beside an MLP of `deep` widths (ReLU), over ModelConfig's
+// dense_features, table_sizes and embedding_dim.
+std::shared_ptr<Module> dcn(const ModelConfig& c, int64_t cross_layers = 3,
+                            const std::vector<int64_t>& deep = {256, 128});
 }  // namespace models
 
 }  // namespace mantissa::nn

@@ -14,9 +14,17 @@ struct TrainConfig {
   std::string model = "cnn";
   // Image models: fashion-mnist | synthetic. Token models (gpt2_tiny, gpt2, lstm): text (token
   // shards written by `mantissa tokenize`) | synthetic-text (a learnable seeded stream).
+  // Recommenders (dcn, train::train_recommender): synthetic-clicks (synthetic_size examples of
+  // a log with a planted model, data/clicks.h) | clicks (a TSV/CSV click log at data_path).
   std::string data = "fashion-mnist";
   std::string data_dir = kDefaultFashionMnistDir;
-  int64_t synthetic_size = 10000;  // examples (synthetic) or tokens (synthetic-text)
+  int64_t synthetic_size = 10000;  // examples (synthetic, synthetic-clicks) or tokens
+  // Recommenders: rows of each categorical field's embedding table (tokens are hashed into
+  // them, data::hash_token), and how the tables are updated: lazy (AdamW on the rows the batch
+  // touched only; the others keep their weights and moments), dense (the optimizer over every
+  // row, as any parameter), auto (lazy on the CPU, dense on a GPU).
+  int64_t hash_buckets = 10000;
+  std::string embedding_update = "auto";
   double dropout = 0.0;
 
   // language models (data = text | synthetic-text)
