@@ -39,7 +39,9 @@ METRIC_LABELS = {
 }
 
 
-def metric_label(metric):
+def metric_label(metric, family=None):
+    if family and family.get("metric_label"):
+        return family["metric_label"]
     return METRIC_LABELS.get(metric, metric.replace("_", " "))
 
 
@@ -130,7 +132,7 @@ def fmt_or_dash(v, spec):
 def table_markdown(family, rows):
     metric = family["metric"]
     acc = is_accuracy(metric)
-    head = (f"| recipe | {metric_label(metric)} | Δ vs fp32 ({'pp' if acc else '%'}) "
+    head = (f"| recipe | {metric_label(metric, family)} | Δ vs fp32 ({'pp' if acc else '%'}) "
             "| time / fp32 | memory / fp32 | skipped steps | final loss scale | status |")
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -155,10 +157,30 @@ def table_markdown(family, rows):
     return "\n".join(lines)
 
 
+def reference_lines(results, family):
+    """What the metric is measured against, where the family's evaluations say: the planted
+    model's log loss and the constant predictor's (synthetic click log), the Fréchet distance of
+    real images (the sampling noise's floor)."""
+    cells = [c for c in results["cells"] if c["model"] == family["name"] and c.get("eval")]
+    if not cells:
+        return []
+    last = cells[0]["eval"][-1]
+    out = []
+    if last.get("bayes_log_loss") is not None:
+        out.append(f"The planted model's log loss (the best achievable) on the held-out clicks: "
+                   f"{last['bayes_log_loss']:.4f}; a constant predictor's: "
+                   f"{last.get('constant_log_loss', float('nan')):.4f}.")
+    if last.get("frechet_distance_real") is not None:
+        out.append(f"Real training images against the test images score "
+                   f"{last['frechet_distance_real']:.4f}: the floor that sampling noise sets.")
+    return out + [""] if out else []
+
+
 def verdicts(family, rows):
     """The acceptance check: bf16 with round-to-nearest (O1, O2) against fp32."""
     metric = family["metric"]
     out = []
+    base = next((r for r in rows if r["recipe"] == "fp32"), None)
     for r in rows:
         if r["recipe"] not in ("bf16-O1", "bf16-O2") or r["delta"] is None:
             continue
@@ -170,6 +192,11 @@ def verdicts(family, rows):
             ok = abs(r["delta"]) <= RELATIVE * 100
             out.append(f"{r['recipe']} is {r['delta']:+.2f} % from fp32: "
                        f"{'within' if ok else 'NOT within'} {RELATIVE * 100:.0f} %")
+    # How far fp32 itself moves from seed to seed: what a difference must exceed to mean anything.
+    if out and base is not None and base["n"] > 1 and base["mean"]:
+        noise = 100 * base["std"] if is_accuracy(metric) else 100 * base["std"] / abs(base["mean"])
+        out.append(f"fp32's own seed-to-seed standard deviation: {noise:.2f} "
+                   f"{'pp' if is_accuracy(metric) else '%'} (n={base['n']})")
     return out
 
 
@@ -198,8 +225,8 @@ def curve_plot(results, family, path):
     ax_loss.set_ylabel("training loss (logged steps)")
     ax_loss.set_title(f"{family['name']}: training loss, seed 0")
     ax_metric.set_xlabel("optimizer step")
-    ax_metric.set_ylabel(metric_label(metric))
-    ax_metric.set_title(f"{family['name']}: {metric_label(metric)}")
+    ax_metric.set_ylabel(metric_label(metric, family))
+    ax_metric.set_title(f"{family['name']}: {metric_label(metric, family)}")
     for ax in (ax_loss, ax_metric):
         ax.grid(alpha=0.3)
     handles, labels = ax_loss.get_legend_handles_labels()
@@ -255,13 +282,19 @@ def underflow_plots(results, family, out_dir):
             lows.append(e.min())
             highs.append(e.max() + 1 + shift)
     xlim = (min(lows + [-40]) - 3, max(highs + [17]) + 2)
+    # One height for both panels (they share the y axis), the labels inside it.
+    top = 0.05
+    for rec in (first, last):
+        _, n = histogram_arrays(rec["activations"]["log2"])
+        if n.sum() > 0:
+            top = max(top, (n / n.sum()).max())
+    top *= 1.15
     for ax, rec in zip(axes, (first, last)):
         e, n = histogram_arrays(rec["activations"]["log2"])
         total = max(n.sum(), 1)
         frac = n / total
         scale = rec.get("loss_scale", 1.0)
         shift = math.log2(scale) if scale > 0 else 0.0
-        top = max(frac.max() if len(frac) else 0.1, 0.05) * 1.15
         shade_formats(ax, top, xlim)
         ax.bar(e + 0.5, frac, width=1.0, color="#1f77b4", alpha=0.75,
                label="activation gradients (fp32)")
@@ -419,6 +452,7 @@ def report(results, out_dir):
         md.append("")
         md.append(table_markdown(fam, rows))
         md.append("")
+        md += reference_lines(results, fam)
         png = os.path.join(out_dir, f"curves-{fam['name']}.png")
         curve_plot(results, fam, png)
         figures.append(png)

@@ -32,6 +32,7 @@ struct StudyFamily {
   std::string metric;             // e.g. "test_accuracy", "test_loss", "frechet_distance"
   bool higher_is_better = false;  // accuracy, AUC: true; losses, distances: false
   bool trainer = true;            // trained by train::Trainer (false: its own loop)
+  std::string metric_label;       // for the report, e.g. "held-out log loss"
 };
 
 // mlp, cnn, resnet, lstm, gpt2_tiny, dcgan, dcn.
