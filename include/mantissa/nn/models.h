@@ -32,7 +32,11 @@ struct ModelConfig {
 enum class ModelInput {
   Image,   // f32 (B, in_channels, image_size, image_size) -> logits (B, num_classes)
   Tokens,  // i64 (B, T), T <= max_seq_len -> logits (B, T, vocab)
+  Latent,  // f32 (B, kDcganLatentDim) noise -> images (B, in_channels, image_size, image_size)
 };
+
+// The latent size of dcgan_generator.
+inline constexpr int64_t kDcganLatentDim = 64;
 
 // The models, by name:
 //   mlp            flatten -> in*size^2 -> 256 -> 128 -> classes, ReLU (and dropout)
@@ -49,13 +53,19 @@ enum class ModelInput {
 //   gpt2_tiny      4 layers, 4 heads, 128 dim, vocab_size, context max_seq_len
 //   lstm           language model: embedding 128 -> 2-layer LSTM 256 -> linear to vocab (Tokens)
 //   lstm_classifier  image rows as a sequence: (B, C, H, W) or (B, H, W) -> LSTM 128 -> classes
+//   dcgan_generator  z (B, 64) -> linear to 128 x s x s (s = image_size / 4), BN, ReLU ->
+//                  conv-transpose 4x4/2 to 64, BN, ReLU -> conv-transpose 4x4/2 to in_channels,
+//                  tanh (Latent input; image_size a multiple of 4, e.g. 28)
+//   dcgan_discriminator  images -> conv 4x4/2 64, LeakyReLU 0.2 -> conv 4x4/2 128, BN,
+//                  LeakyReLU 0.2 -> flatten, linear -> 1 logit (B, 1); num_classes ignored
+//                  (both DC-GAN models: DCGAN-paper init N(0, 0.02); trained by train::train_gan)
 // An unknown name throws listing these. The token models (gpt2, gpt2_tiny, lstm) are
 // nn::CausalLM's (causal_lm.h): they generate with a cache (generate.h).
 std::shared_ptr<Module> make_model(const std::string& name, const ModelConfig& config = {});
 std::vector<std::string> model_names();
 ModelInput model_input(const std::string& name);
-// A random input batch the model accepts: images U(-1, 1), or tokens of length
-// min(max_seq_len, seq_len) drawn from the vocabulary.
+// A random input batch the model accepts: images U(-1, 1), latent vectors N(0, 1), or tokens of
+// length min(max_seq_len, seq_len) drawn from the vocabulary.
 Tensor example_input(const std::string& name, const ModelConfig& config, int64_t batch,
                      int64_t seq_len = 64, uint64_t seed = 0);
 
@@ -73,6 +83,8 @@ std::shared_ptr<Module> gpt(const ModelConfig& c, int64_t vocab, int64_t context
 std::shared_ptr<Module> lstm_lm(const ModelConfig& c, int64_t embed, int64_t hidden,
                                 int64_t layers);
 std::shared_ptr<Module> lstm_classifier(const ModelConfig& c, int64_t hidden);
+std::shared_ptr<Module> dcgan_generator(const ModelConfig& c);
+std::shared_ptr<Module> dcgan_discriminator(const ModelConfig& c);
 }  // namespace models
 
 }  // namespace mantissa::nn
