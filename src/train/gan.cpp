@@ -189,6 +189,7 @@ GanResult train_gan(const TrainConfig& config_in,
   // Evaluation: real features once, a fixed z for the generated images.
   std::optional<FeatureNet> fnet;
   GaussianFit real_fit;
+  double real_floor = 0;
   const int64_t eval_n = std::min<int64_t>(kGanEvalSamples, data.test.size());
   MT_CHECK(eval_n >= 2, "the test set has too few images for the Fréchet distance");
   auto evaluate = [&](int64_t step, GanResult& r) {
@@ -200,6 +201,16 @@ GanResult train_gan(const TrainConfig& config_in,
         idx[size_t(i)] = i;
       const Tensor real = data.test.get_batch(idx)[0];  // normalized as the cnn's training
       real_fit = gaussian_fit(fnet->features(real).to(DType::F64));
+      // The floor a perfect generator would reach: as many real training images against the
+      // same test images (the sampling noise of the two fits).
+      const int64_t n_floor = std::min<int64_t>(eval_n, data.train.size());
+      std::vector<int64_t> tidx(static_cast<size_t>(n_floor));
+      for (int64_t i = 0; i < n_floor; ++i)
+        tidx[size_t(i)] = i;
+      if (n_floor >= 2) {
+        real_floor = frechet_distance(
+            gaussian_fit(fnet->features(data.train.get_batch(tidx)[0]).to(DType::F64)), real_fit);
+      }
     }
     gen->eval();
     Tensor images;
@@ -226,6 +237,7 @@ GanResult train_gan(const TrainConfig& config_in,
     auto j = record("eval");
     j["step"] = step;
     j["frechet_distance"] = r.frechet_distance;
+    j["frechet_distance_real"] = real_floor;
     j["ms_ssim"] = r.ms_ssim;
     j["eval_seconds"] = seconds_since(t0);
     log.write(j);

@@ -211,9 +211,12 @@ static int run_gan(const train::TrainConfig& config, bool json) {
       "dcgan on {} ({}): frechet distance {:.3f} (cnn features, not FID), ms-ssim {:.4f}, {} "
       "steps, {:.1f} s training ({:.1f} ms/step), final loss_d {:.4f} loss_g {:.4f}, peak "
       "memory {}, loss scale {:g}, {} skipped steps\n",
-      config.data, train::resolve_precision(config.precision), r.frechet_distance, r.ms_ssim,
-      r.steps, r.seconds, 1000 * r.seconds / double(r.steps), r.final_loss_d, r.final_loss_g,
-      train::format_bytes(r.peak_memory_bytes), r.loss_scale, r.skipped_steps);
+      config.data,
+      train::resolve_precision(config.precision) +
+          (config.opt_level.empty() ? "" : " " + config.opt_level),
+      r.frechet_distance, r.ms_ssim, r.steps, r.seconds, 1000 * r.seconds / double(r.steps),
+      r.final_loss_d, r.final_loss_g, train::format_bytes(r.peak_memory_bytes), r.loss_scale,
+      r.skipped_steps);
   return 0;
 }
 

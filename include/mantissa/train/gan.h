@@ -51,8 +51,9 @@ inline constexpr int64_t kGanMsSsimPairs = 100;
 // - Records (the Trainer's conventions, to the metrics file, TensorBoard and on_record alike):
 //   config; train every log_every iterations {step, epoch, loss_d, loss_g, loss = loss_d +
 //   loss_g, d_real, d_fake (mean sigmoid outputs), loss_scale (D's), loss_scale_g,
-//   skipped_steps, samples_per_s, peak_memory_bytes}; eval {step, frechet_distance, ms_ssim,
-//   eval_seconds}; summary.
+//   skipped_steps, samples_per_s, peak_memory_bytes}; eval {step, frechet_distance,
+//   frechet_distance_real (real training images against the same test images: the floor of
+//   the sampling noise), ms_ssim, eval_seconds}; summary.
 // - The feature network of the Fréchet distance: the `cnn` classifier trained in fp32 for one
 //   epoch on the same data (seed 0, SGD lr 0.05, batch 128: the same network for every run on
 //   that data), its 128-d penultimate activations (after the ReLU). With a metrics_path it is
