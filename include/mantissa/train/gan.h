@@ -23,7 +23,7 @@ struct GanResult {
   int64_t steps = 0;          // iterations (one discriminator and one generator step each)
   int64_t skipped_steps = 0;  // optimizer steps skipped for inf/NaN gradients, both networks
   double loss_scale = 1;      // the discriminator's scale at the end (the generator's in the log)
-  int64_t peak_memory_bytes = 0;
+  int64_t peak_memory_bytes = 0;              // of the training steps (evaluations excluded)
   double final_loss_d = 0, final_loss_g = 0;  // of the last step
 };
 
