@@ -344,7 +344,8 @@ GanResult train_gan(const TrainConfig& config_in,
       }
     }
     train_seconds += seconds_since(t0);
-    if (!done && c.eval_every == 0 && c.max_steps == 0 && epoch + 1 < c.epochs) {
+    // --eval-every 0: at each epoch's end (the run's last evaluation comes after the loop).
+    if (!done && c.eval_every == 0 && (c.max_steps > 0 || epoch + 1 < c.epochs)) {
       evaluate(result.steps, result);
       window_start = Clock::now();
       window_steps = 0;

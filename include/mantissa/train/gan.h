@@ -33,7 +33,8 @@ inline constexpr int64_t kGanEvalSamples = 2000;
 inline constexpr int64_t kGanMsSsimPairs = 100;
 
 // Trains a DC-GAN with `config`:
-// - data: fashion-mnist (data_dir) or synthetic (synthetic_size images); pixels scaled to
+// - data: fashion-mnist (data_dir) or synthetic (synthetic_size training images and a fifth as
+//   many test images, drawn with seed 0 like the feature network's); pixels scaled to
 //   [-1, 1] (the generator ends in tanh). Batches of batch_size, the last short one dropped.
 // - Adam for both networks (config.optimizer is not read). Where config keeps TrainConfig's
 //   defaults the DC-GAN paper's settings are used: lr 2e-4 (default 0.05), beta1 0.5 (default
