@@ -37,5 +37,6 @@
 #include "mantissa/tensor/tensor.h"
 #include "mantissa/train/checkpoint.h"
 #include "mantissa/train/config.h"
+#include "mantissa/train/gan.h"
 #include "mantissa/train/study.h"
 #include "mantissa/train/trainer.h"

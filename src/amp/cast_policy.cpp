@@ -24,6 +24,7 @@ constexpr PolicyEntry kTable[] = {
     {OpId::Matmul, LowerPrecision},
     {OpId::Linear, LowerPrecision},
     {OpId::Conv2d, LowerPrecision},
+    {OpId::ConvTranspose2d, LowerPrecision},
     {OpId::ScaledDotProductAttention, LowerPrecision},
     {OpId::Softmax, Fp32},
     {OpId::LogSoftmax, Fp32},

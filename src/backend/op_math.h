@@ -200,6 +200,20 @@ struct Unary<UnaryOp::Relu> {
   }
 };
 
+// torch.nn.functional.leaky_relu: the slope a below zero (NaN stays NaN through a * x).
+template <>
+struct Unary<UnaryOp::LeakyRelu> {
+  template <typename M, typename C>
+  MT_HOST_DEVICE static C forward(const C& x, const UnaryArgs<C>& args) {
+    return x > C(0) ? x : x * args.a;
+  }
+  template <typename M, typename C>
+  MT_HOST_DEVICE static C backward(const C& g, const C& x, const C&, const UnaryArgs<C>& args) {
+    const C gv = g;
+    return x > C(0) ? gv : gv * args.a;
+  }
+};
+
 template <>
 struct Unary<UnaryOp::Gelu> {
   template <typename M, typename C>

@@ -47,6 +47,7 @@ enum class UnaryNeeds : uint8_t { Nothing, Input, Output };
   _(Silu,        "silu",       0, F32,       Input)                           \
   _(Sigmoid,     "sigmoid",    0, F32,       Output)                          \
   _(Tanh,        "tanh",       0, F32,       Output)                          \
+  _(LeakyRelu,   "leaky_relu", 1, F32,       Input)   /* x > 0 ? x : a x */   \
   _(PowScalar,   "pow",        1, F32,       Input)   /* x ^ a */             \
   _(ClampScalar, "clamp",      2, Keep,      Input)   /* min(max(x, a), b) */ \
   _(AddScalar,   "add",        1, KernelF32, Nothing) /* x + a */             \

@@ -260,6 +260,57 @@ std::string Conv2d::extra_repr() const {
   return s;
 }
 
+ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                                 const ConvTranspose2dConfig& config,
+                                 std::optional<uint64_t> seed_arg)
+    : Module("ConvTranspose2d"),
+      in_(in_channels),
+      out_(out_channels),
+      kernel_(kernel_size),
+      config_(config) {
+  const uint64_t seed = init::seed_or_draw(seed_arg);
+  MT_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0,
+           "ConvTranspose2d: channels and kernel_size must be positive, got in=", in_channels,
+           ", out=", out_channels, ", kernel_size=", kernel_size);
+  MT_CHECK(
+      config.groups > 0 && in_channels % config.groups == 0 && out_channels % config.groups == 0,
+      "ConvTranspose2d: groups=", config.groups, " must divide in=", in_channels,
+      " and out=", out_channels);
+  // PyTorch's fan of the (in, out/groups, k, k) weight: its dim 1 times the kernel.
+  const int64_t fan_in = out_channels / config.groups * kernel_size * kernel_size;
+  const double bound = 1.0 / std::sqrt(double(fan_in));
+  weight_ = &register_parameter(
+      "weight", draw_uniform({in_channels, out_channels / config.groups, kernel_size, kernel_size},
+                             -bound, bound, init::derive_seed(seed, 0)));
+  if (config.bias == Bias::Yes) {
+    bias_ = &register_parameter(
+        "bias", draw_uniform({out_channels}, -bound, bound, init::derive_seed(seed, 1)));
+  }
+}
+
+Tensor ConvTranspose2d::forward(const Tensor& x) {
+  ConvTranspose2dOptions o;
+  o.stride = {config_.stride, config_.stride};
+  o.padding = {config_.padding, config_.padding};
+  o.output_padding = {config_.output_padding, config_.output_padding};
+  o.dilation = {config_.dilation, config_.dilation};
+  o.groups = config_.groups;
+  return conv_transpose2d(x, *weight_, *bias_, o);
+}
+
+std::string ConvTranspose2d::extra_repr() const {
+  std::string s = std::to_string(in_) + ", " + std::to_string(out_) +
+                  ", kernel_size=" + std::to_string(kernel_);
+  if (config_.stride != 1) s += ", stride=" + std::to_string(config_.stride);
+  if (config_.padding != 0) s += ", padding=" + std::to_string(config_.padding);
+  if (config_.output_padding != 0)
+    s += ", output_padding=" + std::to_string(config_.output_padding);
+  if (config_.dilation != 1) s += ", dilation=" + std::to_string(config_.dilation);
+  if (config_.groups != 1) s += ", groups=" + std::to_string(config_.groups);
+  if (config_.bias == Bias::No) s += ", bias=false";
+  return s;
+}
+
 // ---- normalisation -----------------------------------------------------------------------------
 
 BatchNorm::BatchNorm(std::string type_name, int64_t num_features, double eps, double momentum,
@@ -419,6 +470,12 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
 
 std::string AdaptiveAvgPool2d::extra_repr() const {
   return "output_size=" + shape_list(size_);
+}
+
+std::string LeakyReLU::extra_repr() const {
+  std::ostringstream s;
+  s << "negative_slope=" << negative_slope_;
+  return s.str();
 }
 
 std::string GELU::extra_repr() const {

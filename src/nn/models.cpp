@@ -55,6 +55,8 @@ const std::vector<Entry>& registry() {
       {"lstm_classifier", ModelInput::Image,
        [](const ModelConfig& c) { return models::lstm_classifier(c, 128); }},
       {"dcn", ModelInput::Clicks, [](const ModelConfig& c) { return models::dcn(c); }},
+      {"dcgan_generator", ModelInput::Latent, models::dcgan_generator},
+      {"dcgan_discriminator", ModelInput::Image, models::dcgan_discriminator},
   };
   return entries;
 }
@@ -101,6 +103,8 @@ Tensor example_input(const std::string& name, const ModelConfig& config, int64_t
     return Tensor::uniform({batch, config.in_channels, config.image_size, config.image_size}, -1.0,
                            1.0, seed);
   }
+  if (model_input(name) == ModelInput::Latent)
+    return Tensor::normal({batch, kDcganLatentDim}, 0.0, 1.0, seed);
   const bool gpt2 = name == "gpt2";
   const int64_t vocab = gpt2 ? 50257 : config.vocab_size;
   const int64_t t = std::min(seq_len, gpt2 ? int64_t(1024) : config.max_seq_len);

@@ -154,6 +154,11 @@ Tensor reciprocal(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   return unary_op(UnaryOp::Relu, x);
 }
+Tensor leaky_relu(const Tensor& x, double negative_slope) {
+  MT_CHECK(std::isfinite(negative_slope), "leaky_relu: negative_slope must be finite, got ",
+           negative_slope);
+  return unary_op(UnaryOp::LeakyRelu, x, {negative_slope});
+}
 Tensor gelu(const Tensor& x, GeluApproximation approximate) {
   return unary_op(approximate == GeluApproximation::Tanh ? UnaryOp::GeluTanh : UnaryOp::Gelu, x);
 }

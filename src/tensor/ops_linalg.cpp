@@ -1,7 +1,7 @@
-// Linear algebra and convolution ops: matmul (torch.matmul semantics), linear, conv2d. Each
-// checks its arguments, promotes dtypes, runs the backend kernel on views (no copies for
-// transposed or broadcast operands) and records one autograd node whose gradients are GEMMs of
-// transposed views (matmul, linear) or the backend's conv2d_backward.
+// Linear algebra and convolution ops: matmul (torch.matmul semantics), linear, conv2d,
+// conv_transpose2d. Each checks its arguments, promotes dtypes, runs the backend kernel on views
+// (no copies for transposed or broadcast operands) and records one autograd node whose gradients
+// are GEMMs of transposed views (matmul, linear) or the backend's convolution kernels.
 #include <algorithm>
 
 #include "backend/backend.h"
@@ -228,9 +228,9 @@ Tensor linear(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg) {
 namespace {
 
 // A 1- or 2-element option as (height, width).
-void pair_option(const std::vector<int64_t>& v, const char* name, int64_t out[2]) {
-  MT_CHECK(v.size() == 1 || v.size() == 2, "conv2d: ", name, " needs 1 or 2 values, got ",
-           v.size());
+void pair_option(const std::vector<int64_t>& v, const char* name, int64_t out[2],
+                 const char* op = "conv2d") {
+  MT_CHECK(v.size() == 1 || v.size() == 2, op, ": ", name, " needs 1 or 2 values, got ", v.size());
   out[0] = v[0];
   out[1] = v.size() == 2 ? v[1] : v[0];
 }
@@ -323,6 +323,121 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg,
                                                    gw ? &dw : nullptr, gb ? &db : nullptr, p,
                                                    matmul_options());
                      return {gx ? dx.view(xs) : Tensor(), dw, db};
+                   });
+  return out;
+}
+
+// ---- conv_transpose2d
+// ----------------------------------------------------------------------------
+//
+// conv_transpose2d is conv2d's adjoint, so it runs on conv2d's backend kernels (no row of its
+// own in the op table: every backend with conv2d has it, with the same dtypes, tf32 rounding and
+// cuDNN/oneDNN algorithms). With the weight (C_in, C_out / groups, kH, kW) read as a conv2d
+// weight (O = C_in, C = C_out) from the output y (N, C_out, OH, OW) to x (N, C_in, H, W):
+//   forward          y  = conv2d_backward's data gradient of "grad_out" x   (oneDNN backward-data)
+//   gradient of x    dx = conv2d(dy, w)                                       (convolution forward)
+//   gradient of w    dw = conv2d_backward's weight gradient, grad_out x, input dy
+//   gradient of bias db = sum of dy over (N, OH, OW)
+// This is how PyTorch runs it on cuDNN. The bias is added after the kernel (the kernel has no
+// bias), so a bf16/f16 output with a bias is rounded twice, as PyTorch's cuDNN path does.
+// output_padding < stride keeps conv2d's size rule (OH + 2p - span) / s + 1 = H exact.
+
+Tensor conv_transpose2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg,
+                        const ConvTranspose2dOptions& options) {
+  const char* op = "conv_transpose2d";
+  const amp::AutocastInputs cast_in(amp::OpId::ConvTranspose2d, x_arg, w_arg, b_arg);
+  const Tensor &x_in = cast_in[0], &w_in = cast_in[1], &b_in = cast_in[2];
+  check_defined(x_in, op, "x");
+  check_defined(w_in, op, "weight");
+  check_same_device(x_in, w_in, op);
+  MT_CHECK(x_in.dim() == 4 || x_in.dim() == 3, op, ": x must be (N, C, H, W) or (C, H, W), got ",
+           x_in.describe());
+  MT_CHECK(w_in.dim() == 4, op,
+           ": weight must be (in_channels, out_channels / groups, kH, kW), got ", w_in.describe());
+  backend::Conv2dParams p;
+  int64_t out_pad[2];
+  pair_option(options.stride, "stride", p.stride, op);
+  pair_option(options.padding, "padding", p.padding, op);
+  pair_option(options.dilation, "dilation", p.dilation, op);
+  pair_option(options.output_padding, "output_padding", out_pad, op);
+  p.groups = options.groups;
+  for (int i = 0; i < 2; ++i) {
+    MT_CHECK(p.stride[i] > 0 && p.dilation[i] > 0 && p.padding[i] >= 0, op,
+             ": stride and dilation must be positive and padding non-negative, got stride (",
+             p.stride[0], ", ", p.stride[1], "), padding (", p.padding[0], ", ", p.padding[1],
+             "), dilation (", p.dilation[0], ", ", p.dilation[1], ")");
+    MT_CHECK(out_pad[i] >= 0 && out_pad[i] < p.stride[i], op, ": output_padding (", out_pad[0],
+             ", ", out_pad[1], ") must be non-negative and smaller than the stride (", p.stride[0],
+             ", ", p.stride[1], ")");
+  }
+  const bool batched = x_in.dim() == 4;
+  const Shape xs4 = batched ? x_in.shape() : Shape{1, x_in.size(0), x_in.size(1), x_in.size(2)};
+  const int64_t C = xs4[1];
+  MT_CHECK(w_in.size(0) == C, op, ": weight ", w_in.shape().str(), " expects ", w_in.size(0),
+           " input channels (its first dim) but x ", x_in.shape().str(), " has ", C);
+  MT_CHECK(p.groups >= 1 && C % p.groups == 0, op, ": groups=", p.groups, " must divide the ", C,
+           " input channels of x ", x_in.shape().str());
+  const int64_t O = w_in.size(1) * p.groups;
+  int64_t out_hw[2];
+  for (int i = 0; i < 2; ++i) {
+    out_hw[i] = (xs4[2 + i] - 1) * p.stride[i] - 2 * p.padding[i] +
+                p.dilation[i] * (w_in.size(2 + i) - 1) + out_pad[i] + 1;
+  }
+  MT_CHECK(out_hw[0] > 0 && out_hw[1] > 0, op, ": x ", x_in.shape().str(), " and weight ",
+           w_in.shape().str(), " with padding (", p.padding[0], ", ", p.padding[1],
+           ") give an empty output (", out_hw[0], " x ", out_hw[1], "); reduce the padding");
+  DType dt = promote_types(x_in.dtype(), w_in.dtype());
+  if (b_in.defined()) {
+    check_same_device(x_in, b_in, op);
+    MT_CHECK(b_in.dim() == 1 && b_in.size(0) == O, op, ": bias ", b_in.shape().str(),
+             " does not match the ", O, " output channels of weight ", w_in.shape().str(),
+             " (its second dim x groups=", p.groups, ")");
+    dt = promote_types(dt, b_in.dtype());
+  }
+  floating_dtype(dt, op, x_in, w_in);
+  const Tensor x = x_in.to(dt), w = w_in.to(dt);
+  const Tensor bias = b_in.defined() ? b_in.to(dt) : Tensor();
+  const Shape ys4{xs4[0], O, out_hw[0], out_hw[1]};
+  const Shape ws = w.shape();
+  // A broadcast zero of the right shape stands in for the operand a kernel does not read.
+  auto shape_only = [dt](const Shape& s, const Device& d) {
+    return Tensor::zeros({}, dt, d).expand(s);
+  };
+  Tensor out;
+  {
+    NoGrad ng;
+    const Tensor x4 = batched ? x : x.unsqueeze(0);
+    Tensor y = Tensor::empty(ys4, dt, x.device());
+    backend_of(x).conv2d_backward(x4, shape_only(ys4, x.device()), w, &y, nullptr, nullptr, p,
+                                  matmul_options());
+    if (bias.defined()) y.add_(bias.view({1, O, 1, 1}));
+    out = batched ? y : y.view({O, out_hw[0], out_hw[1]});
+  }
+  if (!autograd::needs_grad({&x, &w, &bias})) return out;
+
+  const bool gx = x.requires_grad(), gw = w.requires_grad();
+  const bool gb = bias.defined() && bias.requires_grad();
+  autograd::SavedTensor saved_x(gw ? x : Tensor()), saved_w(gx ? w : Tensor());
+  const Shape xs = x.shape();
+  autograd::record("conv_transpose2dBackward", {x, w, bias}, {out},
+                   [=](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+                     const Tensor& g = grads[0];
+                     if (!g.defined()) return {Tensor(), Tensor(), Tensor()};
+                     const Tensor g4 = g.reshape(ys4);
+                     Tensor dx, dw, db;
+                     if (gx) {
+                       dx = Tensor::empty(xs4, dt, g.device());
+                       backend_of(g).conv2d(g4, saved_w.unpack(), nullptr, dx, p, matmul_options());
+                       dx = dx.view(xs);
+                     }
+                     if (gw) {
+                       dw = Tensor::empty(ws, dt, g.device());
+                       const Tensor x4 = saved_x.unpack().reshape(xs4);
+                       backend_of(g).conv2d_backward(x4, g4, shape_only(ws, g.device()), nullptr,
+                                                     &dw, nullptr, p, matmul_options());
+                     }
+                     if (gb) db = sum(g4, {0, 2, 3});
+                     return {dx, dw, db};
                    });
   return out;
 }

@@ -289,6 +289,9 @@ void Trainer::set_record_callback(std::function<void(const std::string& json)> c
 }
 
 void Trainer::build() {
+  MT_CHECK(
+      config_.model.rfind("dcgan", 0) != 0, "model '", config_.model,
+      "' is a GAN (or half of one): train it with train::train_gan (mantissa train --model dcgan)");
   const std::vector<std::string> names = nn::model_names();
   MT_CHECK(std::find(names.begin(), names.end(), config_.model) != names.end(), "unknown model '",
            config_.model, "'; the models are: ", [&] {

@@ -42,6 +42,9 @@ std::map<OpId, OpRunner> runners() {
   r[OpId::Linear] = {{{3, 4}, {5, 4}, {5}}, [](V in) { return linear(in[0], in[1], in[2]); }};
   r[OpId::Conv2d] = {{{1, 2, 5, 5}, {3, 2, 3, 3}, {3}},
                      [](V in) { return conv2d(in[0], in[1], in[2]); }};
+  r[OpId::ConvTranspose2d] = {
+      {{1, 2, 4, 4}, {2, 3, 3, 3}, {3}},
+      [](V in) { return conv_transpose2d(in[0], in[1], in[2], {.stride = {2}, .padding = {1}}); }};
   r[OpId::ScaledDotProductAttention] = {{{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, [](V in) {
                                           return scaled_dot_product_attention(in[0], in[1], in[2]);
                                         }};

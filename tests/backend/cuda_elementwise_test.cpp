@@ -106,6 +106,7 @@ const UnaryCase kUnary[] = {
     {UnaryOp::Reciprocal, "reciprocal", {}, true},
     {UnaryOp::Square, "square", {}, false},
     {UnaryOp::Relu, "relu", {}, false},
+    {UnaryOp::LeakyRelu, "leaky_relu", {0.2, 0}, false},
     {UnaryOp::Gelu, "gelu", {}, false},
     {UnaryOp::GeluTanh, "gelu_tanh", {}, false},
     {UnaryOp::Silu, "silu", {}, false},

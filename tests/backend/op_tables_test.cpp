@@ -13,7 +13,7 @@ namespace mantissa::backend {
 namespace {
 
 // The enum values follow the rows; callers compare op >= BinaryOp::Eq.
-static_assert(int(UnaryOp::Neg) == 0 && int(UnaryOp::RsubScalar) == 19);
+static_assert(int(UnaryOp::Neg) == 0 && int(UnaryOp::RsubScalar) == 20);
 static_assert(int(BinaryOp::Add) == 0 && int(BinaryOp::Eq) == 7 && int(BinaryOp::Ge) == 12);
 static_assert(int(ReduceOp::Sum) == 0 && int(ReduceOp::Max) == 2 && int(ReduceOp::Var) == 4 &&
               int(ReduceOp::ArgMin) == 6);

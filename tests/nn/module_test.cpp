@@ -423,6 +423,24 @@ TEST(Init, PyTorchDefaultDistributionsAndSeeds) {
   for (double v : cw)
     ASSERT_LE(std::fabs(v), 1.0 / std::sqrt(72.0));
 
+  // ConvTranspose2d's weight is (in, out, k, k); PyTorch's fan_in is its dim 1 times k * k.
+  ConvTranspose2d tconv(64, 16, 4, {.stride = 2, .padding = 1}, 2);
+  ASSERT_EQ(tconv.weight().shape(), Shape({64, 16, 4, 4}));
+  ASSERT_EQ(tconv.bias().shape(), Shape({16}));
+  const double tb = 1.0 / std::sqrt(16.0 * 16.0);
+  const std::vector<double> tw = values(tconv.weight());
+  for (double v : tw)
+    ASSERT_LE(std::fabs(v), tb);
+  EXPECT_NEAR(std_of(tw), tb / std::sqrt(3.0), 0.02 * tb);
+  for (double v : values(tconv.bias()))
+    ASSERT_LE(std::fabs(v), tb);
+  EXPECT_EQ(tconv(Tensor::zeros({2, 64, 7, 7})).shape(), Shape({2, 16, 14, 14}));
+  EXPECT_EQ(tconv.extra_repr(), "64, 16, kernel_size=4, stride=2, padding=1");
+  LeakyReLU lrelu(0.2);
+  EXPECT_EQ(lrelu(Tensor::from_vector(std::vector<float>{-1.0f, 2.0f}, {2})).to_vector<float>(),
+            (std::vector<float>{-0.2f, 2.0f}));
+  EXPECT_EQ(lrelu.extra_repr(), "negative_slope=0.2");
+
   Embedding emb(500, 100, 3);
   const std::vector<double> e = values(emb.weight());
   EXPECT_NEAR(mean_of(e), 0.0, 0.02);

@@ -69,12 +69,19 @@ Tensor gelu_tanh_op(const Tensor& x) {
 Tensor gelu_op(const Tensor& x) {
   return gelu(x);
 }
+Tensor leaky_relu_op(const Tensor& x) {
+  return leaky_relu(x, 0.2);
+}
+double leaky_relu_ref(double x) {
+  return x > 0 ? x : 0.2 * x;
+}
 
 class Unary : public ::testing::TestWithParam<UnaryCase> {};
 
 TEST_P(Unary, MatchesReferenceAndFiniteDifferences) {
   const UnaryCase u = GetParam();
-  const Tensor x = u.lo < 0 && (std::string(u.name) == "relu" || std::string(u.name) == "abs")
+  const Tensor x = u.lo < 0 && (std::string(u.name) == "relu" || std::string(u.name) == "abs" ||
+                                std::string(u.name) == "leaky_relu")
                        ? away_from_zero({5, 7}, 11)
                        : random_f64({5, 7}, 11, u.lo, u.hi);
   OpCase c;
@@ -96,6 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
                       UnaryCase{"square", square, square_ref, -2, 2},
                       UnaryCase{"reciprocal", reciprocal, recip_ref, 0.3, 3},
                       UnaryCase{"relu", relu, relu_ref, -2, 2},
+                      UnaryCase{"leaky_relu", leaky_relu_op, leaky_relu_ref, -2, 2},
                       UnaryCase{"gelu", gelu_op, gelu_ref, -3, 3},
                       UnaryCase{"gelu_tanh", gelu_tanh_op, gelu_tanh_ref, -3, 3},
                       UnaryCase{"silu", silu, silu_ref, -3, 3},

@@ -191,6 +191,22 @@ TEST(GoldenTorch, Conv2d) {
   }
 }
 
+TEST(GoldenTorch, ConvTranspose2d) {
+  for (const char* name :
+       {"conv_transpose2d", "conv_transpose2d_outpad_groups", "conv_transpose2d_dilation"}) {
+    run_case(name, [](Golden& g) {
+      ConvTranspose2dOptions o;
+      o.stride = g.meta_ints("stride");
+      o.padding = g.meta_ints("padding");
+      o.output_padding = g.meta_ints("output_padding");
+      o.dilation = g.meta_ints("dilation");
+      o.groups = g.meta_int("groups");
+      const Tensor bias = g.meta_bool("bias") ? g.param("bias") : Tensor();
+      return Outputs{{"y", conv_transpose2d(g.in("x"), g.param("weight"), bias, o)}};
+    });
+  }
+}
+
 TEST(GoldenTorch, BatchNorm) {
   for (const char* name : {"batch_norm_train", "batch_norm_train_2d", "batch_norm_eval"}) {
     run_case(name, [](Golden& g) {

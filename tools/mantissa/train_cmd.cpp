@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/models.h"
+#include "mantissa/train/gan.h"
 #include "mantissa/train/recommender.h"
 #include "mantissa/train/run_config.h"
 #include "mantissa/train/trainer.h"
@@ -224,12 +225,61 @@ int run_recommender(train::TrainConfig config, const CLI::App& cmd, bool from_fi
 
 }  // namespace
 
+// --model dcgan: train::train_gan, a progress line per train record (or eval) on stderr, one
+// result line (or JSON) on stdout.
+static int run_gan(const train::TrainConfig& config, bool json) {
+  const train::GanResult r = train::train_gan(config, [](const std::string& text) {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    const std::string kind = j.value("kind", "");
+    if (kind == "config") {
+      fmt::print(stderr, "dcgan: {}\n", j.value("precision", ""));
+    } else if (kind == "train") {
+      fmt::print(stderr,
+                 "step {}: loss_d {:.4f} loss_g {:.4f} D(x) {:.3f} D(G(z)) {:.3f} | loss scale "
+                 "{:g} | {:.0f} samples/s\n",
+                 j.value("step", 0), j.value("loss_d", 0.0), j.value("loss_g", 0.0),
+                 j.value("d_real", 0.0), j.value("d_fake", 0.0), j.value("loss_scale", 1.0),
+                 j.value("samples_per_s", 0.0));
+    } else if (kind == "eval") {
+      fmt::print(stderr, "eval step {}: frechet distance (cnn features) {:.3f}, ms-ssim {:.4f}\n",
+                 j.value("step", 0), j.value("frechet_distance", 0.0), j.value("ms_ssim", 0.0));
+    }
+  });
+  if (json) {
+    nlohmann::ordered_json j;
+    j["model"] = "dcgan";
+    j["frechet_distance"] = r.frechet_distance;
+    j["ms_ssim"] = r.ms_ssim;
+    j["seconds"] = r.seconds;
+    j["steps"] = r.steps;
+    j["skipped_steps"] = r.skipped_steps;
+    j["loss_scale"] = r.loss_scale;
+    j["peak_memory_bytes"] = r.peak_memory_bytes;
+    j["final_loss_d"] = r.final_loss_d;
+    j["final_loss_g"] = r.final_loss_g;
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print(
+      "dcgan on {} ({}): frechet distance {:.3f} (cnn features, not FID), ms-ssim {:.4f}, {} "
+      "steps, {:.1f} s training ({:.1f} ms/step), final loss_d {:.4f} loss_g {:.4f}, peak "
+      "memory {}, loss scale {:g}, {} skipped steps\n",
+      config.data,
+      train::resolve_precision(config.precision) +
+          (config.opt_level.empty() ? "" : " " + config.opt_level),
+      r.frechet_distance, r.ms_ssim, r.steps, r.seconds, 1000 * r.seconds / double(r.steps),
+      r.final_loss_d, r.final_loss_g, train::format_bytes(r.peak_memory_bytes), r.loss_scale,
+      r.skipped_steps);
+  return 0;
+}
+
 Command add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   train::TrainConfig& c = args->config;
   CLI::App* cmd = app.add_subcommand("train", "Train a model (default: the cnn on Fashion-MNIST)");
   cmd->add_option("--model", c.model,
-                  "Model: " + fmt::format("{}", fmt::join(nn::model_names(), ", ")))
+                  "Model: " + fmt::format("{}", fmt::join(nn::model_names(), ", ")) +
+                      "; dcgan trains the DC-GAN pair (train::train_gan)")
       ->capture_default_str();
   cmd->add_option("--data", c.data,
                   "Dataset: fashion-mnist or synthetic (image models); text or synthetic-text "
@@ -478,6 +528,7 @@ Command add_train_command(CLI::App& app) {
       fmt::print("# mantissa train --config FILE reads this back\n{}", train::to_toml(config));
       return 0;
     }
+    if (config.model == "dcgan") return run_gan(config, args->json);
     if (nn::model_input(config.model) == nn::ModelInput::Clicks) {
       return run_recommender(config, *cmd, !args->config_file.empty() || !args->config_from.empty(),
                              args->json);

@@ -17,8 +17,8 @@ Naming convention, inside each file:
               outputs that have one are differentiated: L = sum_y <gout.y, out.y>
   grad.<x>    dL/d in.<x> or dL/d param.<x> (inputs and parameters never share a name)
 and the file's metadata:
-  op          what the case computes (matmul, linear, conv2d, batch_norm, layer_norm, softmax,
-              log_softmax, cross_entropy, sdpa, composite_mlp)
+  op          what the case computes (matmul, linear, conv2d, conv_transpose2d, batch_norm,
+              layer_norm, softmax, log_softmax, cross_entropy, sdpa, composite_mlp)
   case        the file's name without extension
   ...         the op's options as strings: int lists as "2,1", numbers in Python's repr form,
               booleans as "true"/"false", names as they are (see each case below)
@@ -183,6 +183,28 @@ def conv2d_cases():
         yield c
 
 
+def conv_transpose2d_cases():
+    configs = [
+        # name, x shape, weight shape (in, out/groups, kH, kW), bias, stride, padding,
+        # output_padding, dilation, groups
+        ("conv_transpose2d", (2, 4, 7, 7), (4, 3, 4, 4), True, (2, 2), (1, 1), (0, 0), (1, 1), 1),
+        ("conv_transpose2d_outpad_groups", (2, 4, 5, 4), (4, 2, 3, 3), True, (2, 3), (1, 0),
+         (1, 2), (1, 1), 2),
+        ("conv_transpose2d_dilation", (1, 3, 5, 6), (3, 2, 3, 2), False, (1, 2), (0, 1), (0, 1),
+         (2, 1), 1),
+    ]
+    for i, (name, sx, sw, bias, stride, padding, out_pad, dilation, groups) in enumerate(configs):
+        c = Case(name, "conv_transpose2d", seed=140 + i, stride=stride, padding=padding,
+                 output_padding=out_pad, dilation=dilation, groups=groups, bias=bias)
+        x = c.input("x", c.randn(*sx))
+        w = c.param("weight", c.randn(*sw, scale=0.4))
+        b = c.param("bias", c.randn(sw[1] * groups)) if bias else None
+        y = F.conv_transpose2d(x, w, b, stride=stride, padding=padding, output_padding=out_pad,
+                               groups=groups, dilation=dilation)
+        c.run({"y": y})
+        yield c
+
+
 def batch_norm_cases():
     configs = [
         # name, x shape, training, momentum, eps
@@ -304,8 +326,8 @@ def composite_case():
     yield c
 
 
-ALL = [matmul_cases, linear_case, conv2d_cases, batch_norm_cases, layer_norm_cases,
-       softmax_cases, cross_entropy_cases, sdpa_cases, composite_case]
+ALL = [matmul_cases, linear_case, conv2d_cases, conv_transpose2d_cases, batch_norm_cases,
+       layer_norm_cases, softmax_cases, cross_entropy_cases, sdpa_cases, composite_case]
 
 
 def main() -> None:

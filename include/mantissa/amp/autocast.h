@@ -34,6 +34,7 @@ namespace mantissa::amp {
   _(Matmul, "matmul")                                                 \
   _(Linear, "linear")                                                 \
   _(Conv2d, "conv2d")                                                 \
+  _(ConvTranspose2d, "conv_transpose2d")                              \
   _(ScaledDotProductAttention, "scaled_dot_product_attention")        \
   _(Softmax, "softmax")                                               \
   _(LogSoftmax, "log_softmax")                                        \

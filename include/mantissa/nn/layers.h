@@ -138,6 +138,35 @@ class Conv2d : public Module {
   Tensor* bias_ = &none_;
 };
 
+struct ConvTranspose2dConfig {
+  int64_t stride = 1;
+  int64_t padding = 0;
+  int64_t output_padding = 0;
+  int64_t groups = 1;
+  int64_t dilation = 1;
+  Bias bias = Bias::Yes;
+};
+
+// torch.nn.ConvTranspose2d with a square kernel: weight (in, out/groups, k, k). PyTorch's init:
+// kaiming_uniform_(a = sqrt(5)) with the fan of that weight shape, fan_in = out/groups * k * k
+// (its dim 1, not the layer's input channels), so weight and bias are U(+-1/sqrt(fan_in)).
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                  const ConvTranspose2dConfig& config = {}, std::optional<uint64_t> seed = {});
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Tensor& weight() { return *weight_; }
+  Tensor& bias() { return *bias_; }  // undefined without bias
+
+ private:
+  int64_t in_, out_, kernel_;
+  ConvTranspose2dConfig config_;
+  Tensor none_;
+  Tensor* weight_;
+  Tensor* bias_ = &none_;
+};
+
 // ---- normalisation -----------------------------------------------------------------------------
 
 // Batch statistics in training (updating running_mean/var with `momentum` and counting
@@ -258,6 +287,17 @@ class ReLU : public Module {
  public:
   ReLU() : Module("ReLU") {}
   Tensor forward(const Tensor& x) override { return relu(x); }
+};
+
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01)
+      : Module("LeakyReLU"), negative_slope_(negative_slope) {}
+  Tensor forward(const Tensor& x) override { return leaky_relu(x, negative_slope_); }
+  std::string extra_repr() const override;
+
+ private:
+  double negative_slope_;
 };
 
 class GELU : public Module {

@@ -39,7 +39,11 @@ enum class ModelInput {
   Tokens,  // i64 (B, T), T <= max_seq_len -> logits (B, T, vocab)
   // forward_list({dense f32 (B, dense_features), categorical i64 (B, fields)}) -> {logits (B)}
   Clicks,
+  Latent,  // f32 (B, kDcganLatentDim) noise -> images (B, in_channels, image_size, image_size)
 };
+
+// The latent size of dcgan_generator.
+inline constexpr int64_t kDcganLatentDim = 64;
 
 // The models, by name:
 //   mlp            flatten -> in*size^2 -> 256 -> 128 -> classes, ReLU (and dropout)
@@ -63,13 +67,19 @@ enum class ModelInput {
 //                  concatenated -> Linear -> 1 logit. Parameters: embeddings.<f>.weight,
 //                  cross.<l>.{weight,bias}, deep.{0,2}.{weight,bias}, head.{weight,bias}
 //                  (4,306,108 with the defaults, 4,160,000 of them in the tables).
+//   dcgan_generator  z (B, 64) -> linear to 128 x s x s (s = image_size / 4), BN, ReLU ->
+//                  conv-transpose 4x4/2 to 64, BN, ReLU -> conv-transpose 4x4/2 to in_channels,
+//                  tanh (Latent input; image_size a multiple of 4, e.g. 28)
+//   dcgan_discriminator  images -> conv 4x4/2 64, LeakyReLU 0.2 -> conv 4x4/2 128, BN,
+//                  LeakyReLU 0.2 -> flatten, linear -> 1 logit (B, 1); num_classes ignored
+//                  (both DC-GAN models: DCGAN-paper init N(0, 0.02); trained by train::train_gan)
 // An unknown name throws listing these. The token models (gpt2, gpt2_tiny, lstm) are
 // nn::CausalLM's (causal_lm.h): they generate with a cache (generate.h).
 std::shared_ptr<Module> make_model(const std::string& name, const ModelConfig& config = {});
 std::vector<std::string> model_names();
 ModelInput model_input(const std::string& name);
-// A random input batch the model accepts: images U(-1, 1), or tokens of length
-// min(max_seq_len, seq_len) drawn from the vocabulary. (A Clicks model takes two tensors:
+// A random input batch the model accepts: images U(-1, 1), latent vectors N(0, 1), or tokens of
+// length min(max_seq_len, seq_len) drawn from the vocabulary. (A Clicks model takes two tensors:
 // example_inputs.)
 Tensor example_input(const std::string& name, const ModelConfig& config, int64_t batch,
                      int64_t seq_len = 64, uint64_t seed = 0);
@@ -96,6 +106,8 @@ std::shared_ptr<Module> lstm_classifier(const ModelConfig& c, int64_t hidden);
 // dense_features, table_sizes and embedding_dim.
 std::shared_ptr<Module> dcn(const ModelConfig& c, int64_t cross_layers = 3,
                             const std::vector<int64_t>& deep = {256, 128});
+std::shared_ptr<Module> dcgan_generator(const ModelConfig& c);
+std::shared_ptr<Module> dcgan_discriminator(const ModelConfig& c);
 }  // namespace models
 
 }  // namespace mantissa::nn

@@ -58,6 +58,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 
 enum class GeluApproximation { None, Tanh };
 Tensor relu(const Tensor& x);
+// x > 0 ? x : negative_slope * x (torch.nn.functional.leaky_relu; PyTorch's default slope).
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
 Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::None);
 Tensor silu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
@@ -119,6 +121,20 @@ struct Conv2dOptions {
 };
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv2dOptions& options = {});
+
+// torch.nn.functional.conv_transpose2d: the adjoint of conv2d (its gradient with respect to the
+// input), weight (in_channels, out_channels / groups, kH, kW). Output size per spatial dim:
+// (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1. output_padding must
+// be smaller than the stride (PyTorch also allows it below the dilation; not here).
+struct ConvTranspose2dOptions {
+  std::vector<int64_t> stride = {1, 1};
+  std::vector<int64_t> padding = {0, 0};
+  std::vector<int64_t> output_padding = {0, 0};
+  int64_t groups = 1;
+  std::vector<int64_t> dilation = {1, 1};
+};
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        const ConvTranspose2dOptions& options = {});
 
 struct Pool2dOptions {
   std::vector<int64_t> kernel_size;
