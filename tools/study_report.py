@@ -7,6 +7,7 @@
 Needs numpy and matplotlib (Debian: python3-numpy, python3-matplotlib).
 """
 import argparse
+import gzip
 import json
 import math
 import os
@@ -89,25 +90,36 @@ def table_rows(results, family):
     by_recipe = {}
     for c in cells:
         by_recipe.setdefault(c["recipe"], []).append(c)
-    base = by_recipe.get("fp32", [])
-    base_metric, _, _ = mean_std([final_metric(c, metric) for c in base])
-    base_time, _, _ = mean_std([summary_of(c, "train_seconds") for c in base])
-    base_mem, _, _ = mean_std([summary_of(c, "peak_memory_bytes") for c in base])
+    # Differences and ratios are paired: each cell against fp32's cell of the same seed (a seed
+    # can change the data, e.g. the synthetic click log), then averaged over the seeds.
+    base = {c["seed"]: c for c in by_recipe.get("fp32", [])}
+
+    def paired(group, value, combine):
+        out = []
+        for c in group:
+            b = base.get(c["seed"])
+            x, y = value(c), (value(b) if b is not None else None)
+            if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
+                out.append(combine(x, y))
+        return mean_std(out)[0]
+
     rows = []
     for recipe in [r["name"] for r in results["recipes"]]:
         group = by_recipe.get(recipe, [])
         if not group:
             continue
         m, sd, n = mean_std([final_metric(c, metric) for c in group])
-        t, _, _ = mean_std([summary_of(c, "train_seconds") for c in group])
-        mem, _, _ = mean_std([summary_of(c, "peak_memory_bytes") for c in group])
         skipped, _, _ = mean_std([summary_of(c, "skipped_steps") for c in group])
         scale, _, _ = mean_std([summary_of(c, "loss_scale") for c in group])
         statuses = sorted({c["status"] for c in group})
-        delta = None
-        if m is not None and base_metric is not None:
-            delta = (m - base_metric) * 100 if is_accuracy(metric) else (
-                (m - base_metric) / abs(base_metric) * 100 if base_metric != 0 else None)
+        if is_accuracy(metric):
+            delta = paired(group, lambda c: final_metric(c, metric), lambda x, y: (x - y) * 100)
+        else:
+            delta = paired(group, lambda c: final_metric(c, metric),
+                           lambda x, y: (x - y) / abs(y) * 100 if y != 0 else float("nan"))
+        ratio = lambda x, y: x / y if y > 0 else float("nan")  # noqa: E731
+        time_ratio = paired(group, lambda c: summary_of(c, "train_seconds"), ratio)
+        memory_ratio = paired(group, lambda c: summary_of(c, "peak_memory_bytes"), ratio)
         rows.append({
             "recipe": recipe,
             "mean": m,
@@ -115,8 +127,8 @@ def table_rows(results, family):
             "n": n,
             "seeds": len(group),
             "delta": delta,
-            "time_ratio": t / base_time if t and base_time else None,
-            "memory_ratio": mem / base_mem if mem and base_mem else None,
+            "time_ratio": time_ratio,
+            "memory_ratio": memory_ratio,
             "skipped": skipped,
             "scale": scale,
             "status": ", ".join(statuses),
@@ -195,7 +207,8 @@ def verdicts(family, rows):
     # How far fp32 itself moves from seed to seed: what a difference must exceed to mean anything.
     if out and base is not None and base["n"] > 1 and base["mean"]:
         noise = 100 * base["std"] if is_accuracy(metric) else 100 * base["std"] / abs(base["mean"])
-        out.append(f"fp32's own seed-to-seed standard deviation: {noise:.2f} "
+        out.append(f"fp32's own spread over seeds (initialization, data order and, for "
+                   f"synthetic data, the data): {noise:.2f} "
                    f"{'pp' if is_accuracy(metric) else '%'} (n={base['n']})")
     return out
 
@@ -424,9 +437,12 @@ def report(results, out_dir):
     md.append("")
     md.append("Every cell trains the same model from the same seed on the same data order with the "
               "same hyper-parameters; only the precision recipe differs. The metric is the last "
-              "evaluation's; Δ is against fp32 (percentage points for accuracy, percent for "
-              "losses and distances); time and memory are the training time and peak tensor "
-              "memory over fp32's. Mean ± sample standard deviation over seeds.")
+              "evaluation's, mean ± sample standard deviation over seeds. Δ, time and memory "
+              "are paired: each cell against fp32's cell of the same seed, then averaged (Δ in "
+              "percentage points for accuracy, percent for losses and distances; time is the "
+              "training time, memory the peak tensor memory). Times are wall-clock on the "
+              "machine named above, one cell after another: on a shared machine they carry its "
+              "load.")
     md.append("")
     md.append("| recipe | what it does |")
     md.append("|---|---|")
@@ -482,10 +498,11 @@ def report(results, out_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("results", help="results.json written by mantissa study")
+    ap.add_argument("results", help="results.json written by mantissa study (or results.json.gz)")
     ap.add_argument("--out", default=None, help="output directory (default: results.json's)")
     args = ap.parse_args()
-    with open(args.results) as f:
+    opener = gzip.open if args.results.endswith(".gz") else open
+    with opener(args.results, "rt") as f:
         results = json.load(f)
     out = args.out or os.path.dirname(os.path.abspath(args.results))
     path, figures = report(results, out)

@@ -98,6 +98,7 @@ class FeatureNet {
     } else {
       c.checkpoint_path = cache;
       Trainer t(c);
+      t.set_quiet(!gan.progress);  // the GAN's own lines say what happens
       t.fit();
       model_ = nn::make_model("cnn", mc);
       model_->load_state_dict(t.model().state_dict());

@@ -20,6 +20,7 @@
 #include "mantissa/data/text_corpus.h"
 #include "mantissa/data/tokenizer.h"
 #include "mantissa/data/tokens.h"
+#include "mantissa/train/gan.h"
 #include "mantissa/train/recommender.h"
 #include "mantissa/train/trainer.h"
 
@@ -64,6 +65,8 @@ const std::vector<StudyFamily>& study_families() {
       {"resnet", "CNN", "test_accuracy", true, true, "test accuracy (%)"},
       {"lstm", "RNN", "test_loss", false, true, "validation loss (nats/token)"},
       {"gpt2_tiny", "transformer", "test_loss", false, true, "validation loss (nats/token)"},
+      {"dcgan", "GAN", "frechet_distance", false, false,
+       "Fréchet distance (Mantissa's cnn features, not Inception)"},
       {"dcn", "recommender", "loss", false, false, "held-out log loss"},
   };
   return families;
@@ -172,6 +175,15 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
     c.clip_grad_norm = 1.0;
     c.eval_batches = 20;
     steps = 200;
+  } else if (f.name == "dcgan") {
+    // train_gan's DC-GAN settings (Adam 2e-4, beta1 0.5, no decay: what it takes where the
+    // config keeps its defaults); the Fréchet distance four times a run.
+    c.data = "fashion-mnist";
+    c.batch_size = 64;
+    c.lr = 2e-4;
+    c.beta1 = 0.5;
+    c.weight_decay = 0;
+    steps = 400;
   } else if (f.name == "dcn") {
     // The synthetic click log with its planted model (the best log loss is known: the eval
     // records' bayes_log_loss); the recommender's usual AdamW without decay.
@@ -191,6 +203,13 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
     if (f.name == "lstm" || f.name == "gpt2_tiny") c.batch_size = 8;
   }
   c.max_steps = s.steps > 0 ? s.steps : steps;
+  // The GAN's Fréchet distance needs a feature network (the cnn trained one epoch): train_gan
+  // keeps it beside the metrics file, so every dcgan cell of a study shares one.
+  if (f.name == "dcgan")
+    c.metrics_path =
+        (fs::path(s.out_dir) / "cells" / "dcgan" /
+         fmt::format("{}-seed{}{}.metrics.jsonl", recipe, seed, probe ? "-underflow" : ""))
+            .string();
   c.eval_every = std::max<int64_t>(1, c.max_steps / (s.quick ? 2 : 4));
   c.log_every = std::max<int64_t>(1, c.max_steps / 30);
   c.precision = r.precision;
@@ -294,6 +313,15 @@ Json run_cell(const TrainConfig& config, const std::string& family, const std::s
         const RecommenderResult r = train_recommender(config, on_record);
         cell["precision"] = r.precision;
         summary_fields = {{"train_seconds", r.seconds}};
+      } else if (family == "dcgan") {
+        // An earlier, unfinished run's metrics would be appended to.
+        if (!config.metrics_path.empty()) fs::remove(config.metrics_path);
+        fs::create_directories(fs::path(config.metrics_path).parent_path());
+        const GanResult r = train_gan(config, on_record);
+        summary_fields = {{"train_seconds", r.seconds},
+                          {"peak_memory_bytes", r.peak_memory_bytes},
+                          {"skipped_steps", r.skipped_steps},
+                          {"loss_scale", r.loss_scale}};
       }
       for (auto& [k, v] : summary_fields.items())
         if (!summary.contains(k)) summary[k] = v;
