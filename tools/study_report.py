@@ -432,8 +432,18 @@ def report(results, out_dir):
     md.append(f"Command: `{study.get('command', 'mantissa study')}`  ")
     md.append(f"Mantissa {study.get('version', '?')} on {machine.get('cpu', '?')} "
               f"({machine.get('hardware_threads', '?')} hardware threads, features "
-              f"{machine.get('cpu_features', '?')}), device {machine.get('device', 'cpu')}, "
-              f"{study.get('seeds', 1)} seed(s) per cell.")
+              f"{machine.get('cpu_features', '?')}), device {machine.get('device', 'cpu')}.")
+    seeds = {}
+    for c in results["cells"]:
+        if not c.get("probe"):
+            seeds.setdefault(c["recipe"], set()).add(c["seed"])
+    counts = sorted({len(v) for v in seeds.values()})
+    if len(counts) > 1:
+        most = [r for r, v in seeds.items() if len(v) == counts[-1]]
+        md.append(f"Seeds: {counts[-1]} for {', '.join(most)}; {counts[0]} for the other recipes "
+                  "(n in each row).")
+    elif counts:
+        md.append(f"Seeds: {counts[0]} per cell.")
     md.append("")
     md.append("Every cell trains the same model from the same seed on the same data order with the "
               "same hyper-parameters; only the precision recipe differs. The metric is the last "

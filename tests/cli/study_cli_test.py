@@ -76,13 +76,18 @@ with tempfile.TemporaryDirectory() as tmp:
     for c in cells:
         name = f"{c['model']} {c['recipe']}"
         check(c["status"] == "ok", f"{name}: status {c['status']} {c.get('message', '')}")
-        losses = [r["loss"] for r in c["train"] if r.get("loss") is not None]
         # Training makes progress: the mean of the last third of the logged losses is below the
-        # first logged loss.
+        # first logged loss. A GAN's two losses pull against each other (their sum need not
+        # fall): its discriminator's loss falls, and so does the Fréchet distance.
+        key = "loss_d" if c["model"] == "dcgan" else "loss"
+        losses = [r[key] for r in c["train"] if r.get(key) is not None]
+        if c["model"] == "dcgan":
+            fd = [r["frechet_distance"] for r in c["eval"]]
+            check(len(fd) >= 2 and fd[-1] < fd[0], f"{name}: the Fréchet distance falls: {fd}")
         if len(losses) >= 3:
             tail = losses[-max(1, len(losses) // 3):]
             check(sum(tail) / len(tail) < losses[0],
-                  f"{name}: loss falls ({losses[0]:.4f} -> {sum(tail) / len(tail):.4f})")
+                  f"{name}: {key} falls ({losses[0]:.4f} -> {sum(tail) / len(tail):.4f})")
         else:
             check(False, f"{name}: {len(losses)} logged losses")
         metric = next(f["metric"] for f in families if f["name"] == c["model"])
