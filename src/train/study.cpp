@@ -281,7 +281,6 @@ Json run_cell(const TrainConfig& config, const std::string& family, const std::s
   cell["config"] = Json::parse(config.to_json());
   Json train = Json::array(), eval = Json::array(), underflow = Json::array();
   Json summary, fp8 = Json::array();
-  int64_t skipped_records = 0;
   auto on_record = [&](const std::string& text) {
     Json r = Json::parse(text);
     const std::string kind = r.value("kind", "");
@@ -295,8 +294,6 @@ Json run_cell(const TrainConfig& config, const std::string& family, const std::s
       summary = std::move(r);
     } else if (kind == "fp8") {
       fp8.push_back(std::move(r));
-    } else if (kind == "skipped_step") {
-      ++skipped_records;
     }
   };
   const auto t0 = std::chrono::steady_clock::now();
