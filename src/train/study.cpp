@@ -74,24 +74,26 @@ const std::vector<StudyFamily>& study_families() {
 
 namespace {
 
-const StudyFamily& family_of(const std::string& name) {
-  for (const StudyFamily& f : study_families())
-    if (f.name == name) return f;
+// The entry of `table` called `name`, or an error naming what there is ("the study has no
+// <what> '<name>'; choose from a, b, c").
+template <typename Entry>
+const Entry& find_named(const std::vector<Entry>& table, const std::string& name,
+                        const char* what) {
+  for (const Entry& e : table)
+    if (e.name == name) return e;
   std::string names;
-  for (const StudyFamily& f : study_families())
-    names += (names.empty() ? "" : ", ") + f.name;
-  MT_CHECK(false, "the study has no model family '", name, "'; choose from ", names);
+  for (const Entry& e : table)
+    names += (names.empty() ? "" : ", ") + e.name;
+  MT_CHECK(false, "the study has no ", what, " '", name, "'; choose from ", names);
   throw;  // unreachable
 }
 
+const StudyFamily& family_of(const std::string& name) {
+  return find_named(study_families(), name, "model family");
+}
+
 const StudyRecipe& recipe_of(const std::string& name) {
-  for (const StudyRecipe& r : study_recipes())
-    if (r.name == name) return r;
-  std::string names;
-  for (const StudyRecipe& r : study_recipes())
-    names += (names.empty() ? "" : ", ") + r.name;
-  MT_CHECK(false, "the study has no recipe '", name, "'; choose from ", names);
-  throw;  // unreachable
+  return find_named(study_recipes(), name, "recipe");
 }
 
 std::vector<std::string> quick_recipes() {
