@@ -15,11 +15,16 @@
 namespace mantissa::train {
 namespace {
 
-nlohmann::json golden() {
-  const std::string path = std::string(MANTISSA_GOLDEN_DIR) + "/gan_metrics.json";
-  std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << path;
-  return nlohmann::json::parse(f);
+// The golden file, parsed once and kept for the whole run (a reference: a range-for over
+// golden()[...] must not read a freed temporary).
+const nlohmann::json& golden() {
+  static const nlohmann::json parsed = [] {
+    const std::string path = std::string(MANTISSA_GOLDEN_DIR) + "/gan_metrics.json";
+    std::ifstream f(path);
+    EXPECT_TRUE(f.good()) << path;
+    return nlohmann::json::parse(f);
+  }();
+  return parsed;
 }
 
 Tensor matrix(const nlohmann::json& values, int64_t rows, int64_t cols) {
@@ -27,9 +32,7 @@ Tensor matrix(const nlohmann::json& values, int64_t rows, int64_t cols) {
 }
 
 TEST(FrechetDistance, MatchesScipy) {
-  const nlohmann::json g =
-      golden();  // kept: a range-for over golden()[...] reads a freed temporary
-  for (const auto& c : g["frechet"]) {
+  for (const auto& c : golden()["frechet"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
     const int64_t d = c["d"];
     const GaussianFit a = gaussian_fit(matrix(c["f1"], c["n1"], d));
@@ -45,9 +48,7 @@ TEST(FrechetDistance, MatchesScipy) {
 }
 
 TEST(FrechetDistance, SqrtmMatchesScipy) {
-  const nlohmann::json g =
-      golden();  // kept: a range-for over golden()[...] reads a freed temporary
-  for (const auto& c : g["sqrtm"]) {
+  for (const auto& c : golden()["sqrtm"]) {
     const int64_t n = c["n"];
     const std::vector<double> a = c["a"], want = c["sqrt"];
     const std::vector<double> got = sqrtm_psd(a, n);
@@ -88,9 +89,7 @@ TEST(FrechetDistance, JacobiEigenDecomposes) {
 }
 
 TEST(MsSsim, MatchesAnIndependentNumpyImplementation) {
-  const nlohmann::json g =
-      golden();  // kept: a range-for over golden()[...] reads a freed temporary
-  for (const auto& c : g["ms_ssim"]) {
+  for (const auto& c : golden()["ms_ssim"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
     const Tensor x = matrix(c["x"], 28, 28), y = matrix(c["y"], 28, 28);
     const double want = c["value"];
