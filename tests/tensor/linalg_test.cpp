@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "harness/op_harness.h"
+#include "mantissa/core/cpu.h"
 #include "mantissa/numerics/convert.h"
 
 namespace mantissa {
@@ -430,6 +432,52 @@ TEST(Conv2dEmulation, F16ConvIsTheF32ConvRoundedOnce) {
   const Tensor want =
       conv2d(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32), o).to(DType::F16);
   EXPECT_EQ(bits_of(got), bits_of(want));
+}
+
+// Below AVX-512 oneDNN 2.6 has no bf16 convolution (it refused to build one: an internal error
+// on an AVX2 machine) and only a reference bf16 matmul: bf16 runs there as f16 does, the f32
+// kernel on the exactly widened inputs, each result rounded once. CTest runs this under
+// MANTISSA_ISA=avx2 too (tensor_linalg_avx2), so an AVX-512 machine checks that path as well.
+TEST(Bf16Emulation, BelowAvx512ConvAndGemmAreTheF32OnesRoundedOnce) {
+  if (cpu_features().avx512_core()) {
+    GTEST_SKIP() << "oneDNN runs bf16 natively here; CTest's tensor_linalg_avx2 runs this test "
+                    "with MANTISSA_ISA=avx2";
+  }
+  // f(inputs) and the inputs' gradients of sum(f * g), all inputs and g bf16-valued; the
+  // gradient reaching f's output is g itself (exact in both dtypes).
+  using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+  auto run = [](const Fn& f, const std::vector<Shape>& shapes, DType dt) {
+    std::vector<Tensor> in;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      in.push_back(
+          Tensor::normal(shapes[i], 0, 1, 94 + i).to(DType::BF16).to(dt).set_requires_grad(true));
+    }
+    const Tensor y = f(in);
+    const Tensor g = Tensor::normal(y.shape(), 0, 1, 99).to(DType::BF16).to(dt);
+    sum(mul(y, g)).backward();
+    std::vector<Tensor> out{y};
+    for (const Tensor& t : in)
+      out.push_back(t.grad());
+    return out;
+  };
+  auto check = [&](const char* what, const Fn& f, const std::vector<Shape>& shapes) {
+    SCOPED_TRACE(what);
+    const std::vector<Tensor> got = run(f, shapes, DType::BF16), f32 = run(f, shapes, DType::F32);
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(i == 0 ? std::string("output") : "gradient of input " + std::to_string(i - 1));
+      ASSERT_EQ(got[i].dtype(), DType::BF16);
+      EXPECT_EQ(bits_of(got[i].to(DType::F32)), bits_of(f32[i].to(DType::BF16).to(DType::F32)));
+    }
+  };
+  check("conv2d",
+        [](const std::vector<Tensor>& in) {
+          return conv2d(in[0], in[1], in[2], Conv2dOptions{.stride = {2, 2}, .padding = {1, 1}});
+        },
+        {{2, 8, 9, 9}, {16, 8, 3, 3}, {16}});
+  check("linear", [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+        {{50, 48}, {40, 48}, {40}});
+  check("batched matmul", [](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); },
+        {{3, 20, 64}, {3, 64, 24}});
 }
 
 }  // namespace

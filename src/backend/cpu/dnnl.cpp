@@ -1,5 +1,7 @@
-// CPU GEMM and convolution. oneDNN 2.6 runs f32 and bf16 natively (bf16 inputs, fp32
-// accumulation); the dtypes it lacks are handled here:
+// CPU GEMM and convolution. oneDNN 2.6 runs f32 everywhere and bf16 (bf16 inputs, fp32
+// accumulation) from AVX-512 on; the dtypes it lacks are handled here:
+//   - bf16 on a CPU below AVX-512 (AVX2: oneDNN 2.6 has no bf16 convolution there and only its
+//     reference matmul) runs as f16 does below;
 //   - f16 and fp8 are emulated exactly: the inputs are widened to f32 (exact), the f32 kernel
 //     runs, and the fp32 result is rounded once (RNE) into the output's dtype — what a tensor
 //     core computes;
@@ -27,6 +29,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/dtype_map.h"
+#include "mantissa/core/cpu.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::backend::cpu {
@@ -38,9 +41,34 @@ using tag = memory::format_tag;
 
 // ---- engine, stream, scratchpad -----------------------------------------------------------------
 
+// oneDNN dispatches on the CPU it finds; MANTISSA_ISA (mantissa/core/cpu.h) caps it as it caps
+// Mantissa's own kernels, so the fallbacks of a smaller CPU can be tested on a larger one. The
+// cap must come before oneDNN's first primitive, hence here.
+void cap_dnnl_isa() {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512_core()) return;
+  // Refused (status) only once oneDNN has dispatched, which cannot have happened yet.
+  dnnl_set_max_cpu_isa(f.avx2 ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
+}
+
 dnnl::engine& engine() {
-  static auto* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // outlives every primitive
+  static auto* e = [] {
+    cap_dnnl_isa();
+    return new dnnl::engine(dnnl::engine::kind::cpu, 0);  // outlives every primitive
+  }();
   return *e;
+}
+
+// Whether oneDNN has bf16 kernels on this CPU (under the cap above): from AVX-512 on, native
+// (avx512_bf16) or emulated in fp32 by oneDNN itself.
+bool dnnl_has_bf16() {
+  static const bool has = [] {
+    engine();  // the cap first
+    const auto isa = unsigned(dnnl::get_effective_cpu_isa());
+    const auto core = unsigned(dnnl::cpu_isa::avx512_core);
+    return (isa & core) == core;
+  }();
+  return has;
 }
 
 // oneDNN streams are not meant to be shared between threads; a CPU stream is cheap.
@@ -283,8 +311,9 @@ Tensor prepare(CpuBackend& be, const Tensor& t, DType to, Format rounding) {
 
 // The dtype the oneDNN kernel computes in: a dtype of kDnnlTypes natively (bf16: its values are
 // already on the fp32, tf32 and bf16 grids), everything else (f16, fp8, bf16 under a narrower
-// rounding) in f32.
+// rounding, bf16 where oneDNN has no bf16 kernels) in f32.
 DType kernel_dtype(DType d, Format rounding) {
+  if (d == DType::BF16 && !dnnl_has_bf16()) return DType::F32;
   return dtype_map_lookup(kDnnlTypes, d) && takes_rounding(d, rounding) ? d : DType::F32;
 }
 
