@@ -28,57 +28,69 @@ namespace baseline {
 
 #if defined(__x86_64__)
 #pragma GCC push_options
+#pragma GCC target("avx2")
+namespace avx2 {
+#include "backend/cpu/elementwise_loops.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
 namespace avx512 {
 #include "backend/cpu/elementwise_loops.inc"
 }  // namespace avx512
 #pragma GCC pop_options
 #else
-namespace avx512 = baseline;  // vector_isa() never answers Avx512 off x86-64
+namespace avx2 = baseline;  // vector_isa() answers Baseline off x86-64
+namespace avx512 = baseline;
 #endif
+
+// The build of a loop family for the ISA the kernels run with: MT_ISA_CALL(f<C>(args)).
+#define MT_ISA_CALL(...)            \
+  switch (vector_isa()) {           \
+    case VectorIsa::Avx512:         \
+      return avx512::__VA_ARGS__;   \
+    case VectorIsa::Avx2:           \
+      return avx2::__VA_ARGS__;     \
+    case VectorIsa::Baseline:       \
+      return baseline::__VA_ARGS__; \
+  }
 
 template <typename C>
 void run_unary(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
-  if (vector_isa() == VectorIsa::Avx512) return avx512::run_unary<C>(op, y, x, n, s);
-  baseline::run_unary<C>(op, y, x, n, s);
+  MT_ISA_CALL(run_unary<C>(op, y, x, n, s));
 }
 
 template <typename C>
 void run_unary_backward(UnaryOp op, C* gx, const C* g, const C* x, const C* y, int64_t n,
                         Scalars s) {
-  if (vector_isa() == VectorIsa::Avx512)
-    return avx512::run_unary_backward<C>(op, gx, g, x, y, n, s);
-  baseline::run_unary_backward<C>(op, gx, g, x, y, n, s);
+  MT_ISA_CALL(run_unary_backward<C>(op, gx, g, x, y, n, s));
 }
 
 template <typename C>
 void run_binary(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
-  if (vector_isa() == VectorIsa::Avx512) return avx512::run_binary<C>(op, o, a, b, n);
-  baseline::run_binary<C>(op, o, a, b, n);
+  MT_ISA_CALL(run_binary<C>(op, o, a, b, n));
 }
 
 template <typename C>
 void run_lstm_cell_row(const C* z, const C* cp, C* acts, C* c, C* h, int64_t n) {
-  const bool avx = vector_isa() == VectorIsa::Avx512;
   if (cp != nullptr) {
-    return avx ? avx512::lstm_cell_row<C, true>(z, cp, acts, c, h, n)
-               : baseline::lstm_cell_row<C, true>(z, cp, acts, c, h, n);
+    MT_ISA_CALL(lstm_cell_row<C, true>(z, cp, acts, c, h, n));
+  } else {
+    MT_ISA_CALL(lstm_cell_row<C, false>(z, cp, acts, c, h, n));
   }
-  avx ? avx512::lstm_cell_row<C, false>(z, cp, acts, c, h, n)
-      : baseline::lstm_cell_row<C, false>(z, cp, acts, c, h, n);
 }
 
 template <typename C>
 void run_lstm_cell_backward_row(const C* acts, const C* c, const C* cp, const C* dh, const C* dc,
                                 C* dz, C* dcp, int64_t n) {
-  const bool avx = vector_isa() == VectorIsa::Avx512;
   if (cp != nullptr) {
-    return avx ? avx512::lstm_cell_backward_row<C, true>(acts, c, cp, dh, dc, dz, dcp, n)
-               : baseline::lstm_cell_backward_row<C, true>(acts, c, cp, dh, dc, dz, dcp, n);
+    MT_ISA_CALL(lstm_cell_backward_row<C, true>(acts, c, cp, dh, dc, dz, dcp, n));
+  } else {
+    MT_ISA_CALL(lstm_cell_backward_row<C, false>(acts, c, cp, dh, dc, dz, dcp, n));
   }
-  avx ? avx512::lstm_cell_backward_row<C, false>(acts, c, cp, dh, dc, dz, dcp, n)
-      : baseline::lstm_cell_backward_row<C, false>(acts, c, cp, dh, dc, dz, dcp, n);
 }
+
+#undef MT_ISA_CALL
 
 // Walks the elements of a strided tensor in row-major order: f(offset_in_elements, run_length,
 // inner_stride) for each innermost run.

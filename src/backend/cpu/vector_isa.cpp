@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "mantissa/core/cpu.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::backend::cpu {
@@ -12,7 +13,11 @@ namespace {
 VectorIsa detect() {
   const char* env = std::getenv("MANTISSA_CPU_ISA");
   if (env != nullptr && std::string_view(env) == "baseline") return VectorIsa::Baseline;
-  return vector_isa_supported(VectorIsa::Avx512) ? VectorIsa::Avx512 : VectorIsa::Baseline;
+  // MANTISSA_ISA=avx2|scalar (mantissa/core/cpu.h) caps these loops as it caps the rest.
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512_core() && vector_isa_supported(VectorIsa::Avx512)) return VectorIsa::Avx512;
+  if (f.avx2 && vector_isa_supported(VectorIsa::Avx2)) return VectorIsa::Avx2;
+  return VectorIsa::Baseline;
 }
 
 std::atomic<int> g_forced{-1};
@@ -23,6 +28,7 @@ bool vector_isa_supported(VectorIsa isa) {
   if (isa == VectorIsa::Baseline) return true;
 #if defined(__x86_64__)
   __builtin_cpu_init();
+  if (isa == VectorIsa::Avx2) return __builtin_cpu_supports("avx2");
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #else
@@ -44,7 +50,15 @@ void force_vector_isa(std::optional<VectorIsa> isa) {
 }
 
 const char* vector_isa_name(VectorIsa isa) {
-  return isa == VectorIsa::Avx512 ? "AVX-512" : "the x86-64 baseline";
+  switch (isa) {
+    case VectorIsa::Avx512:
+      return "AVX-512";
+    case VectorIsa::Avx2:
+      return "AVX2";
+    case VectorIsa::Baseline:
+      break;
+  }
+  return "the x86-64 baseline";
 }
 
 }  // namespace mantissa::backend::cpu

@@ -1,19 +1,21 @@
 // Internal: which vector instruction set the CPU kernels that have several builds run with.
-// The elementwise loops are compiled twice, for the x86-64 baseline (SSE2, 4 floats) and for
-// AVX-512 (16 floats), and pick one at run time by what the CPU has. Both give the same values
+// The elementwise loops are compiled three times, for the x86-64 baseline (SSE2, 4 floats), AVX2
+// (8 floats) and AVX-512 (16 floats), and pick one at run time by what the CPU has. All give the
+// same values
 // to the bit (only a NaN's sign may differ: which NaN an operation on two keeps follows the
 // operand order the compiler picks): the loops use only IEEE operations and cpu/vec_math.h, and
-// the library is built with -ffp-contract=off (no fused multiply-add in either build).
+// the library is built with -ffp-contract=off (no fused multiply-add in any build).
 #pragma once
 
 #include <optional>
 
 namespace mantissa::backend::cpu {
 
-enum class VectorIsa { Baseline, Avx512 };
+enum class VectorIsa { Baseline, Avx2, Avx512 };
 
-// What the kernels use: AVX-512 (F, BW, DQ, VL) where the CPU has it, else the baseline; the
-// environment variable MANTISSA_CPU_ISA=baseline forces the baseline.
+// What the kernels use: AVX-512 (F, BW, DQ, VL) where the CPU has it, else AVX2, else the
+// baseline; MANTISSA_ISA=avx2 or scalar (mantissa/core/cpu.h) caps it, and the environment
+// variable MANTISSA_CPU_ISA=baseline forces the baseline.
 VectorIsa vector_isa();
 // Tests: run with isa (which must be supported) or, with nullopt, go back to the detected one.
 void force_vector_isa(std::optional<VectorIsa> isa);
