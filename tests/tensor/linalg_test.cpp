@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "harness/op_harness.h"
 #include "mantissa/core/cpu.h"
+#include "mantissa/core/warning.h"
 #include "mantissa/numerics/convert.h"
 
 namespace mantissa {
@@ -478,6 +479,7 @@ TEST(Bf16Emulation, BelowAvx512ConvAndGemmAreTheF32OnesRoundedOnce) {
         {{50, 48}, {40, 48}, {40}});
   check("batched matmul", [](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); },
         {{3, 20, 64}, {3, 64, 24}});
+  EXPECT_GE(warning_count("bf16:emulated:cpu"), 1) << "the user is told once that bf16 is emulated";
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "backend/dtype_map.h"
 #include "mantissa/core/cpu.h"
 #include "mantissa/core/error.h"
+#include "mantissa/core/warning.h"
 
 namespace mantissa::backend::cpu {
 namespace {
@@ -313,7 +314,13 @@ Tensor prepare(CpuBackend& be, const Tensor& t, DType to, Format rounding) {
 // already on the fp32, tf32 and bf16 grids), everything else (f16, fp8, bf16 under a narrower
 // rounding, bf16 where oneDNN has no bf16 kernels) in f32.
 DType kernel_dtype(DType d, Format rounding) {
-  if (d == DType::BF16 && !dnnl_has_bf16()) return DType::F32;
+  if (d == DType::BF16 && !dnnl_has_bf16()) {
+    warn("bf16:emulated:cpu",
+         "this CPU has no AVX-512, where oneDNN's bf16 kernels start: bf16 GEMMs and "
+         "convolutions run in fp32 on the widened inputs, rounded once (the same results and "
+         "bf16's memory saving, without its speed-up); --precision auto picks fp16 here");
+    return DType::F32;
+  }
   return dtype_map_lookup(kDnnlTypes, d) && takes_rounding(d, rounding) ? d : DType::F32;
 }
 
