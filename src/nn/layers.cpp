@@ -746,8 +746,10 @@ TensorList LSTM::run_layer(int64_t layer, const TensorList& inputs) {
   const std::vector<Tensor*>& w = weights_[size_t(layer)];
   Tensor seq = inputs[0];
   if (layer > 0 && dropout_ > 0.0 && is_training()) seq = dropout(seq, dropout_, true);
-  // The input projection of every step at once: (B, T, 4H).
-  const Tensor projected = linear(seq, *w[0], *w[2]);
+  // The input projection of every step at once, (B, T, 4H), with both biases: b_ih + b_hh is
+  // added once here rather than b_hh in every step's recurrent GEMM, so backward takes both
+  // biases' gradient in the projection's one column sum instead of one sum per step.
+  const Tensor projected = linear(seq, *w[0], add(*w[2], *w[3]));
   // One slice per step, through one node (unbind): its backward stacks the steps' gradients
   // once, where a select per step would add T full-size gradients.
   const std::vector<Tensor> per_step = unbind(projected, 1);
@@ -757,7 +759,7 @@ TensorList LSTM::run_layer(int64_t layer, const TensorList& inputs) {
   outputs.reserve(size_t(steps));
   for (int64_t t = 0; t < steps; ++t) {
     Tensor gates = per_step[size_t(t)];
-    gates = state.h.defined() ? add(gates, linear(state.h, *w[1], *w[3])) : add(gates, *w[3]);
+    if (state.h.defined()) gates = add(gates, linear(state.h, *w[1]));
     state = lstm_gates(gates, state.c);
     outputs.push_back(state.h);
   }

@@ -476,7 +476,8 @@ class LSTMCell : public Module {
 
 // Stacked LSTM over batch-first x (B, T, in), unrolled over time with autograd; parameters named
 // as torch.nn.LSTM's (weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0, ..._l1, ...). The
-// input projection of all steps is one GEMM per layer. Dropout between layers in training.
+// input projection of all steps is one GEMM per layer (with both biases, added once). Dropout
+// between layers in training.
 class LSTM : public Module {
  public:
   LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1,
