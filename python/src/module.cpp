@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mantissa/core/cuda.h"
+#include "mantissa/core/stop_signals.h"
 #include "mantissa/mantissa.h"
 #include "mantissa/train/run_config.h"
 
@@ -161,18 +162,15 @@ void on_sigint(int sig) {
   g_stop.store(sig);
 }
 
-// While alive: SIGINT sets g_stop (the Trainer stops after the step under way) instead of
-// Python's handler, which cannot run while the GIL is released.
+// While alive: SIGINT sets g_stop (the Trainer stops after the step under way)
+// instead of Python's handler, which cannot run while the GIL is released; on a signal stack of
+// its own, never on a compute thread (mantissa/core/stop_signals.h).
 class CatchSigint {
  public:
-  CatchSigint() {
-    g_stop = 0;
-    previous_ = std::signal(SIGINT, on_sigint);
-  }
-  ~CatchSigint() { std::signal(SIGINT, previous_); }
+  CatchSigint() : signals_((g_stop = 0, on_sigint), /*sigterm_too=*/false) {}
 
  private:
-  void (*previous_)(int);
+  mt::StopSignals signals_;
 };
 
 // ---- Autocast as a context manager -----------------------------------------------------------

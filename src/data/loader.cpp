@@ -15,6 +15,7 @@
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
+#include "mantissa/core/stop_signals.h"
 
 namespace mantissa::data {
 namespace {
@@ -121,6 +122,7 @@ struct DataLoader::Run {
   std::vector<std::thread> threads;
 
   void work(const Source& source) {
+    block_stop_signals_on_this_thread();  // Ctrl-C is the main thread's (stop_signals.h)
     const auto ring = int64_t(slots.size());
     while (true) {
       int64_t j = 0;

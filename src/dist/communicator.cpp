@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "mantissa/core/error.h"
+#include "mantissa/core/stop_signals.h"
 
 namespace mantissa::dist {
 
@@ -19,6 +20,7 @@ struct Communicator::Worker {
   std::thread thread;
 
   void run() {
+    block_stop_signals_on_this_thread();  // Ctrl-C is the main thread's (stop_signals.h)
     for (;;) {
       std::packaged_task<void()> job;
       {

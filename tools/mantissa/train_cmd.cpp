@@ -18,6 +18,7 @@
 
 #include "commands.h"
 #include "mantissa/core/error.h"
+#include "mantissa/core/stop_signals.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/train/gan.h"
 #include "mantissa/train/recommender.h"
@@ -90,14 +91,6 @@ void on_stop_signal(int sig) {
   static const char kSay[] =
       "\nmantissa: stopping after this step and writing a checkpoint (again to quit at once)\n";
   [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kSay, sizeof kSay - 1);
-}
-
-void catch_stop_signals() {
-  struct sigaction sa = {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  for (const int sig : {SIGINT, SIGTERM})
-    sigaction(sig, &sa, nullptr);
 }
 
 // Percent of `part` in `whole` (0 when whole is 0).
@@ -535,7 +528,7 @@ Command add_train_command(CLI::App& app) {
     }
     train::Trainer trainer(config);
     g_announce = trainer.rank() == 0;
-    catch_stop_signals();
+    const StopSignals stop_signals(on_stop_signal);  // on its own stack: stop_signals.h
     trainer.set_stop_flag(&g_stop);
     const train::TrainResult r = trainer.fit();
     if (r.interrupted != 0) {
