@@ -16,10 +16,10 @@
 namespace mantissa {
 
 // While alive, SIGINT (and SIGTERM unless sigterm_too is false) run `handler` on an alternate
-// stack of the constructing thread
-// (which must be the one that waits for the run, normally the main thread); OpenMP's threads
-// are made to block them. The previous handlers and the thread's alternate stack come back at
-// destruction. The handler must be async-signal-safe (set an atomic flag, write(2)).
+// stack of the constructing thread, which must be the one that waits for the run (normally the
+// main thread). OpenMP's pool, at the size it has then (set the thread count first), is made to
+// block them. The previous handlers and the thread's signal stack come back at destruction. The
+// handler must be async-signal-safe (set an atomic flag, write(2)).
 class StopSignals {
  public:
   explicit StopSignals(void (*handler)(int), bool sigterm_too = true);
