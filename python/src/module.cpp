@@ -162,9 +162,9 @@ void on_sigint(int sig) {
   g_stop.store(sig);
 }
 
-// While alive: SIGINT sets g_stop (the Trainer stops after the step under way)
-// instead of Python's handler, which cannot run while the GIL is released; on a signal stack of
-// its own, never on a compute thread (mantissa/core/stop_signals.h).
+// While alive: SIGINT sets g_stop (the Trainer stops after the step under way) instead of
+// Python's handler, which cannot run while the GIL is released; on a signal stack of its own,
+// never on a compute thread (mantissa/core/stop_signals.h).
 class CatchSigint {
  public:
   CatchSigint() : signals_((g_stop = 0, on_sigint), /*sigterm_too=*/false) {}

@@ -3,8 +3,6 @@
 #include <omp.h>
 #include <pthread.h>
 
-#include <cstdlib>
-
 #include "mantissa/core/error.h"
 
 namespace mantissa {
@@ -39,7 +37,10 @@ StopSignals::StopSignals(void (*handler)(int), bool sigterm_too)
   stack_t ss = {};
   ss.ss_sp = stack_;
   ss.ss_size = kStackBytes;
-  MT_CHECK(sigaltstack(&ss, &previous_stack_) == 0, "could not set a signal stack");
+  if (sigaltstack(&ss, &previous_stack_) != 0) {
+    delete[] stack_;
+    MT_CHECK(false, "could not set a signal stack for the stop signals");
+  }
   struct sigaction sa = {};
   sa.sa_handler = handler;
   sa.sa_flags = SA_ONSTACK;

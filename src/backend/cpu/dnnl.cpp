@@ -315,10 +315,14 @@ Tensor prepare(CpuBackend& be, const Tensor& t, DType to, Format rounding) {
 // rounding, bf16 where oneDNN has no bf16 kernels) in f32.
 DType kernel_dtype(DType d, Format rounding) {
   if (d == DType::BF16 && !dnnl_has_bf16()) {
-    warn("bf16:emulated:cpu",
-         "this CPU has no AVX-512, where oneDNN's bf16 kernels start: bf16 GEMMs and "
-         "convolutions run in fp32 on the widened inputs, rounded once (the same results and "
-         "bf16's memory saving, without its speed-up); --precision auto picks fp16 here");
+    static const bool told = [] {  // once per process, not a message built per GEMM
+      warn("bf16:emulated:cpu",
+           "this CPU has no AVX-512, where oneDNN's bf16 kernels start: bf16 GEMMs and "
+           "convolutions run in fp32 on the widened inputs, rounded once (the same results and "
+           "bf16's memory saving, without its speed-up); --precision auto picks fp16 here");
+      return true;
+    }();
+    (void)told;
     return DType::F32;
   }
   return dtype_map_lookup(kDnnlTypes, d) && takes_rounding(d, rounding) ? d : DType::F32;

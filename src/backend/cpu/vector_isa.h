@@ -1,10 +1,10 @@
 // Internal: which vector instruction set the CPU kernels that have several builds run with.
 // The elementwise loops are compiled three times, for the x86-64 baseline (SSE2, 4 floats), AVX2
 // (8 floats) and AVX-512 (16 floats), and pick one at run time by what the CPU has. All give the
-// same values
-// to the bit (only a NaN's sign may differ: which NaN an operation on two keeps follows the
-// operand order the compiler picks): the loops use only IEEE operations and cpu/vec_math.h, and
-// the library is built with -ffp-contract=off (no fused multiply-add in any build).
+// same values to the bit (only a NaN's sign may differ: which NaN an operation on two keeps
+// follows the operand order the compiler picks): the loops use only IEEE operations and
+// cpu/vec_math.h, and the library is built with -ffp-contract=off (no fused multiply-add in any
+// build).
 #pragma once
 
 #include <optional>
