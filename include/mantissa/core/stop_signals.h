@@ -34,8 +34,8 @@ class StopSignals {
   char* stack_;
 };
 
-// Blocks SIGINT and SIGTERM (and the other asynchronous stop signals) on the calling thread: the
-// first thing each of the library's helper threads does.
+// Blocks SIGINT and SIGTERM on the calling thread: the first thing each of the library's helper
+// threads does.
 void block_stop_signals_on_this_thread();
 
 }  // namespace mantissa
