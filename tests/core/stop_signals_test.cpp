@@ -53,7 +53,9 @@ TEST(StopSignals, HandlerRunsOnItsOwnStackAndThePreviousComesBack) {
   sigaltstack(nullptr, &stack);
   EXPECT_EQ(stack.ss_flags & SS_DISABLE, stack_before.ss_flags & SS_DISABLE)
       << "the thread's previous signal stack (or none) is back";
-  if (!(stack_before.ss_flags & SS_DISABLE)) EXPECT_EQ(stack.ss_sp, stack_before.ss_sp);
+  if (!(stack_before.ss_flags & SS_DISABLE)) {
+    EXPECT_EQ(stack.ss_sp, stack_before.ss_sp);
+  }
   {
     const StopSignals sigint_only(record, /*sigterm_too=*/false);
     sigaction(SIGTERM, nullptr, &now);
@@ -79,7 +81,9 @@ TEST(StopSignals, OpenMpThreadsBlockTheSignalsAndTheInstallerDoesNot) {
   }
   EXPECT_EQ(blocked[0], 0) << "the installing thread receives SIGINT";
   for (int t = 1; t < threads; ++t) {
-    if (blocked[size_t(t)] >= 0) EXPECT_EQ(blocked[size_t(t)], 1) << "OpenMP thread " << t;
+    if (blocked[size_t(t)] >= 0) {
+      EXPECT_EQ(blocked[size_t(t)], 1) << "OpenMP thread " << t;
+    }
   }
 }
 
