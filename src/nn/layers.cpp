@@ -509,10 +509,13 @@ Tensor MultiheadAttention::attend(const Tensor& x, const Tensor& mask) {
   MT_CHECK(x.dim() == 3 && x.size(2) == dim_, "MultiheadAttention(dim=", dim_,
            "): expected a batch-first input (B, T, ", dim_, "), got a ", x.describe());
   const int64_t b = x.size(0), t = x.size(1), d = dim_ / heads_;
-  // (B, T, 3C) -> (3, B, heads, T, D)
-  const Tensor qkv_heads = (*qkv)(x).reshape({b, t, 3, heads_, d}).permute({2, 0, 3, 1, 4});
-  const Tensor y = scaled_dot_product_attention(qkv_heads.select(0, 0), qkv_heads.select(0, 1),
-                                                qkv_heads.select(0, 2), mask, config_.causal);
+  // (B, T, 3C) -> (3, B, heads, T, D) -> q, k, v. unbind, not three selects: one node whose
+  // backward stacks the three gradients into one tensor, where a select's writes its part into a
+  // zero tensor of the full size and the three are then added.
+  const std::vector<Tensor> qkv_heads =
+      unbind((*qkv)(x).reshape({b, t, 3, heads_, d}).permute({2, 0, 3, 1, 4}), 0);
+  const Tensor y =
+      scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], mask, config_.causal);
   // (B, heads, T, D) -> (B, T, C)
   Tensor out = (*proj)(y.transpose(1, 2).reshape({b, t, dim_}));
   if (config_.dropout > 0.0 && is_training()) out = dropout(out, config_.dropout, true);

@@ -1,4 +1,7 @@
 // Joining, splitting and indexing: cat, stack, split, chunk, index_select, gather, embedding.
+#include <algorithm>
+#include <numeric>
+
 #include "backend/backend.h"
 #include "mantissa/amp/autocast.h"
 #include "mantissa/autograd/engine.h"
@@ -97,6 +100,40 @@ void record_parts(const char* name, const Tensor& x, const std::vector<Tensor>& 
   });
 }
 
+// unbind's backward: the parts' gradients stacked along d into a tensor with x's strides when x
+// is dense (a contiguous tensor permuted, transposed or reshaped), else stack(). unbind's input
+// is typically such a view: attention's (3, B, heads, T, D) permuted from the qkv projection's
+// (B, T, 3C). Laid out as x, its gradient is a view all the way back to the projection's; a
+// contiguous stack would be copied once more at the reshape.
+Tensor stack_like(const std::vector<Tensor>& g, int d, const Shape& shape, const Shape& strides) {
+  const int n = shape.size();
+  std::vector<int64_t> order(static_cast<size_t>(n));  // x's dims from the outermost in memory
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return strides[int(a)] > strides[int(b)]; });
+  int64_t expected = 1;
+  for (int k = n - 1; k >= 0; --k) {
+    const int dim = int(order[size_t(k)]);
+    if (shape[dim] != 1 && strides[dim] != expected) return stack(g, d);
+    expected *= shape[dim];
+  }
+  DType dt = g[0].dtype();
+  for (const Tensor& t : g)
+    dt = promote_types(dt, t.dtype());
+  Shape in_memory_order;
+  std::vector<int64_t> back(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    in_memory_order.push_back(shape[int(order[size_t(k)])]);
+    back[size_t(order[size_t(k)])] = k;
+  }
+  const Tensor out = Tensor::empty(in_memory_order, dt, g[0].device()).permute(back);
+  for (size_t i = 0; i < g.size(); ++i) {
+    Tensor part = out.select(d, int64_t(i));
+    backend::backend_for(out.device()).copy(g[i], part);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
@@ -117,7 +154,10 @@ std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
   std::vector<Tensor> out;
   for (int64_t i = 0; i < x.size(d); ++i)
     out.push_back(base.select(d, i));
-  record_parts("unbindBackward", x, out, [d](const std::vector<Tensor>& g) { return stack(g, d); });
+  record_parts("unbindBackward", x, out,
+               [d, shape = x.shape(), strides = x.strides()](const std::vector<Tensor>& g) {
+                 return stack_like(g, d, shape, strides);
+               });
   return out;
 }
 

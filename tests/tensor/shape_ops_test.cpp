@@ -85,6 +85,43 @@ TEST(ShapeOps, UnbindAndSplitAreOneNode) {
   EXPECT_EQ(parts[2].to_vector<double>(), x.select(1, 2).to_vector<double>());
 }
 
+// unbind of a permuted view, as attention splits q, k and v from one projection: the gradient
+// is right (finite differences), and it reaches the tensor the view was permuted from laid out
+// contiguously, so the reshape before it passes it on as a view instead of copying it.
+TEST(ShapeOps, UnbindOfAPermutedViewGivesTheGradientInTheViewsLayout) {
+  OpCase u;
+  u.name = "unbind dim 0 of (B, T, 3, H, D) permuted to (3, B, H, T, D)";
+  u.inputs = {random_f64({2, 3, 12}, 11)};
+  u.fn = [](const std::vector<Tensor>& in) {
+    const std::vector<Tensor> p =
+        unbind(in[0].reshape({2, 3, 3, 2, 2}).permute({2, 0, 3, 1, 4}), 0);
+    return add(mul(p[0], p[1]), p[2]);
+  };
+  check_op(u);
+
+  Tensor w = random_f64({2, 3, 12}, 12);
+  w.set_requires_grad(true);
+  const Tensor r = mul(w, 2.0).reshape({2, 3, 3, 2, 2});
+  bool contiguous = false;
+  Shape shape;
+  r.register_hook([&](const Tensor& g) {
+    contiguous = g.is_contiguous();
+    shape = g.shape();
+    return Tensor();
+  });
+  const std::vector<Tensor> p = unbind(r.permute({2, 0, 3, 1, 4}), 0);
+  sum(add(mul(p[0], p[1]), p[2])).backward();
+  EXPECT_EQ(shape, Shape({2, 3, 3, 2, 2}));
+  EXPECT_TRUE(contiguous) << "the gradient of the permuted view is laid out as its base";
+  // Each element's gradient: 2 * (the other of q, k, or 1 for v).
+  const std::vector<double> wv = w.to_vector<double>(), gv = w.grad().to_vector<double>();
+  for (size_t i = 0; i < wv.size(); ++i) {
+    const size_t part = (i % 12) / 4, other = part == 0 ? i + 4 : i - 4;
+    const double expected = part == 2 ? 2.0 : 2.0 * 2.0 * wv[other];
+    EXPECT_DOUBLE_EQ(gv[i], expected) << "element " << i;
+  }
+}
+
 TEST(ShapeOps, IndexSelectGatherEmbedding) {
   const Tensor idx = Tensor::from_vector(std::vector<int64_t>{2, 0, 2, 1}, {4});
   OpCase is;
