@@ -509,9 +509,9 @@ Tensor MultiheadAttention::attend(const Tensor& x, const Tensor& mask) {
   MT_CHECK(x.dim() == 3 && x.size(2) == dim_, "MultiheadAttention(dim=", dim_,
            "): expected a batch-first input (B, T, ", dim_, "), got a ", x.describe());
   const int64_t b = x.size(0), t = x.size(1), d = dim_ / heads_;
-  // (B, T, 3C) -> (3, B, heads, T, D) -> q, k, v. unbind, not three selects: one node whose
-  // backward stacks the three gradients into one tensor, where a select's writes its part into a
-  // zero tensor of the full size and the three are then added.
+  // (B, T, 3C) -> (3, B, heads, T, D) -> q, k, v. unbind, not three selects: one node, whose
+  // backward writes the three gradients into one tensor laid out as the projection's output. Each
+  // select's backward would write its part into a zero tensor of the full size, then add them.
   const std::vector<Tensor> qkv_heads =
       unbind((*qkv)(x).reshape({b, t, 3, heads_, d}).permute({2, 0, 3, 1, 4}), 0);
   const Tensor y =
