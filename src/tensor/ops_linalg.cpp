@@ -70,6 +70,22 @@ Tensor as_batched(const Tensor& t, const Shape& batch) {
   return t.expand(with_matrix(batch, rows, cols)).reshape({-1, rows, cols});
 }
 
+// t itself, or t copied when its batch dims (all but the last two) do not merge into one stride,
+// e.g. attention's heads split from one projection. The batched GEMM would copy such a view in
+// forward, and backward would copy the saved view again; copied here, once, the copy is also
+// what backward saves. Broadcast (stride 0) batch dims are left to the GEMM.
+Tensor gemm_ready(const Tensor& t) {
+  int64_t inner = -1;  // the next inner batch dim (size 1 dims skipped): its stride * size
+  bool merge = true;
+  for (int i = t.dim() - 3; i >= 0; --i) {
+    if (t.size(i) == 1) continue;
+    if (t.stride(i) == 0) return t;
+    merge = merge && (inner < 0 || t.stride(i) == inner);
+    inner = t.stride(i) * t.size(i);
+  }
+  return merge ? t : t.contiguous();
+}
+
 // torch.matmul on arguments already checked and of one floating dtype. No autograd.
 Tensor matmul_impl(const Tensor& a, const Tensor& b) {
   NoGrad ng;
@@ -124,7 +140,7 @@ Tensor matmul(const Tensor& a_arg, const Tensor& b_arg) {
              b_in.shape().str());
   }
   const DType dt = floating_dtype(promote_types(a_in.dtype(), b_in.dtype()), "matmul", a_in, b_in);
-  const Tensor a = a_in.to(dt), b = b_in.to(dt);
+  const Tensor a = gemm_ready(a_in.to(dt)), b = gemm_ready(b_in.to(dt));
   Tensor out = matmul_impl(a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
 

@@ -656,21 +656,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_arg, const Tensor& k_arg, co
     return out.reshape(out_shape);
   }
 
-  // q, k and v copied here, once, when they are views whose batch dims do not merge into one
-  // stride (heads split from one projection): the batched GEMMs would copy them in forward and
-  // again in backward, from the views they saved. Views that merge (a KV cache's first positions)
-  // are taken as they are.
-  const auto gemm_ready = [](const Tensor& t) {
-    int64_t inner = -1;  // the batch dim after i (size 1 dims skipped): its stride * size
-    for (int i = t.dim() - 3; i >= 0; --i) {
-      if (t.size(i) == 1) continue;
-      if (inner >= 0 && t.stride(i) != inner) return t.contiguous();
-      inner = t.stride(i) * t.size(i);
-    }
-    return t;
-  };
-  const Tensor qc = gemm_ready(q), kc = gemm_ready(k), vc = gemm_ready(v);
-  Tensor scores = mul(matmul(qc, kc.transpose(-2, -1)), s);  // (..., Tq, Tk)
+  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);  // (..., Tq, Tk)
   const Tensor neg_inf = Tensor::full({}, -INFINITY, scores.dtype(), scores.device());
   if (causal) {
     // Query i sees keys 0..i (top-left aligned, as PyTorch's is_causal).
@@ -700,7 +686,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_arg, const Tensor& k_arg, co
       scores = add(scores, mask.to(scores.dtype()));
     }
   }
-  return matmul(softmax(scores, -1), vc);
+  return matmul(softmax(scores, -1), v);
 }
 
 }  // namespace mantissa
