@@ -30,6 +30,7 @@ namespace mantissa::train {
   _(vocab_size)                   \
   _(eval_every)                   \
   _(eval_batches)                 \
+  _(fd_feature_steps)             \
   _(grad_accum)                   \
   _(checkpoint_activations)       \
   _(epochs)                       \
@@ -173,6 +174,8 @@ void TrainConfig::validate() const {
   MT_CHECK(vocab_size >= 0, "--vocab-size must be non-negative, got ", vocab_size);
   MT_CHECK(eval_every >= 0, "--eval-every must be 0 (each epoch) or positive, got ", eval_every);
   MT_CHECK(eval_batches >= 0, "--eval-batches must be 0 (all) or positive, got ", eval_batches);
+  MT_CHECK(fd_feature_steps >= 0, "--fd-feature-steps must be 0 (one epoch) or positive, got ",
+           fd_feature_steps);
   MT_CHECK(grad_accum >= 1, "--grad-accum must be at least 1, got ", grad_accum);
   MT_CHECK(grad_accum == 1 || underflow_every == 0,
            "--underflow-every measures single-batch steps; drop it or --grad-accum");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -60,6 +61,11 @@ GanData load_data(const TrainConfig& c) {
 
 // ---- the feature network of the Fréchet distance ----------------------------------------------
 
+// How long the feature network trains: TrainConfig::fd_feature_steps (0: one epoch).
+std::string describe_training(int64_t steps) {
+  return steps > 0 ? std::to_string(steps) + " steps" : "1 epoch";
+}
+
 class FeatureNet {
  public:
   FeatureNet(const TrainConfig& gan, const Device& device) : device_(device) {
@@ -68,7 +74,9 @@ class FeatureNet {
     c.data = gan.data;
     c.data_dir = gan.data_dir;
     c.synthetic_size = gan.synthetic_size;
-    c.epochs = 1;
+    // One epoch, or fd_feature_steps steps (over as many epochs as they take).
+    c.max_steps = gan.fd_feature_steps;
+    c.epochs = c.max_steps > 0 ? c.max_steps : 1;
     c.batch_size = 128;
     c.seed = 0;
     c.precision = "fp32";
@@ -82,15 +90,18 @@ class FeatureNet {
       std::filesystem::path dir = std::filesystem::path(gan.metrics_path).parent_path();
       std::string name = "fd_cnn_" + gan.data;
       if (gan.data == "synthetic") name += "_" + std::to_string(gan.synthetic_size);
+      if (gan.fd_feature_steps > 0) name += "_steps" + std::to_string(gan.fd_feature_steps);
       cache = (dir / (name + ".safetensors")).string();
     }
     nn::ModelConfig mc;
     mc.seed = 0;
     if (!cache.empty() && std::filesystem::exists(cache)) {
       const Checkpoint ckpt = load_checkpoint(cache);
-      MT_CHECK(ckpt.config.model == "cnn" && ckpt.config.data == gan.data, "'", cache,
-               "' is not the feature network of this data (", ckpt.config.model, " on ",
-               ckpt.config.data, "); delete it and it is trained again");
+      MT_CHECK(ckpt.config.model == "cnn" && ckpt.config.data == gan.data &&
+                   ckpt.config.max_steps == c.max_steps,
+               "'", cache, "' is not the feature network of this data (", ckpt.config.model, " on ",
+               ckpt.config.data, ", ", describe_training(ckpt.config.max_steps),
+               "); delete it and it is trained again");
       model_ = nn::make_model("cnn", mc);
       model_->load_state_dict(ckpt.model);
       model_->to(device_);
@@ -258,7 +269,8 @@ GanResult train_gan(const TrainConfig& config_in,
     j["latent_dim"] = nn::kDcganLatentDim;
     j["eval_samples"] = eval_n;
     j["ms_ssim_pairs"] = std::min<int64_t>(kGanMsSsimPairs, eval_n / 2);
-    j["feature_network"] = "cnn (fp32, 1 epoch, seed 0), 128-d penultimate layer: not Inception";
+    j["feature_network"] = "cnn (fp32, " + describe_training(c.fd_feature_steps) +
+                           ", seed 0), 128-d penultimate layer: not Inception";
     log.write(j);
   }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -95,6 +96,45 @@ TEST_F(GanFiles, TrainsInBf16AndTheFeatureNetworkIsCached) {
             std::string::npos);
   EXPECT_EQ(first.result.frechet_distance, second.result.frechet_distance)
       << "the same seed and the same cached feature network give the same distance";
+}
+
+// --fd-feature-steps: the feature network trains that many steps, is cached under its own name
+// (a study's quick network never stands in for a full one), and the records say which it is.
+TEST_F(GanFiles, FeatureStepsTrainTheirOwnCachedNetwork) {
+  TrainConfig c = small_gan("fp32");
+  c.max_steps = 2;
+  c.log_every = 1;
+  c.metrics_path = file("metrics.jsonl");
+  c.fd_feature_steps = 2;  // the 512 synthetic images are 4 steps of 128
+  const RunRecords quick = run(c);
+  EXPECT_NE(quick.records.front()["feature_network"].get<std::string>().find("2 steps"),
+            std::string::npos)
+      << quick.records.front()["feature_network"];
+  EXPECT_NE(quick.records.back()["feature_network"].get<std::string>().find("saved"),
+            std::string::npos);
+  const std::string steps2 = file("fd_cnn_synthetic_512_steps2.safetensors");
+  const std::string epoch = file("fd_cnn_synthetic_512.safetensors");
+  EXPECT_TRUE(std::filesystem::exists(steps2));
+  EXPECT_FALSE(std::filesystem::exists(epoch));
+
+  c.fd_feature_steps = 0;
+  const RunRecords full = run(c);
+  EXPECT_NE(full.records.front()["feature_network"].get<std::string>().find("1 epoch"),
+            std::string::npos);
+  EXPECT_NE(full.records.back()["feature_network"].get<std::string>().find("saved"),
+            std::string::npos)
+      << "the 1-epoch network is trained, not the 2-step one loaded";
+  EXPECT_NE(full.result.frechet_distance, quick.result.frechet_distance)
+      << "two feature networks, two feature spaces";
+
+  // A cache file that is not the network asked for is refused with what to do.
+  std::filesystem::copy_file(steps2, epoch, std::filesystem::copy_options::overwrite_existing);
+  try {
+    run(c);
+    ADD_FAILURE() << "a 2-step feature network was used as the 1-epoch one";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("delete it"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Gan, Fp16HasADynamicLossScale) {

@@ -315,6 +315,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--eval-batch-size", c.eval_batch_size,
                   "Evaluation batch size (0: 256 images, or a token model's training batch)")
       ->capture_default_str();
+  cmd->add_option("--fd-feature-steps", c.fd_feature_steps,
+                  "dcgan: steps the cnn of the Frechet distance's features trains (0: one epoch)")
+      ->capture_default_str();
   cmd->add_option("--data-dir", c.data_dir, "Directory of the Fashion-MNIST .gz files")
       ->capture_default_str();
   cmd->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
@@ -502,6 +505,7 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--val-path")) merged.val_path = config.val_path;
       if (cmd->count("--eval-every")) merged.eval_every = config.eval_every;
       if (cmd->count("--eval-batches")) merged.eval_batches = config.eval_batches;
+      if (cmd->count("--fd-feature-steps")) merged.fd_feature_steps = config.fd_feature_steps;
       if (cmd->count("--log-every")) merged.log_every = config.log_every;
       if (cmd->count("--on-divergence")) merged.on_divergence = config.on_divergence;
       if (cmd->count("--detect-anomaly")) merged.detect_anomaly = config.detect_anomaly;

@@ -40,6 +40,9 @@ struct TrainConfig {
   // at most eval_batches batches of non-overlapping windows (0: the whole validation stream).
   int64_t eval_every = 0;
   int64_t eval_batches = 0;
+  // dcgan: the optimizer steps of the cnn whose features the Fréchet distance compares (0: one
+  // epoch of the training images). `mantissa study --quick` trains it 100 steps.
+  int64_t fd_feature_steps = 0;
 
   // batches and memory
   // Micro-batches per optimizer step: each step sees batch_size * grad_accum examples, summed
