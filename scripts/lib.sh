@@ -25,6 +25,12 @@ install_debian_packages() {
     "${missing[@]}" >/dev/null
 }
 
+# How builds call ccache, as a CMake launcher list: in depend mode, where a first compile runs the
+# compiler once (not the preprocessor as well) and ccache reads the includes from its -MD file.
+# The cache is ccache's own (~/.cache/ccache; CCACHE_DIR moves it), shared by build/, the
+# sanitizer build and the wheel's build.
+ccache_launcher="/usr/bin/env;CCACHE_DEPEND=true;ccache"
+
 # format_duration SECONDS: "48s", "3m40s".
 format_duration() {
   local s=$1
