@@ -99,9 +99,11 @@ class FeatureNet {
       const Checkpoint ckpt = load_checkpoint(cache);
       MT_CHECK(ckpt.config.model == "cnn" && ckpt.config.data == gan.data &&
                    ckpt.config.max_steps == c.max_steps,
-               "'", cache, "' is not the feature network of this data (", ckpt.config.model, " on ",
-               ckpt.config.data, ", ", describe_training(ckpt.config.max_steps),
-               "); delete it and it is trained again");
+               "'", cache, "' is not the feature network this run asks for: it is a ",
+               ckpt.config.model, " trained on ", ckpt.config.data, " for ",
+               describe_training(ckpt.config.max_steps), ", this run wants a cnn trained on ",
+               gan.data, " for ", describe_training(c.max_steps),
+               "; delete it and it is trained again");
       model_ = nn::make_model("cnn", mc);
       model_->load_state_dict(ckpt.model);
       model_->to(device_);
