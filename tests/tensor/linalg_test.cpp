@@ -202,6 +202,24 @@ TEST(Matmul, LargerThanOneBlock) {
   check_op(c, {DType::F64, DType::F32, DType::BF16});
 }
 
+TEST(Matmul, FourKibibyteLeadingDimensionsAreCopiedPadded) {
+  // A transposed a whose 1024 f32 columns are 4 KiB apart and a row-major b with rows of 1024:
+  // the layouts the CPU kernel copies into a longer leading dimension first (4K aliasing), here
+  // both in one batched product. Backward reads them in the other layouts.
+  OpCase c;
+  c.name = "a^T @ b with 4 KiB leading dimensions";
+  c.inputs = {random_f64({2, 40, 1024}, 31), random_f64({2, 40, 1024}, 32)};
+  c.fn = [](const std::vector<Tensor>& in) { return matmul(in[0].transpose(1, 2), in[1]); };
+  c.reference = [](const std::vector<Tensor>& in) {
+    return ref_matmul(in[0].transpose(1, 2).contiguous(), in[1]);
+  };
+  c.fd_samples = 4;
+  // fp32 sums of 40 terms forward and 1024 in backward: rounding grows like sqrt(K) eps.
+  c.k_forward = 8;
+  c.k_backward = 32;
+  check_op(c, {DType::F64, DType::F32, DType::BF16});
+}
+
 TEST(Matmul, MixedDtypesPromoteAndGradientsKeepTheirDtype) {
   Tensor a = random_f64({3, 4}, 31).to(DType::F32).set_requires_grad(true);
   Tensor b = random_f64({4, 2}, 32).to(DType::BF16).set_requires_grad(true);
