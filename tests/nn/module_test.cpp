@@ -638,6 +638,25 @@ TEST(Gradients, StackedLSTM) {
   check_op(c, kF64F32);
 }
 
+TEST(Gradients, StackedLSTMFromGivenStates) {
+  // h0 and c0 given: the recurrent weight's gradient (one GEMM over all steps) starts from h0, and
+  // the states get their own gradients. y, h_n and c_n all feed the loss.
+  auto lstm = std::make_shared<LSTM>(2, 3, 2, 4);
+  OpCase c = module_case("lstm from h0, c0", lstm, random_f64({2, 3, 2}, 5));
+  c.inputs.push_back(random_f64({2, 2, 3}, 6));
+  c.inputs.push_back(random_f64({2, 2, 3}, 7));
+  const size_t n_params = c.inputs.size() - 3;
+  c.fn = [lstm, names = lstm->named_parameters(), n_params](const std::vector<Tensor>& in) {
+    NamedTensors repl;
+    for (size_t i = 0; i < n_params; ++i)
+      repl.emplace_back(names[i].first, in[i + 1]);
+    const TensorList out = functional_call(*lstm, repl, {in[0], in[n_params + 1], in[n_params + 2]});
+    return cat({out[0].reshape({-1}), out[1].reshape({-1}), out[2].reshape({-1})}, 0);
+  };
+  c.fd_samples = 8;
+  check_op(c, kF64F32);
+}
+
 TEST(Layers, LSTMUnrollsTheCell) {
   LSTM lstm(3, 4, 1, 9);
   LSTMCell cell(3, 4, 0);
