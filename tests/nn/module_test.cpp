@@ -650,7 +650,8 @@ TEST(Gradients, StackedLSTMFromGivenStates) {
     NamedTensors repl;
     for (size_t i = 0; i < n_params; ++i)
       repl.emplace_back(names[i].first, in[i + 1]);
-    const TensorList out = functional_call(*lstm, repl, {in[0], in[n_params + 1], in[n_params + 2]});
+    const TensorList out =
+        functional_call(*lstm, repl, {in[0], in[n_params + 1], in[n_params + 2]});
     return cat({out[0].reshape({-1}), out[1].reshape({-1}), out[2].reshape({-1})}, 0);
   };
   c.fd_samples = 8;
