@@ -466,23 +466,26 @@ TEST(Init, PyTorchDefaultDistributionsAndSeeds) {
 
 // ---- gradients through the harness -------------------------------------------------------------
 
+// functional_call's replacements from a module_case's inputs: in[1 + i] for m's i-th parameter.
+NamedTensors parameter_inputs(const Module& m, const std::vector<Tensor>& in) {
+  NamedTensors repl;
+  size_t i = 1;
+  for (const auto& [pname, t] : m.named_parameters())
+    repl.emplace_back(pname, in[i++]);
+  return repl;
+}
+
 // x, then every parameter of `m` (random values), differentiated through functional_call.
 OpCase module_case(const std::string& name, const std::shared_ptr<Module>& m, const Tensor& x,
                    std::function<Tensor(const std::vector<Tensor>&)> reference = nullptr) {
   OpCase c;
   c.name = name;
   c.inputs = {x};
-  std::vector<std::string> names;
   uint64_t seed = 100;
-  for (const auto& [pname, t] : m->named_parameters()) {
-    names.push_back(pname);
+  for (const auto& [pname, t] : m->named_parameters())
     c.inputs.push_back(random_f64(t.shape(), seed++, -0.6, 0.6));
-  }
-  c.fn = [m, names](const std::vector<Tensor>& in) {
-    NamedTensors repl;
-    for (size_t i = 0; i < names.size(); ++i)
-      repl.emplace_back(names[i], in[i + 1]);
-    return functional_call(*m, repl, in[0]);
+  c.fn = [m](const std::vector<Tensor>& in) {
+    return functional_call(*m, parameter_inputs(*m, in), in[0]);
   };
   c.reference = std::move(reference);
   c.k_forward = 16;
@@ -639,19 +642,16 @@ TEST(Gradients, StackedLSTM) {
 }
 
 TEST(Gradients, StackedLSTMFromGivenStates) {
-  // h0 and c0 given: the recurrent weight's gradient (one GEMM over all steps) starts from h0, and
-  // the states get their own gradients. y, h_n and c_n all feed the loss.
+  // h0 and c0 given (the last two inputs): the first step's recurrent term reads h0, and the
+  // states get their own gradients. y, h_n and c_n all feed the loss.
   auto lstm = std::make_shared<LSTM>(2, 3, 2, 4);
   OpCase c = module_case("lstm from h0, c0", lstm, random_f64({2, 3, 2}, 5));
   c.inputs.push_back(random_f64({2, 2, 3}, 6));
   c.inputs.push_back(random_f64({2, 2, 3}, 7));
-  const size_t n_params = c.inputs.size() - 3;
-  c.fn = [lstm, names = lstm->named_parameters(), n_params](const std::vector<Tensor>& in) {
-    NamedTensors repl;
-    for (size_t i = 0; i < n_params; ++i)
-      repl.emplace_back(names[i].first, in[i + 1]);
+  c.fn = [lstm](const std::vector<Tensor>& in) {
+    const size_t n = in.size();
     const TensorList out =
-        functional_call(*lstm, repl, {in[0], in[n_params + 1], in[n_params + 2]});
+        functional_call(*lstm, parameter_inputs(*lstm, in), {in[0], in[n - 2], in[n - 1]});
     return cat({out[0].reshape({-1}), out[1].reshape({-1}), out[2].reshape({-1})}, 0);
   };
   c.fd_samples = 8;
