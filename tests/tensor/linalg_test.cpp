@@ -304,6 +304,20 @@ TEST(Conv2d, StridePaddingDilationGroups) {
   check_op(conv_case("everything", {2, 4, 9, 8}, {4, 2, 3, 3}, true, all, 61));
 }
 
+// The backend's layout choices: below 8 input channels the weight gradient runs channels-last
+// (one channel: the image is its own nhwc layout, no copy), and from 8 channels on both
+// gradients read one shared channel-blocked copy of grad_out.
+TEST(Conv2d, ChannelsLastWeightGradientAndSharedGradOutCopy) {
+  check_op(conv_case("one input channel", {3, 1, 7, 6}, {8, 1, 3, 3}, true, ConvCfg{}, 71));
+  ConvCfg pad;
+  pad.padding[0] = pad.padding[1] = 1;
+  OpCase wide = conv_case("16 channels, padding 1", {2, 16, 5, 6}, {16, 16, 3, 3}, true, pad, 73);
+  // fp32 sums of 144 terms (forward, grad_x): rounding grows like sqrt(K) eps.
+  wide.k_forward = wide.k_backward = 16;
+  check_op(wide);
+  check_op(conv_case("8 -> 24 channels, no bias", {2, 8, 4, 4}, {24, 8, 1, 1}, false, pad, 75));
+}
+
 TEST(Conv2d, UnbatchedInputAndScalarOptions) {
   OpCase c;
   c.name = "(C, H, W) input, stride=2 given once";
