@@ -63,6 +63,11 @@ struct AttentionParams {
   bool causal = false;
 };
 
+// Whether the CPU backend's fused attention runs on its vectorized fp32 kernels (x86-64 with
+// AVX2 and FMA, under MANTISSA_ISA's cap): measured faster there than the composed path for
+// f32/bf16/f16 (bench/attention_bench.cpp). f64 and other CPUs run the plain loops.
+bool cpu_fused_attention_vectorized();
+
 struct Pool2dParams {
   int64_t kernel[2] = {1, 1};
   int64_t stride[2] = {1, 1};

@@ -576,6 +576,8 @@ Tensor as_bhtd(const Tensor& t, const Shape& batch) {
   return t.expand(full).contiguous().reshape({b, h, t.size(-2), t.size(-1)});
 }
 
+constexpr int64_t kCpuFusedAttentionMinQueries = 16;
+
 // The common batch dims of q, k and v when the fused kernels can take them; nullopt sends the
 // call down the composed path (explicit masks, a value head dim other than the query's, empty
 // sequences, heads too large for the device's kernel, batch dims that do not broadcast — the
@@ -587,12 +589,25 @@ std::optional<Shape> fused_attention_batch(const Tensor& q, const Tensor& k, con
   if (mask.defined() || v.size(-1) != q.size(-1)) return std::nullopt;
   if (q.size(-2) == 0 || k.size(-2) == 0 || q.size(-1) == 0) return std::nullopt;
   if (q.device().is_cuda() && q.size(-1) > kCudaFusedAttentionMaxHeadDim) return std::nullopt;
-  if (path == AttentionPath::Auto && q.device().is_cpu()) return std::nullopt;  // see AttentionPath
+  std::optional<Shape> batch;
   try {
-    return broadcast_shapes(batch_dims(q), broadcast_shapes(batch_dims(k), batch_dims(v)));
+    batch = broadcast_shapes(batch_dims(q), broadcast_shapes(batch_dims(k), batch_dims(v)));
   } catch (const Error&) {
     return std::nullopt;
   }
+  if (path == AttentionPath::Auto && q.device().is_cpu()) {
+    // See AttentionPath: the fused kernel where it is the vectorized one, its backward (one task
+    // per (batch, head)) has a task for every thread, and there are queries enough to pay for
+    // the contiguous copies of k and v it reads (a decode step's one query against a KV cache
+    // would copy the whole cache; the composed GEMMs read it in place).
+    int64_t heads = 1;
+    for (int64_t b : *batch)
+      heads *= b;
+    const bool fast = backend::cpu_fused_attention_vectorized() && q.dtype() != DType::F64 &&
+                      heads >= get_num_threads() && q.size(-2) >= kCpuFusedAttentionMinQueries;
+    if (!fast) return std::nullopt;
+  }
+  return batch;
 }
 
 // The fused forward on (B, H, T, D) tensors; the backward recomputes the probabilities from

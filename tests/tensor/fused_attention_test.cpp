@@ -4,12 +4,14 @@
 // dtype through the per-op harness. Shapes cross the CPU kernel's 64-row tiles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/vector_isa.h"
 #include "harness/op_harness.h"
 #include "mantissa/autograd/node.h"
 #include "mantissa/core/allocator.h"
@@ -72,8 +74,13 @@ struct Case {
   bool causal;
 };
 
-// Tq != Tk both ways, lengths that are not multiples of the 64-row tile, 2-D to 4-D inputs.
+// Tq != Tk both ways, lengths that are not multiples of the 64-row tile, 2-D to 4-D inputs;
+// head dims below, at and above the vectorized kernel's 16-float tiles (16 and 32: f32 rows
+// read in place, no padded copy).
 const std::vector<Case> kCases = {
+    {{1, 2, 70, 16}, {1, 2, 131, 16}, true},
+    {{2, 65, 32}, {2, 64, 32}, false},
+    {{1, 3, 20}, {1, 7, 20}, true},
     {{2, 3, 5, 8}, {2, 3, 5, 8}, false},
     {{2, 3, 5, 8}, {2, 3, 5, 8}, true},
     {{1, 2, 70, 6}, {1, 2, 131, 6}, false},
@@ -154,38 +161,49 @@ TEST(FusedAttention, LogSumExpOfTheBackend) {
 // Forward and the three gradients of the fused and the composed path agree, in every dtype.
 TEST(FusedAttention, MatchesComposedPathWithGradients) {
   const ForceFusedPath force;
-  uint64_t seed = 100;
-  for (const Case& c : kCases) {
-    for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
-      SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal " : " ") +
-                   std::string(dtype_name(d)));
-      const Tensor q0 = random_f64(c.q, seed, -2, 2).to(d);
-      const Tensor k0 = random_f64(c.kv, seed + 1, -2, 2).to(d);
-      const Tensor v0 = random_f64(c.kv, seed + 2).to(d);
-      const Tensor w = random_f64(c.q, seed + 3).to(d);
-      auto run = [&](bool use_fused) {
-        Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
-        q.set_requires_grad(true);
-        k.set_requires_grad(true);
-        v.set_requires_grad(true);
-        Tensor out = use_fused ? fused(q, k, v, c.causal, 0.4) : composed(q, k, v, c.causal, 0.4);
-        out.backward(w);
-        return std::vector<Tensor>{out, q.grad(), k.grad(), v.grad()};
-      };
-      const std::vector<Tensor> a = run(true), b = run(false);
-      // Both round each of their steps in d; the composed one rounds scores and probabilities
-      // too, so the half dtypes get the room of a few roundings.
-      const double e = eps_of(d), k_tol = d == DType::F64 ? 64 : 24;
-      const char* what[] = {"out", "grad q", "grad k", "grad v"};
-      for (size_t i = 0; i < 4; ++i) {
-        ASSERT_TRUE(a[i].defined() && b[i].defined()) << what[i];
-        EXPECT_EQ(a[i].dtype(), d) << what[i];
-        EXPECT_EQ(a[i].shape(), b[i].shape()) << what[i];
-        EXPECT_TRUE(all_close(a[i], b[i], e, k_tol, what[i]));
+  // The vectorized kernels where this CPU has them, and the plain loops every CPU has.
+  for (bool plain : {false, true}) {
+    if (plain) backend::cpu::force_vector_isa(backend::cpu::VectorIsa::Baseline);
+    SCOPED_TRACE(backend::cpu_fused_attention_vectorized() ? "vectorized kernels" : "plain loops");
+    uint64_t seed = 100;
+    for (const Case& c : kCases) {
+      for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
+        SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal " : " ") +
+                     std::string(dtype_name(d)));
+        const Tensor q0 = random_f64(c.q, seed, -2, 2).to(d);
+        const Tensor k0 = random_f64(c.kv, seed + 1, -2, 2).to(d);
+        const Tensor v0 = random_f64(c.kv, seed + 2).to(d);
+        const Tensor w = random_f64(c.q, seed + 3).to(d);
+        auto run = [&](bool use_fused) {
+          Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
+          q.set_requires_grad(true);
+          k.set_requires_grad(true);
+          v.set_requires_grad(true);
+          Tensor out = use_fused ? fused(q, k, v, c.causal, 0.4) : composed(q, k, v, c.causal, 0.4);
+          out.backward(w);
+          return std::vector<Tensor>{out, q.grad(), k.grad(), v.grad()};
+        };
+        const std::vector<Tensor> a = run(true), b = run(false);
+        // Both round each of their steps in d; the composed one rounds scores and probabilities
+        // too, so the half dtypes get the room of a few roundings. The two sum in different
+        // orders, and a gradient chains sums over the head dim (dP, delta) and over the keys or
+        // queries: that error grows like sqrt(T d) eps (the f32 cases with 64-131 keys).
+        const double sums = double(std::max(c.q[c.q.size() - 2], c.kv[c.kv.size() - 2])) *
+                            double(c.q[c.q.size() - 1]);
+        const double e = eps_of(d),
+                     k_tol = d == DType::F64 ? 64 : std::max(24.0, 2 * std::sqrt(sums));
+        const char* what[] = {"out", "grad q", "grad k", "grad v"};
+        for (size_t i = 0; i < 4; ++i) {
+          ASSERT_TRUE(a[i].defined() && b[i].defined()) << what[i];
+          EXPECT_EQ(a[i].dtype(), d) << what[i];
+          EXPECT_EQ(a[i].shape(), b[i].shape()) << what[i];
+          EXPECT_TRUE(all_close(a[i], b[i], e, k_tol, what[i]));
+        }
       }
+      seed += 4;
     }
-    seed += 4;
   }
+  backend::cpu::force_vector_isa(std::nullopt);
 }
 
 OpCase sdpa_case(std::string name, Shape qs, Shape kvs, bool causal, uint64_t seed) {
@@ -235,15 +253,14 @@ TEST(FusedAttention, BroadcastBatchDims) {
   }
 }
 
-// The fused path never materializes the (Tq, Tk) scores: its peak is well under the composed
-// path's, which holds several score-sized tensors.
-TEST(FusedAttention, AutoTakesTheComposedPathOnTheCpu) {
-  // On the CPU Auto builds the composed path's autograd graph, not the fused one.
-  const Tensor q = Tensor::uniform({2, 2, 8, 4}, -1, 1, 1).set_requires_grad(true);
+// On the CPU, Auto takes the fused kernel where it is the vectorized one (AVX2 + FMA), for
+// f32/bf16/f16, with a (batch, head) task for every thread and at least 16 queries; the composed
+// path otherwise.
+TEST(FusedAttention, AutoFollowsTheCpuKernelsDtypeThreadsAndQueries) {
   ASSERT_EQ(get_attention_path(), AttentionPath::Auto);
-  auto graph_of = [&](AttentionPath path) {
+  auto graph_of = [&](const Tensor& q, const Tensor& kv, AttentionPath path) {
     set_attention_path(path);
-    const Tensor out = scaled_dot_product_attention(q, q, q);
+    const Tensor out = scaled_dot_product_attention(q, kv, kv);
     set_attention_path(AttentionPath::Auto);
     // The node names along the first input edges, from the output back to the leaf.
     std::string names;
@@ -252,11 +269,40 @@ TEST(FusedAttention, AutoTakesTheComposedPathOnTheCpu) {
       names += node->name() + " ";
     return names;
   };
-  const std::string auto_graph = graph_of(AttentionPath::Auto);
-  EXPECT_EQ(auto_graph, graph_of(AttentionPath::Composed));
-  EXPECT_NE(auto_graph, graph_of(AttentionPath::Fused));
+  auto takes = [&](const Tensor& q, const Tensor& kv) {
+    const std::string auto_graph = graph_of(q, kv, AttentionPath::Auto);
+    if (auto_graph == graph_of(q, kv, AttentionPath::Fused)) return AttentionPath::Fused;
+    EXPECT_EQ(auto_graph, graph_of(q, kv, AttentionPath::Composed));
+    return AttentionPath::Composed;
+  };
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  // 2 x 2 = 4 (batch, head) pairs of 16 queries.
+  const Tensor q = Tensor::uniform({2, 2, 16, 4}, -1, 1, 1).set_requires_grad(true);
+  const Tensor q64 = q.detach().to(DType::F64).set_requires_grad(true);
+  const Tensor q16 = q.detach().to(DType::BF16).set_requires_grad(true);
+  const AttentionPath vectorized =
+      backend::cpu_fused_attention_vectorized() ? AttentionPath::Fused : AttentionPath::Composed;
+  EXPECT_EQ(takes(q, q), vectorized);
+  EXPECT_EQ(takes(q16, q16), vectorized);
+  EXPECT_EQ(takes(q64, q64), AttentionPath::Composed);  // the plain f64 loops: composed is faster
+  // 15 queries against 40 keys (a short step of a decode): the composed GEMMs read k and v in
+  // place, the fused kernel would copy them.
+  const Tensor kv = Tensor::uniform({2, 2, 40, 4}, -1, 1, 2).set_requires_grad(true);
+  EXPECT_EQ(takes(q.narrow(2, 0, 15), kv), AttentionPath::Composed);
+  EXPECT_EQ(takes(q.narrow(2, 0, 16), kv), vectorized);
+  set_num_threads(8);  // more threads than pairs: the fused backward would leave some idle
+  EXPECT_EQ(takes(q, q), AttentionPath::Composed);
+  set_num_threads(1);
+  backend::cpu::force_vector_isa(backend::cpu::VectorIsa::Baseline);
+  EXPECT_FALSE(backend::cpu_fused_attention_vectorized());
+  EXPECT_EQ(takes(q, q), AttentionPath::Composed);
+  backend::cpu::force_vector_isa(std::nullopt);
+  set_num_threads(threads);
 }
 
+// The fused path never materializes the (Tq, Tk) scores: its peak is well under the composed
+// path's, which holds several score-sized tensors.
 TEST(FusedAttention, PeakMemoryBelowComposedPath) {
   const ForceFusedPath force;
   const Tensor q = random_f64({1, 2, 512, 16}, 400).to(DType::F32);

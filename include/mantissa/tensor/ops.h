@@ -213,11 +213,14 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> scale = std::nullopt);
 
 // Which kernel scaled_dot_product_attention runs when there is no explicit mask. Auto takes the
-// fused (flash) kernel on CUDA and the composed path (oneDNN GEMMs + softmax) on the CPU, where
-// it is the faster one (measured, B=4 H=4 T=256 D=32 f32, 2 threads: forward 1.9 ms composed vs
-// 6.1 ms fused, forward + backward 4.1 vs 22.6 ms) although it holds the O(T^2) scores (13.3 vs
-// 2.5 MiB). Fused forces the fused kernel (on the CPU: when memory matters more than time),
-// Composed the composed path. Explicit masks always take the composed path.
+// fused (flash) kernel on CUDA, and on the CPU where its vectorized kernels run (x86-64 with
+// AVX2 and FMA; f32, bf16, f16), the batch x heads give every thread a task and there are at
+// least 16 queries (a decode step against a KV cache stays composed): there it is the
+// faster path and never holds the O(T^2) scores (bench/attention_bench.cpp, one AVX2 thread,
+// forward + backward: 1.3x the composed path at ViT's T=50 d=16, 1.4x at T=64 d=32 causal,
+// 2.1-2.8x at T=256-1024). Elsewhere (f64, other CPUs, fewer pairs than threads) Auto takes the
+// composed path (oneDNN GEMMs + softmax). Fused forces the fused kernel, Composed the composed
+// path. Explicit masks always take the composed path.
 enum class AttentionPath { Auto, Fused, Composed };
 void set_attention_path(AttentionPath path);
 AttentionPath get_attention_path();

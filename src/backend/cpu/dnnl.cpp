@@ -500,10 +500,13 @@ Tensor unbroadcast_batch(const Tensor& t) {
 // Layouts: the convolution primitives are created with format_tag::any, so oneDNN picks its
 // blocked layouts (nChw16c / OIhw16i16o on AVX-512) where its fastest kernels want them, and
 // the user's NCHW tensors (any strides) are reordered in and out. Where oneDNN picks the user's
-// own layout no reorder runs. The reorders are memory-bound and cheap next to the convolution:
-// measured on this machine (AVX-512, 2 threads), plain nchw/oihw descriptors instead of `any`
-// made a 32x64x32x32 3x3 layer 3x slower forward and 20x slower in the weight gradient (oneDNN
-// falls back to its im2col GEMM there), and a 3-channel first layer 10x slower.
+// own layout no reorder runs. The reorders are memory-bound: cheap next to the convolution on
+// AVX-512, where plain nchw/oihw descriptors instead of `any` made a 32x64x32x32 3x3 layer 3x
+// slower forward and 20x slower in the weight gradient (oneDNN falls back to its im2col GEMM
+// there), and a 3-channel first layer 10x slower (2 threads). On AVX2 (nChw8c) they measured a
+// fifth of a ResNet step: the backward reorders grad_out once for both primitives
+// (dnnl_conv_backward), and few-channel weight gradients run channels-last
+// (weight_grad_channels_last).
 struct ConvGeometry {
   int64_t groups = 1;
   memory::dims src, wei, dst, bias, strides, dilates, pad_l, pad_r;

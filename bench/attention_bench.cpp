@@ -1,0 +1,98 @@
+// scaled_dot_product_attention on the CPU: the composed path (oneDNN GEMMs, softmax, masks
+// as separate ops; AttentionPath::Composed) against the fused flash-style kernel
+// (AttentionPath::Fused), forward alone and forward + backward, on the reference models'
+// attention shapes and a longer sequence. The two paths run interleaved, one call each in turn
+// (load on a shared machine hits both alike); prints the median ms of each and composed/fused.
+//   build/bench/bench_attention [--threads 1] [--reps 20] [--case vit|gpt2_tiny|long]
+//                               [--path both|composed|fused]   (one case or path: for a profiler)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "mantissa/autograd/grad_mode.h"
+#include "mantissa/tensor/ops.h"
+
+namespace {
+
+using namespace mantissa;
+
+struct Case {
+  const char* name;
+  int64_t b, h, t, d;
+  bool causal;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 1, reps = 20;
+  std::string only_case, only_path = "both";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--threads") {
+      threads = std::atoi(argv[i + 1]);
+    } else if (k == "--reps") {
+      reps = std::atoi(argv[i + 1]);
+    } else if (k == "--case") {
+      only_case = argv[i + 1];
+    } else if (k == "--path") {
+      only_path = argv[i + 1];
+    } else {
+      std::fprintf(stderr,
+                   "bench_attention: unknown option %s (--threads N, --reps N, --case NAME, "
+                   "--path both|composed|fused)\n",
+                   k.c_str());
+      return 2;
+    }
+  }
+  set_num_threads(threads);
+  const Case cases[] = {
+      {"vit (128x4 heads, T 50, d 16)", 128, 4, 50, 16, false},
+      {"gpt2_tiny (128x4 heads, T 64, d 32, causal)", 128, 4, 64, 32, true},
+      {"long (4x4 heads, T 256, d 32, causal)", 4, 4, 256, 32, true},
+      {"long (2x4 heads, T 1024, d 64, causal)", 2, 4, 1024, 64, true},
+  };
+  std::printf("%d thread(s), median of %d interleaved runs, ms\n", threads, reps);
+  std::printf("%-46s %-12s %9s %9s %9s\n", "shape", "pass", "composed", "fused", "ratio");
+  for (const Case& c : cases) {
+    if (!only_case.empty() && std::string(c.name).rfind(only_case + " ", 0) != 0) continue;
+    const Shape s{c.b, c.h, c.t, c.d};
+    Tensor q = Tensor::uniform(s, -1, 1, 1).set_requires_grad();
+    Tensor k = Tensor::uniform(s, -1, 1, 2).set_requires_grad();
+    Tensor v = Tensor::uniform(s, -1, 1, 3).set_requires_grad();
+    const Tensor g = Tensor::uniform(s, -1, 1, 4);
+    for (bool backward : {false, true}) {
+      std::vector<double> t[2];
+      for (int r = 0; r < reps + 2; ++r) {
+        for (int path = 0; path < 2; ++path) {
+          if (only_path != "both" && only_path != (path == 0 ? "composed" : "fused")) continue;
+          set_attention_path(path == 0 ? AttentionPath::Composed : AttentionPath::Fused);
+          const auto t0 = std::chrono::steady_clock::now();
+          if (backward) {
+            scaled_dot_product_attention(q, k, v, Tensor(), c.causal).backward(g);
+          } else {
+            const autograd::NoGrad no_grad;
+            scaled_dot_product_attention(q, k, v, Tensor(), c.causal);
+          }
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+          if (r >= 2) t[path].push_back(ms);  // two warm-up calls each
+        }
+      }
+      const double tc = t[0].empty() ? 0 : median(t[0]), tf = t[1].empty() ? 0 : median(t[1]);
+      std::printf("%-46s %-12s %9.2f %9.2f %8.2fx\n", c.name, backward ? "fwd + bwd" : "forward",
+                  tc, tf, tc / tf);
+    }
+  }
+  set_attention_path(AttentionPath::Auto);
+  return 0;
+}
