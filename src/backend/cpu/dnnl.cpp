@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -622,7 +623,7 @@ std::shared_ptr<const Entry> conv_backward_data_entry(const Tensor& go, const Te
 }
 
 // Below one channel block of input channels, the weight gradient runs channels-last. oneDNN's
-// blocked kernel pads the channels to the block (8 on AVX2) and measured 8x slower on this
+// blocked kernel pads the channels to the block (8 on AVX2) and measured up to 8x slower on this
 // machine (AVX2, one thread, batch 128, 28x28): a 1->32 5x5 layer 20.6 ms blocked against
 // 2.9 ms nhwc, 1->16 3x3 5.3 against 0.7 ms, 3->32 3x3 on 32x32 4.6 against 3.0 ms; at 8
 // channels the two were equal. A single-channel image is its own nhwc layout, so the first
@@ -652,15 +653,21 @@ std::shared_ptr<const Entry> conv_backward_weights_entry(const Tensor& go, const
   return cached(key, [&] {
     Entry e;
     const DType kd = x.dtype();
-    auto act_md = [&](const memory::dims& dims) {
-      return nhwc ? memory::desc(dims, dnnl_type(kd), tag::nhwc) : any_md(dims, kd);
-    };
     const auto hint = forward_pd(g, kd, kd, memory::desc(), dnnl::primitive_attr());
-    const dnnl::convolution_backward_weights::desc desc(
-        dnnl::algorithm::convolution_direct, act_md(g.src), any_md(g.wei, gw.dtype()), gb_md,
-        act_md(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r);
-    const dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), engine(),
+    auto make_pd = [&](bool channels_last) {
+      auto act_md = [&](const memory::dims& dims) {
+        return channels_last ? memory::desc(dims, dnnl_type(kd), tag::nhwc) : any_md(dims, kd);
+      };
+      const dnnl::convolution_backward_weights::desc desc(
+          dnnl::algorithm::convolution_direct, act_md(g.src), any_md(g.wei, gw.dtype()), gb_md,
+          act_md(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r);
+      return dnnl::convolution_backward_weights::primitive_desc(desc, user_scratchpad(), engine(),
                                                                 hint);
+    };
+    auto pd = make_pd(nhwc);
+    // Where oneDNN has no channels-last kernel for it on this CPU (or this dtype) it would run
+    // its reference loops: the blocked layouts instead.
+    if (nhwc && std::string_view(pd.impl_info_str()).starts_with("ref")) pd = make_pd(false);
     e.prim = dnnl::convolution_backward_weights(pd);
     e.scratch_md = pd.scratchpad_desc();
     e.args.push_back(plan_arg(DNNL_ARG_SRC, false, x_md, pd.src_desc()));
