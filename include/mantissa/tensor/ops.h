@@ -217,8 +217,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // AVX2 and FMA; f32, bf16, f16), the batch x heads give every thread a task and there are at
 // least 16 queries (a decode step against a KV cache stays composed): there it is the
 // faster path and never holds the O(T^2) scores (bench/attention_bench.cpp, one AVX2 thread,
-// forward + backward: 1.3x the composed path at ViT's T=50 d=16, 1.4x at T=64 d=32 causal,
-// 2.1-2.8x at T=256-1024). Elsewhere (f64, other CPUs, fewer pairs than threads) Auto takes the
+// forward + backward, over several runs: 1.2-1.3x the composed path at ViT's T=50 d=16,
+// 1.3-1.4x at T=64 d=32 causal, 2.1-2.8x at T=256-1024). Elsewhere (f64, other CPUs, fewer pairs than threads) Auto takes the
 // composed path (oneDNN GEMMs + softmax). Fused forces the fused kernel, Composed the composed
 // path. Explicit masks always take the composed path.
 enum class AttentionPath { Auto, Fused, Composed };
