@@ -218,9 +218,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // least 16 queries (a decode step against a KV cache stays composed): there it is the
 // faster path and never holds the O(T^2) scores (bench/attention_bench.cpp, one AVX2 thread,
 // forward + backward, over several runs: 1.2-1.3x the composed path at ViT's T=50 d=16,
-// 1.3-1.4x at T=64 d=32 causal, 2.1-2.8x at T=256-1024). Elsewhere (f64, other CPUs, fewer pairs than threads) Auto takes the
-// composed path (oneDNN GEMMs + softmax). Fused forces the fused kernel, Composed the composed
-// path. Explicit masks always take the composed path.
+// 1.3-1.4x at T=64 d=32 causal, 2.1-2.8x at T=256-1024). Elsewhere (f64, other CPUs, fewer pairs
+// than threads) Auto takes the composed path (oneDNN GEMMs + softmax). Fused forces the fused
+// kernel, Composed the composed path. Explicit masks always take the composed path.
 enum class AttentionPath { Auto, Fused, Composed };
 void set_attention_path(AttentionPath path);
 AttentionPath get_attention_path();
