@@ -600,11 +600,9 @@ std::optional<Shape> fused_attention_batch(const Tensor& q, const Tensor& k, con
     // per (batch, head)) has a task for every thread, and there are queries enough to pay for
     // the contiguous copies of k and v it reads (a decode step's one query against a KV cache
     // would copy the whole cache; the composed GEMMs read it in place).
-    int64_t heads = 1;
-    for (int64_t b : *batch)
-      heads *= b;
     const bool fast = backend::cpu_fused_attention_vectorized() && q.dtype() != DType::F64 &&
-                      heads >= get_num_threads() && q.size(-2) >= kCpuFusedAttentionMinQueries;
+                      batch->numel() >= get_num_threads() &&
+                      q.size(-2) >= kCpuFusedAttentionMinQueries;
     if (!fast) return std::nullopt;
   }
   return batch;

@@ -280,11 +280,11 @@ TEST(FusedAttention, AutoFollowsTheCpuKernelsDtypeThreadsAndQueries) {
   // 2 x 2 = 4 (batch, head) pairs of 16 queries.
   const Tensor q = Tensor::uniform({2, 2, 16, 4}, -1, 1, 1).set_requires_grad(true);
   const Tensor q64 = q.detach().to(DType::F64).set_requires_grad(true);
-  const Tensor q16 = q.detach().to(DType::BF16).set_requires_grad(true);
+  const Tensor qbf = q.detach().to(DType::BF16).set_requires_grad(true);
   const AttentionPath vectorized =
       backend::cpu_fused_attention_vectorized() ? AttentionPath::Fused : AttentionPath::Composed;
   EXPECT_EQ(takes(q, q), vectorized);
-  EXPECT_EQ(takes(q16, q16), vectorized);
+  EXPECT_EQ(takes(qbf, qbf), vectorized);
   EXPECT_EQ(takes(q64, q64), AttentionPath::Composed);  // the plain f64 loops: composed is faster
   // 15 queries against 40 keys (a short step of a decode): the composed GEMMs read k and v in
   // place, the fused kernel would copy them.

@@ -300,18 +300,6 @@ void attention_backward_impl(const Tensor& grad_out, const Tensor& q, const Tens
 // dV, dK and dQ (dQ accumulated over the key blocks in the task's own buffer), where the generic
 // kernels above compute it twice. Measured against the composed path with bench_attention.
 
-bool fast_attention_cpu() {
-#if defined(__x86_64__)
-  static const bool fma = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("fma") != 0;
-  }();
-  return fma && vector_isa() != VectorIsa::Baseline;
-#else
-  return false;
-#endif
-}
-
 #if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -592,7 +580,7 @@ void CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor&
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
 #if defined(__x86_64__)
     if constexpr (std::is_same_v<compute_t<T>, float>) {
-      if (fast_attention_cpu()) {
+      if (backend::cpu_fused_attention_vectorized()) {
         avx2::forward<T>(static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
                          static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
                          static_cast<float*>(lse.data_ptr()), n, p);
@@ -617,7 +605,7 @@ void CpuBackend::attention_backward(const Tensor& grad_out_in, const Tensor& q_i
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
 #if defined(__x86_64__)
     if constexpr (std::is_same_v<compute_t<T>, float>) {
-      if (fast_attention_cpu()) {
+      if (backend::cpu_fused_attention_vectorized()) {
         auto in = [](const Tensor& t) { return static_cast<const T*>(t.data_ptr()); };
         auto to = [](Tensor& t) { return static_cast<T*>(t.data_ptr()); };
         avx2::backward<T>(in(g), in(q), in(k), in(v), in(out),
@@ -636,7 +624,15 @@ void CpuBackend::attention_backward(const Tensor& grad_out_in, const Tensor& q_i
 namespace mantissa::backend {
 
 bool cpu_fused_attention_vectorized() {
-  return cpu::fast_attention_cpu();
+#if defined(__x86_64__)
+  static const bool fma = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("fma") != 0;
+  }();
+  return fma && cpu::vector_isa() != cpu::VectorIsa::Baseline;
+#else
+  return false;
+#endif
 }
 
 }  // namespace mantissa::backend
