@@ -1,21 +1,22 @@
-// Internal: float exp, log, tanh and erf in a form the compiler vectorizes. glibc's expf, logf,
-// tanhf and erff are calls that keep a loop scalar (and tanhf is 8x slower than expf): in the
-// elementwise loops they were a third of a transformer's step. These use only + - * /, integer
-// and bit operations, and selects written as bit masks (GCC does not if-convert a conditional
-// on floats under the default -ftrapping-math, which would keep the loop scalar again). They
-// contain no fused multiply-add and the files that use them are compiled with
+// Internal: float exp, log, tanh and the normal CDF and density in a form the compiler
+// vectorizes. glibc's expf, logf, tanhf and erff are calls that keep a loop scalar (and tanhf is 8x
+// slower than expf): in the elementwise loops they were a third of a transformer's step. These use
+// only + - * /, integer and bit operations, and selects written as bit masks (GCC does not
+// if-convert a conditional on floats under the default -ftrapping-math, which would keep the loop
+// scalar again). They contain no fused multiply-add and the files that use them are compiled with
 // -ffp-contract=off, so a scalar loop and a vectorized one, at any width, give the same values.
 //
 // Accuracy against float64 over every float (tests/backend/vec_math_test.cpp states the
-// bounds): exp within 1 ulp, log within 1 ulp, tanh within 1.5 ulp, erf within 3 ulp (glibc's
-// are within 1); NaN, infinities, signed zeros and subnormals as the C library gives them.
+// bounds): exp within 1 ulp, log within 1 ulp, tanh within 1.5 ulp (glibc's are within 1), the
+// normal CDF within 7 ulp and its density within 2, each plus x^2 / 2 ulp (the rounding of x^2,
+// which the exponential magnifies); NaN, infinities, signed zeros and subnormals as the C library
+// gives them.
 //
 // HostMath, at the end, is the CPU's math policy for op_math.h (and softmax's exp): these in
 // float, the C library's in double.
 //
-// Constants: Cephes' minimax polynomials (S. Moshier) for exp, log and tanh; for erf a minimax
-// fit of erf(x)/x in x^2 on [0, 1] (relative error 1.2e-9, made with numpy) and, above 1,
-// Numerical Recipes' Chebyshev fit of erfc (relative error 1.2e-7 of erfc, under an ulp of erf).
+// Constants: Cephes' minimax polynomials (S. Moshier) for exp, log and tanh; for the normal CDF a
+// fit made by tools/reference/fit_normal_cdf.py (relative error 4e-8 before rounding to float).
 #pragma once
 
 #include <bit>
@@ -126,44 +127,47 @@ MT_VM_INLINE float tanh(float x) {
   return blend(mask(x != x), x, blend(mask(a < 0.625f), small, large));
 }
 
-// erf: x P(x^2) below 1, 1 - erfc(|x|) above (with the sign of x), erfc = t e^(Q(t) - x^2) with
-// t = 1 / (1 + |x| / 2); 1 from 4 on (erfc(4) is under half an ulp of 1).
-MT_VM_INLINE float erf(float x) {
-  const float a = abs(x);
-  const float z = x * x;
-  float p = 7.85409853734792e-05f;
-  p = p * z - 8.010261162262333e-04f;
-  p = p * z + 5.188334866309749e-03f;
-  p = p * z - 2.6853815435548878e-02f;
-  p = p * z + 1.128358522519961e-01f;
-  p = p * z - 3.761262583028926e-01f;
-  p = p * z + 1.1283791657274465f;
-  const float small = x * p;
-  const uint32_t saturated = mask(a >= 4.0f);
-  const float ac = blend(saturated, 4.0f, a);
-  const float t = 1.0f / (1.0f + 0.5f * ac);
-  float q = 0.17087277f;
-  q = q * t - 0.82215223f;
-  q = q * t + 1.48851587f;
-  q = q * t - 1.13520398f;
-  q = q * t + 0.27886807f;
-  q = q * t - 0.18628806f;
-  q = q * t + 0.09678418f;
-  q = q * t + 0.37409196f;
-  q = q * t + 1.00002368f;
-  q = q * t - 1.26551223f;
-  const float erfc = t * exp(q - ac * ac);
-  const float large = with_sign_of(blend(saturated, 1.0f, 1.0f - erfc), x);
-  return blend(mask(x != x), x, blend(mask(a < 1.0f), small, large));
+// e^(-x^2 / 2): the standard normal density's shape. x^2 is rounded once, so the relative
+// error grows as x^2 2^-25 (e.g. 20 ulp at |x| = 9, where the value is 2.6e-18). 0 for infinite
+// x; NaN stays NaN.
+MT_VM_INLINE float exp_neg_half_square(float x) {
+  return exp(-0.5f * (x * x));
+}
+
+// The standard normal density phi(x) = e^(-x^2 / 2) / sqrt(2 pi).
+MT_VM_INLINE float normal_pdf(float x) {
+  return exp_neg_half_square(x) * 0.398942280f;
+}
+
+// The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, for GELU. The tail h = Phi(-|x|) is
+// t R(t) e^(-x^2 / 2) / 2 with t = 1 / (1 + |x| / (2 sqrt 2)) and R a degree-8 polynomial fit of
+// erfcx(|x| / sqrt 2) / t (tools/reference/fit_normal_cdf.py); Phi(x) is h below 0 and 1 - h
+// above. The lower tail keeps its relative accuracy (1 + erf(x / sqrt 2) would cancel to nothing
+// below x = -3), and with normal_pdf on the same x the exponential is computed once (the loops
+// inline both; the compiler merges the identical expressions). 0 at -inf, 1 at +inf.
+MT_VM_INLINE float normal_cdf(float x) {
+  const float t = 1.0f / (1.0f + abs(x) * 0.353553391f);
+  float r = -0.0591935664f;
+  r = r * t + 0.285183936f;
+  r = r * t - 0.488463074f;
+  r = r * t + 0.279514968f;
+  r = r * t - 0.0276249722f;
+  r = r * t + 0.203110531f;
+  r = r * t + 0.242996469f;
+  r = r * t + 0.282390088f;
+  r = r * t + 0.282085568f;
+  const float h = 0.5f * t * r * exp_neg_half_square(x);
+  return blend(mask(x < 0.0f), h, 1.0f - h);
 }
 
 }  // namespace mantissa::backend::cpu::vm
 
 namespace mantissa::backend::cpu {
 
-// The host side of op_math.h's math policy: in float the vectorizable exp, log, tanh and erf of
-// vec_math.h, in double the std:: functions; sqrt and pow from std:: (sqrt is an instruction);
-// plain products (the library is built without contraction into FMA).
+// The host side of op_math.h's math policy: in float the vectorizable exp, log, tanh, normal CDF
+// and density of vec_math.h, in double the std:: functions (the CDF through std::erfc); sqrt and
+// pow from std:: (sqrt is an instruction); plain products (the library is built without contraction
+// into FMA).
 struct HostMath {
   template <typename C>
   static C exp(C x) {
@@ -185,9 +189,14 @@ struct HostMath {
     return std::tanh(x);
   }
   template <typename C>
-  static C erf(C x) {
-    if constexpr (std::is_same_v<C, float>) return vm::erf(x);
-    return std::erf(x);
+  static C normal_cdf(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::normal_cdf(x);
+    return C(0.5) * std::erfc(x * C(-0.70710678118654752440));
+  }
+  template <typename C>
+  static C normal_pdf(C x) {
+    if constexpr (std::is_same_v<C, float>) return vm::normal_pdf(x);
+    return std::exp(C(-0.5) * (x * x)) * C(0.39894228040143267794);
   }
   template <typename C>
   static C pow(C x, C y) {

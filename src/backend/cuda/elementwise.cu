@@ -76,8 +76,12 @@ struct DeviceMath {
     return m_tanh(x);
   }
   template <typename C>
-  __device__ __forceinline__ static C erf(C x) {
-    return m_erf(x);
+  __device__ __forceinline__ static C normal_cdf(C x) {
+    return m_normcdf(x);
+  }
+  template <typename C>
+  __device__ __forceinline__ static C normal_pdf(C x) {
+    return m_exp(C(-0.5) * (x * x)) * C(op_math::kInvSqrt2Pi);
   }
   template <typename C>
   __device__ __forceinline__ static C pow(C x, C y) {

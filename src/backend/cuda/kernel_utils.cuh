@@ -327,11 +327,11 @@ __device__ __forceinline__ float m_tanh(float x) {
 __device__ __forceinline__ double m_tanh(double x) {
   return tanh(x);
 }
-__device__ __forceinline__ float m_erf(float x) {
-  return erff(x);
+__device__ __forceinline__ float m_normcdf(float x) {
+  return normcdff(x);
 }
-__device__ __forceinline__ double m_erf(double x) {
-  return erf(x);
+__device__ __forceinline__ double m_normcdf(double x) {
+  return normcdf(x);
 }
 __device__ __forceinline__ float m_pow(float x, float y) {
   return powf(x, y);
