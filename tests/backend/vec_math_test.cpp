@@ -1,8 +1,8 @@
 // cpu/vec_math.h against float64 in ulps over a sweep of every float bit pattern (one in 127,
 // plus every float of the ranges where the approximations change form), its special values,
-// and the CPU kernels' two builds (baseline and AVX-512, cpu/vector_isa.h) giving the same values
-// (to the bit, every NaN taken as one) for every unary and binary op, forward and backward, and
-// the LSTM step.
+// and the CPU kernels' builds (baseline, AVX2 and AVX-512, cpu/vector_isa.h) giving the same
+// values (to the bit, every NaN taken as one) for every unary and binary op, forward and
+// backward, the LSTM step, and the softmax, log_softmax and cross-entropy rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -252,6 +252,53 @@ TEST(VectorIsa, EveryBuildGivesTheBaselinesValues) {
       }
       for (const VectorIsa isa : isas)
         EXPECT_EQ(first_difference(out[0], out[int(isa)]), "") << vector_isa_name(isa);
+    }
+    // Softmax and log_softmax rows (their sums and maxima in fixed lanes), forward and backward,
+    // rows of 1000 (full lanes and a tail) and of 10 (a tail only); cross-entropy over 125
+    // classes with smoothing, forward and backward. The probe's infinities and NaN are in
+    // some rows.
+    for (const int64_t row : {int64_t(1000), int64_t(10)}) {
+      for (const bool log : {false, true}) {
+        SCOPED_TRACE(std::string(log ? "log_softmax " : "softmax ") + std::to_string(row) + " " +
+                     std::string(dtype_name(dtype)));
+        const Tensor xs = x.reshape({n / row, row}), gs = g.reshape({n / row, row});
+        std::vector<uint64_t> got[3];
+        for (const VectorIsa isa : isas) {
+          ForcedIsa forced(isa);
+          Tensor y = Tensor::empty(xs.shape(), dtype), gx = Tensor::empty(xs.shape(), dtype);
+          cpu.softmax(xs, 1, log, y);
+          cpu.softmax_backward(gs, y, 1, log, gx);
+          got[int(isa)] = values(y);
+          const std::vector<uint64_t> gv = values(gx);
+          got[int(isa)].insert(got[int(isa)].end(), gv.begin(), gv.end());
+        }
+        for (const VectorIsa isa : isas)
+          EXPECT_EQ(first_difference(got[0], got[int(isa)]), "") << vector_isa_name(isa);
+      }
+    }
+    {
+      SCOPED_TRACE(std::string("cross_entropy ") + std::string(dtype_name(dtype)));
+      const Tensor logits = x.reshape({40, 125});
+      std::vector<int64_t> t(40);
+      for (size_t i = 0; i < t.size(); ++i)
+        t[i] = int64_t(i * 37 % 125);
+      const Tensor target = Tensor::from_vector(t, {40}, DType::I64);
+      const DType stats = dtype == DType::F64 ? DType::F64 : DType::F32;
+      const Tensor grad_loss = g.narrow(0, 0, 40).to(stats);
+      std::vector<uint64_t> got[3];
+      for (const VectorIsa isa : isas) {
+        ForcedIsa forced(isa);
+        Tensor loss = Tensor::empty({40}, stats), lp = Tensor::empty({40, 125}, stats);
+        Tensor gl = Tensor::empty({40, 125}, dtype);
+        cpu.cross_entropy(logits, target, -100, 0.1, loss, lp);
+        cpu.cross_entropy_backward(grad_loss, lp, target, -100, 0.1, gl);
+        for (const Tensor* r : {&loss, &lp, &gl}) {
+          const std::vector<uint64_t> v = values(*r);
+          got[int(isa)].insert(got[int(isa)].end(), v.begin(), v.end());
+        }
+      }
+      for (const VectorIsa isa : isas)
+        EXPECT_EQ(first_difference(got[0], got[int(isa)]), "") << vector_isa_name(isa);
     }
     // The LSTM step (50 rows of 4 x 25 gates), with and without a previous state.
     SCOPED_TRACE(std::string("lstm_cell ") + std::string(dtype_name(dtype)));

@@ -1,5 +1,6 @@
 """What the side-by-side benchmark scripts share: the repository root, the common options, running
-a benchmark command that prints JSON, and timing a step (the median after a warm-up)."""
+a benchmark command that prints JSON, alternating per-op runs of two sides, and timing a step
+(the median after a warm-up)."""
 import json
 import os
 import statistics
@@ -35,6 +36,36 @@ def run_json(cmd):
     if r.returncode != 0 or not r.stdout.strip():
         raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_lines(cmd):
+    """Runs a one-thread benchmark command and returns the JSON objects it printed, one a line."""
+    env = bench_env()
+    env["OMP_NUM_THREADS"] = "1"
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def best_per_op(sides, rounds, fields):
+    """Runs each side's command (sides: name -> argv; each prints one JSON row per op with an
+    "op" key, and a last row with "peak_rss_bytes") `rounds` times, alternating the sides.
+    Returns (best, rss, ops): best[(side, op, field)] is the smallest value of each field over
+    the rounds, rss[side] the largest peak RSS, ops the ops in their first order."""
+    best, rss, ops = {}, {}, []
+    for _ in range(rounds):
+        for side, cmd in sides.items():
+            for row in run_lines(cmd):
+                if "peak_rss_bytes" in row:
+                    rss[side] = max(rss.get(side, 0), row["peak_rss_bytes"])
+                    continue
+                if row["op"] not in ops:
+                    ops.append(row["op"])
+                for field in fields:
+                    key = (side, row["op"], field)
+                    best[key] = min(best.get(key, float("inf")), row[field])
+    return best, rss, ops
 
 
 def median_ms(step, warmup, steps):

@@ -17,7 +17,7 @@ import resource
 import sys
 import time
 
-from bench_util import ROOT, add_compare_options, bench_env
+from bench_util import ROOT, add_compare_options, best_per_op
 
 CHAIN = 64
 MODES = ("forward", "record", "backward")
@@ -62,16 +62,6 @@ def torch_side(reps):
     print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-def run_lines(cmd):
-    import subprocess
-    env = bench_env()
-    env["OMP_NUM_THREADS"] = "1"
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
-    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     add_compare_options(ap, steps=0)
@@ -87,18 +77,7 @@ def main():
     sides = {"mantissa": [ours, "--json", "--reps", str(args.reps)],
              "pytorch": [args.torch_python, os.path.abspath(__file__), "--torch-side",
                          "--reps", str(args.reps)]}
-    best, rss, ops = {}, {}, []
-    for _ in range(args.rounds):
-        for side, cmd in sides.items():
-            for row in run_lines(cmd):
-                if "peak_rss_bytes" in row:
-                    rss[side] = max(rss.get(side, 0), row["peak_rss_bytes"])
-                    continue
-                if row["op"] not in ops:
-                    ops.append(row["op"])
-                for mode in MODES:
-                    key = (side, row["op"], mode)
-                    best[key] = min(best.get(key, float("inf")), row[f"{mode}_us"])
+    best, rss, ops = best_per_op(sides, args.rounds, [f"{m}_us" for m in MODES])
     print(f"Per-op overhead, us per op (chain of {CHAIN} on a (4, 4) f32 tensor, 1 thread, "
           f"best of {args.rounds})")
     print(f"{'op':<12}" + "".join(f"{m + ' ours':>16}{m + ' torch':>16}{'ratio':>7}" for m in MODES))
@@ -107,7 +86,7 @@ def main():
         line = f"{op:<12}"
         row = {"op": op}
         for m in MODES:
-            o, t = best[("mantissa", op, m)], best[("pytorch", op, m)]
+            o, t = best[("mantissa", op, f"{m}_us")], best[("pytorch", op, f"{m}_us")]
             line += f"{o:>16.2f}{t:>16.2f}{t / o:>6.2f}x"
             row.update({f"{m}_us_mantissa": o, f"{m}_us_pytorch": t})
         rows.append(row)

@@ -44,17 +44,6 @@ namespace avx2 = baseline;  // vector_isa() answers Baseline off x86-64
 namespace avx512 = baseline;
 #endif
 
-// The build of a loop family for the ISA the kernels run with: MT_ISA_CALL(f<C>(args)).
-#define MT_ISA_CALL(...)            \
-  switch (vector_isa()) {           \
-    case VectorIsa::Avx512:         \
-      return avx512::__VA_ARGS__;   \
-    case VectorIsa::Avx2:           \
-      return avx2::__VA_ARGS__;     \
-    case VectorIsa::Baseline:       \
-      return baseline::__VA_ARGS__; \
-  }
-
 template <typename C>
 void run_unary(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {
   MT_ISA_CALL(run_unary<C>(op, y, x, n, s));

@@ -23,4 +23,16 @@ void force_vector_isa(std::optional<VectorIsa> isa);
 bool vector_isa_supported(VectorIsa isa);
 const char* vector_isa_name(VectorIsa isa);
 
+// In a file that compiles a loop family once per ISA, in namespaces baseline, avx2 and avx512:
+// calls the build for the ISA the kernels run with, MT_ISA_CALL(f<C>(args)).
+#define MT_ISA_CALL(...)            \
+  switch (vector_isa()) {           \
+    case VectorIsa::Avx512:         \
+      return avx512::__VA_ARGS__;   \
+    case VectorIsa::Avx2:           \
+      return avx2::__VA_ARGS__;     \
+    case VectorIsa::Baseline:       \
+      return baseline::__VA_ARGS__; \
+  }
+
 }  // namespace mantissa::backend::cpu
