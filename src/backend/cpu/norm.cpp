@@ -428,8 +428,9 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
 
 namespace {
 
-// The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): 2x faster on
-// AVX2 than the baseline's 4-wide loops, and the same values to the bit on every build.
+// The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): on AVX2 the
+// softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops
+// (bench_ops), and every build gives the same values to the bit.
 namespace baseline {
 #include "backend/cpu/softmax_rows.inc"
 }  // namespace baseline
