@@ -21,28 +21,9 @@ op_math::UnaryArgs<C> unary_args(Scalars s) {
   return {C(s.a), C(s.b), s.a == 2.0};
 }
 
-// The loops, compiled once for the baseline and once for AVX-512 (vector_isa.h).
-namespace baseline {
-#include "backend/cpu/elementwise_loops.inc"
-}  // namespace baseline
-
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx2")
-namespace avx2 {
-#include "backend/cpu/elementwise_loops.inc"
-}  // namespace avx2
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
-namespace avx512 {
-#include "backend/cpu/elementwise_loops.inc"
-}  // namespace avx512
-#pragma GCC pop_options
-#else
-namespace avx2 = baseline;  // vector_isa() answers Baseline off x86-64
-namespace avx512 = baseline;
-#endif
+// The loops, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h).
+#define MT_ISA_LOOPS "backend/cpu/elementwise_loops.inc"
+#include "backend/cpu/isa_builds.inc"
 
 template <typename C>
 void run_unary(UnaryOp op, C* y, const C* x, int64_t n, Scalars s) {

@@ -431,27 +431,8 @@ namespace {
 // The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): on AVX2 the
 // softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops
 // (bench_ops), and every build gives the same values to the bit.
-namespace baseline {
-#include "backend/cpu/softmax_rows.inc"
-}  // namespace baseline
-
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx2")
-namespace avx2 {
-#include "backend/cpu/softmax_rows.inc"
-}  // namespace avx2
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
-namespace avx512 {
-#include "backend/cpu/softmax_rows.inc"
-}  // namespace avx512
-#pragma GCC pop_options
-#else
-namespace avx2 = baseline;  // vector_isa() answers Baseline off x86-64
-namespace avx512 = baseline;
-#endif
+#define MT_ISA_LOOPS "backend/cpu/softmax_rows.inc"
+#include "backend/cpu/isa_builds.inc"
 
 template <typename C>
 void softmax_row(const C* row, C* dst, int64_t n, bool log) {
