@@ -2,7 +2,7 @@
 // plus every float of the ranges where the approximations change form), its special values,
 // and the CPU kernels' builds (baseline, AVX2 and AVX-512, cpu/vector_isa.h) giving the same
 // values (to the bit, every NaN taken as one) for every unary and binary op, forward and
-// backward, the LSTM step, and the softmax, log_softmax and cross-entropy rows.
+// backward, the LSTM step, and the layer-norm, softmax, log_softmax and cross-entropy rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -275,6 +275,29 @@ TEST(VectorIsa, EveryBuildGivesTheBaselinesValues) {
         for (const VectorIsa isa : isas)
           EXPECT_EQ(first_difference(got[0], got[int(isa)]), "") << vector_isa_name(isa);
       }
+    }
+    // Layer norm (sums in fixed lanes), forward and backward with all three gradients, rows of
+    // 1000 and of 10, with a weight and a bias.
+    for (const int64_t row : {int64_t(1000), int64_t(10)}) {
+      SCOPED_TRACE("layer_norm " + std::to_string(row) + " " + std::string(dtype_name(dtype)));
+      const Tensor xs = x.reshape({n / row, row}), gs = g.reshape({n / row, row});
+      const Tensor w = g.narrow(0, 7, row), b = x.narrow(0, 3, row);
+      const DType stats = dtype == DType::F64 ? DType::F64 : DType::F32;
+      std::vector<uint64_t> got[3];
+      for (const VectorIsa isa : isas) {
+        ForcedIsa forced(isa);
+        Tensor y = Tensor::empty(xs.shape(), dtype), gx = Tensor::empty(xs.shape(), dtype);
+        Tensor mean = Tensor::empty({n / row}, stats), rstd = Tensor::empty({n / row}, stats);
+        Tensor gw = Tensor::empty({row}, dtype), gb = Tensor::empty({row}, dtype);
+        cpu.layer_norm(xs, &w, &b, 1e-5, y, mean, rstd);
+        cpu.layer_norm_backward(gs, xs, &w, mean, rstd, &gx, &gw, &gb);
+        for (const Tensor* r : {&y, &mean, &rstd, &gx, &gw, &gb}) {
+          const std::vector<uint64_t> v = values(*r);
+          got[int(isa)].insert(got[int(isa)].end(), v.begin(), v.end());
+        }
+      }
+      for (const VectorIsa isa : isas)
+        EXPECT_EQ(first_difference(got[0], got[int(isa)]), "") << vector_isa_name(isa);
     }
     {
       SCOPED_TRACE(std::string("cross_entropy ") + std::string(dtype_name(dtype)));

@@ -6,8 +6,8 @@
 // bias gradients of the norms) are built from per-row (or per-block) partial sums combined in a
 // fixed order, so results do not depend on the number of OpenMP threads.
 //
-// The softmax, log_softmax and cross-entropy rows are compiled once per vector instruction set
-// (softmax_rows.inc), giving the same values on each.
+// The layer-norm, softmax, log_softmax and cross-entropy rows are compiled once per vector
+// instruction set (norm_rows.inc), giving the same values on each.
 //
 // Layouts: every input is made contiguous first (a no-op for the op layer's tensors); outputs
 // arrive contiguous. Per-channel tensors (weight, bias, running stats, saved statistics) may
@@ -300,6 +300,27 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
 
 // ---- layer norm ------------------------------------------------------------------------------
 
+namespace {
+
+// The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): on AVX2 the
+// softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops
+// (bench_ops), and every build gives the same values to the bit.
+#define MT_ISA_LOOPS "backend/cpu/norm_rows.inc"
+#include "backend/cpu/isa_builds.inc"
+
+template <typename C>
+void layer_norm_row(const C* row, const C* w, const C* b, C* dst, int64_t n, C eps, C& mu, C& rs) {
+  MT_ISA_CALL(layer_norm_row<C>(row, w, b, dst, n, eps, mu, rs));
+}
+
+template <typename C>
+void layer_norm_backward_row(const C* x, const C* g, const C* w, C mu, C rs, int64_t n, C* xh,
+                             C* gw, C* gb, C* dst) {
+  MT_ISA_CALL(layer_norm_backward_row<C>(x, g, w, mu, rs, n, xh, gw, gb, dst));
+}
+
+}  // namespace
+
 void CpuBackend::layer_norm(const Tensor& x_in, const Tensor* weight, const Tensor* bias,
                             double eps, Tensor& out, Tensor& mean_out, Tensor& rstd_out) {
   MT_ASSERT(out.is_contiguous() && out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
@@ -320,18 +341,8 @@ void CpuBackend::layer_norm(const Tensor& x_in, const Tensor* weight, const Tens
       const C* blk = row_as<T, C>(xp + r0 * n, len, buf);
       C* dst = out_row<T, C>(op + r0 * n, buf);  // may be blk: a row is read before written
       for (int64_t r = r0; r < r1; ++r) {
-        const C* row = blk + (r - r0) * n;
-        const C mu = sum_of(row, n) / C(n);
-        C ss = 0;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < n; ++i)
-          ss += (row[i] - mu) * (row[i] - mu);
-        const C rs = C(1) / std::sqrt(ss / C(n) + C(eps));
-        C* o = dst + (r - r0) * n;
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = (row[i] - mu) * rs * w[size_t(i)] + b[size_t(i)];
-        mean[size_t(r)] = mu;
-        rstd[size_t(r)] = rs;
+        layer_norm_row<C>(blk + (r - r0) * n, w.data(), b.data(), dst + (r - r0) * n, n, C(eps),
+                          mean[size_t(r)], rstd[size_t(r)]);
       }
       finish_row<T, C>(dst, op + r0 * n, len);
     });
@@ -382,31 +393,12 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
           xb = row_as<T, C>(xp + r * n, len, buf);
           gb = row_as<T, C>(gp + r * n, len, buf + per * n);
         }
-        const C* xr = xb + (r - loaded) * n;
-        const C* gr = gb + (r - loaded) * n;
-        const C mu = mean[size_t(r)], rs = rstd[size_t(r)];
-        C a = 0, d = 0;  // sums of dxhat and dxhat * xhat, dxhat = g * w
-        for (int64_t i = 0; i < n; ++i) {
-          xhat[i] = (xr[i] - mu) * rs;
-          const C dx = gr[i] * w[size_t(i)];
-          a += dx;
-          d += dx * xhat[i];
-        }
-        if (bw) {
-          for (int64_t i = 0; i < n; ++i)
-            bw[i] += gr[i] * xhat[i];
-        }
-        if (bb) {
-          for (int64_t i = 0; i < n; ++i)
-            bb[i] += gr[i];
-        }
+        // gx is written over xhat's scratch (element i reads only xhat[i]) unless it has the
+        // compute type.
+        C* dst = want_x ? out_row<T, C>(gxp + r * n, xhat) : nullptr;
+        layer_norm_backward_row<C>(xb + (r - loaded) * n, gb + (r - loaded) * n, w.data(),
+                                   mean[size_t(r)], rstd[size_t(r)], n, xhat, bw, bb, dst);
         if (!want_x) continue;
-        const C ma = a / C(n), md = d / C(n);
-        // Written over xhat (its own values only): dst[i] depends on xhat[i] alone.
-        C* dst = out_row<T, C>(gxp + r * n, xhat);
-        for (int64_t i = 0; i < n; ++i) {
-          dst[i] = rs * (gr[i] * w[size_t(i)] - ma - xhat[i] * md);
-        }
         finish_row<T, C>(dst, gxp + r * n, n);
       }
     });
@@ -427,12 +419,6 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
 // ---- softmax ---------------------------------------------------------------------------------
 
 namespace {
-
-// The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): on AVX2 the
-// softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops
-// (bench_ops), and every build gives the same values to the bit.
-#define MT_ISA_LOOPS "backend/cpu/softmax_rows.inc"
-#include "backend/cpu/isa_builds.inc"
 
 template <typename C>
 void softmax_row(const C* row, C* dst, int64_t n, bool log) {
