@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
   pool.kernel_size = {2, 2};
   // The shapes: ViT's MLP activations (128 x 50 tokens, hidden 256), GPT-2 tiny's layer norm
   // rows (128 x 64 tokens, d 64), attention-score rows (128 x 4 heads x 64 x 64, the composed
-  // path), the LM loss over a 256-token vocabulary, the CNNs' first feature maps.
+  // path), the LM loss over a 256-token vocabulary, the CNNs' first feature maps, and a bias
+  // gradient (the sum over GPT-2 tiny's 8192 token rows of its MLP's hidden 512).
   const std::vector<Op> ops = {
       {"gelu", "6400x256", [](const Tensor& x) { return gelu(x); }, u({6400, 256})},
       {"gelu_tanh", "6400x256", [](const Tensor& x) { return gelu(x, GeluApproximation::Tanh); },
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
       {"relu", "128x16x28x28", [](const Tensor& x) { return relu(x); }, u({128, 16, 28, 28})},
       {"max_pool2d", "128x16x28x28", [&](const Tensor& x) { return max_pool2d(x, pool); },
        u({128, 16, 28, 28})},
+      {"sum_rows", "8192x512", [](const Tensor& x) { return sum(x, {0}); }, u({8192, 512})},
   };
   if (!json)
     std::printf("one thread, median of %d runs, ms\n%-14s %-14s %9s %9s\n", reps, "op", "shape",

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The reference models' pointwise and row ops (GELU exact and tanh, layer norm, softmax,
-cross-entropy, batch norm, ReLU, max pool), Mantissa vs PyTorch eager, side by side at the
-models' shapes: forward and backward ms of each, one thread, the median of --reps runs, the best
-of --rounds alternating runs of each side.
+cross-entropy, batch norm, ReLU, max pool, a bias gradient's sum over rows), Mantissa vs PyTorch
+eager, side by side at the models' shapes: forward and backward ms of each, one thread, the median
+of --reps runs, the best of --rounds alternating runs of each side.
 
   python3 tools/bench/ops_compare.py [--torch-python PATH] [--build build] [--rounds 3]
 
@@ -22,7 +22,7 @@ MODES = ("forward", "backward")
 # As bench/ops_bench.cpp builds them.
 SHAPES = {"gelu": "6400x256", "gelu_tanh": "6400x256", "layer_norm": "8192x64",
           "softmax": "512x64x64", "cross_entropy": "8192x256", "batch_norm": "128x16x28x28",
-          "relu": "128x16x28x28", "max_pool2d": "128x16x28x28"}
+          "relu": "128x16x28x28", "max_pool2d": "128x16x28x28", "sum_rows": "8192x512"}
 
 
 def torch_side(reps):
@@ -49,6 +49,7 @@ def torch_side(reps):
         ("batch_norm", lambda x: F.batch_norm(x, rm, rv, w16, b16, True), u(128, 16, 28, 28)),
         ("relu", torch.relu, u(128, 16, 28, 28)),
         ("max_pool2d", lambda x: F.max_pool2d(x, 2), u(128, 16, 28, 28)),
+        ("sum_rows", lambda x: x.sum(0), u(8192, 512)),
     ]
     for name, fn, inp in ops:
         g = torch.rand(fn(inp).shape, generator=gen) * 2 - 1
