@@ -53,6 +53,29 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{7, 7, 7, 3, 4, 5}));
 }
 
+// copy_ into a strided view: from a contiguous source straight into place, and from one that
+// shares bytes with the view as though the source were read whole first.
+TEST(Tensor, CopyIntoAStridedViewEvenWhenItOverlapsTheSource) {
+  for (const DType dtype : {DType::F32, DType::BF16, DType::F64, DType::I64}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    Tensor t = Tensor::arange(16, dtype).reshape({4, 4});
+    Tensor column = t.select(1, 0);  // elements 0, 4, 8, 12
+    ASSERT_FALSE(column.is_contiguous());
+    // Elements 1..4: element 4 is written (from element 2) before it is read, unless the source
+    // is read whole first.
+    column.copy_(t.flatten().narrow(0, 1, 4));
+    EXPECT_EQ(t.to_vector<double>(),
+              (std::vector<double>{1, 1, 2, 3, 2, 5, 6, 7, 3, 9, 10, 11, 4, 13, 14, 15}));
+    // Disjoint: a (2, 3, 2) block permuted into place.
+    Tensor big = Tensor::zeros({3, 2, 2}, dtype);
+    const Tensor src = Tensor::arange(12, dtype).reshape({2, 2, 3});
+    Tensor view = big.permute({1, 2, 0});  // (2, 2, 3), strides (2, 1, 4)
+    view.copy_(src);
+    EXPECT_EQ(view.to_vector<double>(), src.to_vector<double>());
+    EXPECT_EQ(big.to_vector<double>(), (std::vector<double>{0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11}));
+  }
+}
+
 TEST(Tensor, CastsRoundToNearestEven) {
   const Tensor x = Tensor::from_vector(
       std::vector<double>{1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), 70000}, {3});
