@@ -303,8 +303,9 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
 namespace {
 
 // The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): on AVX2 the
-// softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops
-// (bench_ops), and every build gives the same values to the bit.
+// softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops, and
+// layer norm's backward 1.6-2.6x faster than its former scalar sums (bench_ops); every build
+// gives the same values to the bit.
 #define MT_ISA_LOOPS "backend/cpu/norm_rows.inc"
 #include "backend/cpu/isa_builds.inc"
 
@@ -393,8 +394,8 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x_in,
           xb = row_as<T, C>(xp + r * n, len, buf);
           gb = row_as<T, C>(gp + r * n, len, buf + per * n);
         }
-        // gx is written over xhat's scratch (element i reads only xhat[i]) unless it has the
-        // compute type.
+        // gx goes straight into grad_x when that has the compute type, else over xhat's scratch
+        // (element i reads only xhat[i]) and is then stored.
         C* dst = want_x ? out_row<T, C>(gxp + r * n, xhat) : nullptr;
         layer_norm_backward_row<C>(xb + (r - loaded) * n, gb + (r - loaded) * n, w.data(),
                                    mean[size_t(r)], rstd[size_t(r)], n, xhat, bw, bb, dst);
