@@ -66,7 +66,7 @@ TEST(Tensor, CopyIntoAStridedViewEvenWhenItOverlapsTheSource) {
     column.copy_(t.flatten().narrow(0, 1, 4));
     EXPECT_EQ(t.to_vector<double>(),
               (std::vector<double>{1, 1, 2, 3, 2, 5, 6, 7, 3, 9, 10, 11, 4, 13, 14, 15}));
-    // Disjoint: a (2, 3, 2) block permuted into place.
+    // Disjoint: a (2, 2, 3) source into a permuted view of another tensor.
     Tensor big = Tensor::zeros({3, 2, 2}, dtype);
     const Tensor src = Tensor::arange(12, dtype).reshape({2, 2, 3});
     Tensor view = big.permute({1, 2, 0});  // (2, 2, 3), strides (2, 1, 4)
