@@ -4,7 +4,6 @@
 #include <array>
 #include <cmath>
 #include <numbers>
-#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
@@ -108,18 +107,6 @@ void scatter_same_dtype(const Tensor& src, Tensor& dst) {
   });
 }
 
-// The bytes [first, last) that a tensor's elements span.
-std::pair<const char*, const char*> byte_span(const Tensor& t) {
-  const char* base = static_cast<const char*>(t.data_ptr());
-  int64_t lo = 0, hi = 0;
-  for (int d = 0; d < t.dim(); ++d) {
-    const int64_t reach = (t.size(d) - 1) * t.stride(d);
-    (reach < 0 ? lo : hi) += reach;
-  }
-  const int64_t es = int64_t(t.element_size());
-  return {base + lo * es, base + (hi + 1) * es};
-}
-
 }  // namespace
 
 // ---- data movement
@@ -128,16 +115,12 @@ std::pair<const char*, const char*> byte_span(const Tensor& t) {
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   if (!dst.is_contiguous()) {
     // Into a strided view (the stacked gradients of attention's q, k and v, every step): straight
-    // from a contiguous source of the same dtype, unless the two share bytes (then the source is
-    // read whole first, into the staging copy below).
+    // from a contiguous source of the same dtype, unless the two share storage (then the source
+    // is read whole first, into the staging copy below).
     if (src.is_contiguous() && src.dtype() == dst.dtype() && src.shape() == dst.shape() &&
-        dst.numel() > 0) {
-      const auto [s0, s1] = byte_span(src);
-      const auto [d0, d1] = byte_span(dst);
-      if (s1 <= d0 || d1 <= s0) {
-        scatter_same_dtype(src, dst);
-        return;
-      }
+        !src.shares_storage(dst)) {
+      scatter_same_dtype(src, dst);
+      return;
     }
     Tensor tmp = Tensor::empty(dst.shape(), dst.dtype(), dst.device());
     copy(src, tmp);

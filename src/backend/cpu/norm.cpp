@@ -608,12 +608,7 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& target_in,
     parallel_row_blocks<C>(rows, classes, 0, [&](int64_t r0, int64_t r1, C*) {
       // Logits in the compute type are read in place; others are converted into the log-prob
       // rows first and overwritten there.
-      const C* in = lp + r0 * classes;
-      if constexpr (std::is_same_v<T, C>) {
-        in = lp_in + r0 * classes;
-      } else {
-        load_contiguous<T, C>(lp_in + r0 * classes, lp + r0 * classes, (r1 - r0) * classes);
-      }
+      const C* in = row_as<T, C>(lp_in + r0 * classes, (r1 - r0) * classes, lp + r0 * classes);
       for (int64_t r = r0; r < r1; ++r) {
         C* row = lp + r * classes;
         softmax_row(in + (r - r0) * classes, row, classes, /*log=*/true);
