@@ -128,6 +128,39 @@ TEST(Reduce, HalfSumsAccumulateInFp32) {
   EXPECT_NEAR(sum(h).item(), 3000 * double(float(half(0.1f))), 1.0);
 }
 
+// Sums over the leading dim (bias gradients) split their columns over the threads: every column
+// is still summed in row order, so any thread count gives the same bits, and they match float64.
+TEST(Reduce, LeadingSumsAreTheSameForAnyThreadCount) {
+  const int saved = get_num_threads();
+  for (const int64_t cols :
+       {int64_t(64), int64_t(200), int64_t(256), int64_t(513), int64_t(1500)}) {
+    for (const DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::to_string(cols) + " columns, " + std::string(dtype_name(dtype)));
+      const Tensor x = Tensor::normal({1000, cols}, 0, 1, 5).to(dtype);
+      set_num_threads(1);
+      const auto one = sum(x, {0}).to_vector<float>();
+      const auto one_mean = mean(x, {0}).to_vector<float>();
+      for (const int threads : {2, 3}) {
+        set_num_threads(threads);
+        EXPECT_EQ(sum(x, {0}).to_vector<float>(), one) << threads << " threads";
+        EXPECT_EQ(mean(x, {0}).to_vector<float>(), one_mean) << threads << " threads";
+      }
+      const auto v = x.to_vector<double>();
+      for (int64_t j = 0; j < cols; ++j) {
+        double ref = 0;
+        for (int64_t r = 0; r < 1000; ++r)
+          ref += v[size_t(r * cols + j)];
+        // 1000 fp32 additions of terms below ~4: a bound of 1000 * 4 * 2^-24 each, then the
+        // result rounded to the dtype.
+        const double tol = 1000 * 4 * std::ldexp(1.0, -24) +
+                           std::abs(ref) * (dtype == DType::BF16 ? std::ldexp(1.0, -8) : 0.0);
+        ASSERT_NEAR(one[size_t(j)], ref, tol) << "column " << j;
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
 TEST(Reduce, LargeSumIsDeterministicAcrossThreadCounts) {
   const Tensor x = Tensor::normal({1 << 20}, 0, 1, 77);
   const int saved = get_num_threads();

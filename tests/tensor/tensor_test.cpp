@@ -76,6 +76,40 @@ TEST(Tensor, CopyIntoAStridedViewEvenWhenItOverlapsTheSource) {
   }
 }
 
+// A large copy into a strided view (attention's q/k/v gradients stacked into the projection's)
+// spreads its rows over the threads; a broadcast destination, whose elements share addresses,
+// keeps one thread. Every thread count writes the same elements.
+TEST(Tensor, LargeStridedCopiesAreTheSameForAnyThreadCount) {
+  const int saved = get_num_threads();
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    const Tensor src = Tensor::uniform({16, 4, 50, 16}, -1, 1, 3, dtype);  // (B, H, T, D)
+    std::vector<double> first;
+    for (const int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      Tensor qkv = Tensor::zeros({16, 50, 3, 4, 16}, dtype);  // (B, T, 3, H, D)
+      Tensor k_slot = qkv.select(2, 1).permute({0, 2, 1, 3});
+      ASSERT_FALSE(k_slot.is_contiguous());
+      k_slot.copy_(src);
+      EXPECT_EQ(k_slot.to_vector<double>(), src.to_vector<double>()) << threads << " threads";
+      // The other two slots are untouched.
+      EXPECT_EQ(sum(abs(qkv.select(2, 0))).item(), 0.0);
+      EXPECT_EQ(sum(abs(qkv.select(2, 2))).item(), 0.0);
+      if (threads == 1) first = qkv.to_vector<double>();
+      EXPECT_EQ(qkv.to_vector<double>(), first) << threads << " threads";
+      // Into a broadcast row: written in row order, so the source's last row is what stays.
+      std::vector<double> values(2048 * 64);
+      for (size_t i = 0; i < values.size(); ++i)
+        values[i] = double(i % 251);  // exact in bf16
+      Tensor row = Tensor::zeros({64}, dtype);
+      row.expand({2048, 64}).copy_(Tensor::from_vector(values, {2048, 64}, dtype));
+      EXPECT_EQ(row.to_vector<double>(), std::vector<double>(values.end() - 64, values.end()))
+          << threads << " threads";
+    }
+  }
+  set_num_threads(saved);
+}
+
 TEST(Tensor, CastsRoundToNearestEven) {
   const Tensor x = Tensor::from_vector(
       std::vector<double>{1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), 70000}, {3});

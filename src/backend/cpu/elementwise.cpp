@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numbers>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
@@ -62,22 +66,26 @@ void run_lstm_cell_backward_row(const C* acts, const C* c, const C* cp, const C*
 
 #undef MT_ISA_CALL
 
-// Walks the elements of a strided tensor in row-major order: f(offset_in_elements, run_length,
-// inner_stride) for each innermost run.
+// Walks rows [r0, r1) of a strided tensor's elements in row-major order (a row: the innermost
+// dim): f(offset_in_elements, run_length, inner_stride) for each row.
 template <typename F>
-void for_each_run(const Tensor& t, F f) {
+void for_each_run(const Tensor& t, int64_t r0, int64_t r1, F f) {
   const Shape& sh = t.shape();
   const Shape& st = t.strides();
   const int nd = sh.size();
-  if (t.numel() == 0) return;
+  if (t.numel() == 0 || r0 >= r1) return;
   if (nd == 0) {
     f(int64_t(0), int64_t(1), int64_t(1));
     return;
   }
   std::array<int64_t, kMaxDims> idx{};
-  const int64_t outer = t.numel() / sh[nd - 1];
   int64_t off = 0;
-  for (int64_t r = 0; r < outer; ++r) {
+  for (int64_t d = nd - 2, rest = r0; d >= 0; --d) {
+    idx[size_t(d)] = rest % sh[d];
+    rest /= sh[d];
+    off += idx[size_t(d)] * st[d];
+  }
+  for (int64_t r = r0; r < r1; ++r) {
     f(off, sh[nd - 1], st[nd - 1]);
     for (int d = nd - 2; d >= 0; --d) {
       ++idx[size_t(d)];
@@ -89,22 +97,59 @@ void for_each_run(const Tensor& t, F f) {
   }
 }
 
-// dst (any strides) = src (contiguous, same dtype and shape), element by element.
+template <typename F>
+void for_each_run(const Tensor& t, F f) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.shape()[t.dim() - 1]);
+  for_each_run(t, 0, rows, f);
+}
+
+// Whether no two elements of t share an address (no broadcast or overlapping strides): then its
+// rows can be written by several threads at once.
+bool elements_distinct(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of the dims that vary
+  for (int d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(std::abs(t.strides()[d]), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent = stride * size;
+  }
+  return true;
+}
+
+// dst (any strides) = src (contiguous, same dtype and shape), element by element; rows spread
+// over the threads when dst's elements are distinct and the copy is large (attention's stacked
+// q/k/v gradients: one thread ran them alone, 0.7 % of a 2-thread GPT-2 tiny step).
 void scatter_same_dtype(const Tensor& src, Tensor& dst) {
-  const size_t es = dst.element_size();
+  const int64_t es = int64_t(dst.element_size());
   const char* s = static_cast<const char*>(src.data_ptr());
   char* d = static_cast<char*>(dst.data_ptr());
-  int64_t i = 0;
-  for_each_run(dst, [&](int64_t off, int64_t run, int64_t stride) {
-    if (stride == 1) {
-      std::memcpy(d + off * int64_t(es), s + i * int64_t(es), size_t(run) * es);
-    } else {
-      for (int64_t k = 0; k < run; ++k) {
-        std::memcpy(d + (off + k * stride) * int64_t(es), s + (i + k) * int64_t(es), es);
+  const int64_t row = dst.dim() == 0 ? 1 : dst.shape()[dst.dim() - 1];
+  const int64_t rows = row == 0 ? 0 : dst.numel() / row;
+  auto copy_rows = [&](int64_t r0, int64_t r1) {
+    int64_t i = r0 * row;
+    for_each_run(dst, r0, r1, [&](int64_t off, int64_t run, int64_t stride) {
+      if (stride == 1) {
+        std::memcpy(d + off * es, s + i * es, size_t(run * es));
+      } else {
+        for (int64_t k = 0; k < run; ++k) {
+          std::memcpy(d + (off + k * stride) * es, s + (i + k) * es, size_t(es));
+        }
       }
-    }
-    i += run;
-  });
+      i += run;
+    });
+  };
+  const int threads = omp_get_max_threads();
+  if (dst.numel() < kParallelGrain || threads == 1 || omp_in_parallel() || rows < 2 ||
+      !elements_distinct(dst)) {
+    copy_rows(0, rows);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < threads; ++t)
+    copy_rows(rows * t / threads, rows * (t + 1) / threads);
 }
 
 }  // namespace
