@@ -231,6 +231,63 @@ TEST(FusedAttention, HarnessAllDtypesAndFiniteDifferences) {
   check_op(sdpa_case("fused causal Tq > Tk", {2, 9, 3}, {2, 4, 3}, true, 220));
 }
 
+// Scores far apart: small integers in q and k make every score an exact integer up to 1296, so
+// most probabilities fall below e^-104, where the vectorized exponential returns 0 (and does not
+// compute a subnormal). Against float64 and, with gradients, against the composed path, at ViT's
+// 50 keys (a row that ends inside a vector) and causal with a key block boundary.
+TEST(FusedAttention, FarApartScoresUnderflowToZeroProbabilities) {
+  const ForceFusedPath force;
+  auto integers = [](const Shape& shape, uint64_t seed) {
+    std::vector<double> v(size_t(shape.numel()));
+    for (double& x : v) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      x = double(int64_t(seed >> 33) % 19 - 9);  // -9 .. 9
+    }
+    return Tensor::from_vector(v, shape, DType::F64);
+  };
+  for (const auto& [shape, causal] :
+       {std::pair{Shape{2, 3, 50, 16}, false}, std::pair{Shape{1, 2, 70, 16}, true}}) {
+    SCOPED_TRACE(shape.str() + (causal ? " causal" : ""));
+    const Tensor q = integers(shape, 1), k = integers(shape, 2), v = random_f64(shape, 3);
+    const Reference ref = attention_ref(q, k, v, 1.0, causal);
+    int64_t zeros = 0;  // scores more than 104 below their row's max
+    {
+      const Tensor s = matmul(q, k.transpose(-2, -1));
+      const auto sv = s.to_vector<double>();
+      const int64_t t = shape[2];
+      for (int64_t r = 0; r < s.numel() / t; ++r) {
+        const int64_t seen = causal ? r % t + 1 : t;
+        const double mx = *std::max_element(sv.begin() + r * t, sv.begin() + r * t + seen);
+        for (int64_t j = 0; j < seen; ++j)
+          zeros += sv[size_t(r * t + j)] < mx - 104;
+      }
+    }
+    EXPECT_GT(zeros, shape.numel() / 16 * 2) << "the case should reach the underflow";
+    const Tensor want = Tensor::from_vector(ref.out, shape, DType::F64);
+    const Tensor q32 = q.to(DType::F32), k32 = k.to(DType::F32), v32 = v.to(DType::F32);
+    EXPECT_TRUE(all_close(fused(q32, k32, v32, causal, 1.0), want, eps_of(DType::F32), 16, "out"));
+    auto grads = [&](bool use_fused) {
+      Tensor qg = q32.detach().set_requires_grad(true), kg = k32.detach().set_requires_grad(true),
+             vg = v32.detach().set_requires_grad(true);
+      Tensor out = use_fused ? fused(qg, kg, vg, causal, 1.0) : composed(qg, kg, vg, causal, 1.0);
+      sum(mul(out, v32)).backward();
+      return std::vector<Tensor>{qg.grad(), kg.grad(), vg.grad()};
+    };
+    const std::vector<Tensor> a = grads(true), b = grads(false);
+    // The fused backward recomputes each p as e^(s - lse) from the saved log-sum-exp: lse is
+    // rounded to fp32 at its magnitude (here a few hundred), an error of about |lse| eps in every
+    // p, where the composed path's s - max is exact. The gradients sum such p times entries of
+    // q or k (up to 9) and dP, so the room is |lse| times that, over the usual 64.
+    double max_lse = 0;
+    for (double x : ref.lse)
+      max_lse = std::max(max_lse, std::abs(x));
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_TRUE(
+          all_close(a[i], b[i], eps_of(DType::F32), 64 + 9 * max_lse, "grad " + std::to_string(i)));
+    }
+  }
+}
+
 // Batch dims broadcast as in the composed path (one key/value head shared by every query head),
 // and the broadcast gradients are summed back.
 TEST(FusedAttention, BroadcastBatchDims) {

@@ -307,6 +307,7 @@ namespace avx2 {
 
 constexpr int64_t kPanel = 16;  // columns of one micro-kernel tile: two ymm
 constexpr int kTileRows = 6;
+constexpr int kLanes = 8;  // one ymm of floats
 
 int64_t padded(int64_t n) {
   return (n + kPanel - 1) / kPanel * kPanel;
@@ -386,11 +387,47 @@ const float* padded_rows(const T* src, int64_t n, int64_t d, int64_t dp, float* 
   return dst;
 }
 
-// The transpose of a contiguous (n, d) matrix into dst (d, kBlockK), zeros past n.
+// dst rows 0..8 (ldd apart) = the transpose of the 8 x 8 block at src (rows lds apart). Spelled
+// out, like the tile: as arrays in a loop GCC kept the rows on the stack.
+__attribute__((always_inline)) inline void transpose8(const float* src, int64_t lds, float* dst,
+                                                      int64_t ldd) {
+  const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds),
+               r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds),
+               r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds),
+               r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+               t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+               t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// The transpose of a contiguous (n, d) matrix into dst (d, kBlockK), zeros from n up to the
+// 16-key panel the block products read. f32 in 8 x 8 blocks where d allows (element by element,
+// the two transposes of a backward block were a tenth of its time at ViT's shapes).
 template <typename T>
 void load_transposed(const T* src, int64_t n, int64_t d, float* row, float* dst) {
-  std::fill(dst, dst + d * kBlockK, 0.0f);
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t j = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % kLanes == 0) {
+      for (; j + kLanes <= n; j += kLanes) {
+        for (int64_t e = 0; e < d; e += kLanes)
+          transpose8(src + j * d + e, d, dst + e * kBlockK + j, kBlockK);
+      }
+    }
+  }
+  for (; j < n; ++j) {
     const float* r = row;
     if constexpr (std::is_same_v<T, float>) {
       r = src + j * d;
@@ -400,6 +437,8 @@ void load_transposed(const T* src, int64_t n, int64_t d, float* row, float* dst)
     for (int64_t e = 0; e < d; ++e)
       dst[e * kBlockK + j] = r[e];
   }
+  for (int64_t e = 0; e < d; ++e)
+    std::fill(dst + e * kBlockK + n, dst + e * kBlockK + padded(n), 0.0f);
 }
 
 template <typename T>
@@ -409,6 +448,99 @@ void store_rows(const float* src, int64_t n, int64_t d, int64_t dp, float scale,
     for (int64_t e = 0; e < d; ++e)
       row[e] = src[i * dp + e] * scale;
     store_contiguous<float, T>(row, dst + i * d, d);
+  }
+}
+
+// e^x in 8 lanes: vm::exp's reduction, polynomial and limits (0 below -104, inf above
+// ln(FLT_MAX), NaN through), with fused multiply-adds, as everything here on this FMA path.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ);
+  const __m256 hi = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283172607422f), _CMP_GT_OQ);
+  x = _mm256_andnot_ps(_mm256_or_ps(lo, hi), x);
+  const __m256 round = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
+  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), round);
+  const __m256 k = _mm256_sub_ps(t, round);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i ki = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(round));
+  const __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 y = _mm256_mul_ps(
+      _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23))),
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
+  return _mm256_blendv_ps(_mm256_andnot_ps(lo, y),
+                          _mm256_set1_ps(std::numeric_limits<float>::infinity()), hi);
+}
+
+inline float lanes_sum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+inline float lanes_max8(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+// All ones in the lanes j0 + lane < seen.
+inline __m256 visible_lanes(int64_t j0, int64_t seen) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(seen - j0)), lane));
+}
+
+// One key block of the online softmax for query rows i0 .. i0 + nq: s (nq, kBlockK) holds
+// q . k^T for keys j0 .. j0 + nk. Each row is scaled, its running max m and sum l updated, its
+// output row rescaled by e^(m_old - m_new), and left in s as e^(s - m) (zeros where masked) for
+// the P.V product. Whole vectors throughout (a row's keys rounded up to 8 within kBlockK): the
+// loops that stopped at the visible keys ran their last keys and the rescale's e^x one at a
+// time, and those scalar exponentials were most of the forward's time at ViT's 50 keys.
+void online_softmax_block(float* s, int64_t nq, int64_t nk, bool causal, int64_t i0, int64_t j0,
+                          float scale, float* m, float* l, float* ob, int64_t dp) {
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256 sc = _mm256_set1_ps(scale);
+  const int64_t nk8 = (nk + kLanes - 1) / kLanes * kLanes;
+  for (int64_t i = 0; i < nq; ++i) {
+    float* si = s + i * kBlockK;
+    const int64_t seen = visible_keys(causal, i0 + i, j0, nk);
+    __m256 vmax = _mm256_set1_ps(m[i]);
+    for (int64_t j = 0; j < nk8; j += kLanes) {
+      const __m256 x = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(_mm256_loadu_ps(si + j), sc),
+                                        visible_lanes(j, seen));
+      _mm256_storeu_ps(si + j, x);
+      vmax = _mm256_max_ps(x, vmax);  // a NaN score is passed over, as by the plain loops
+    }
+    const float mx = lanes_max8(vmax);
+    // Nothing seen, or only -inf so far: the row adds nothing (its p are zeros).
+    if (mx == -std::numeric_limits<float>::infinity()) {
+      std::fill(si, si + nk8, 0.0f);
+      continue;
+    }
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nk8; j += kLanes) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + j), vmx));
+      _mm256_storeu_ps(si + j, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    // The row's first visible block has no running sum to rescale: e^-inf is 0.
+    const float alpha = m[i] == -std::numeric_limits<float>::infinity()
+                            ? 0.0f
+                            : _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[i] - mx)));
+    l[i] = l[i] * alpha + lanes_sum8(vsum);
+    m[i] = mx;
+    float* o = ob + i * dp;
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (int64_t e = 0; e < dp; e += kLanes)
+      _mm256_storeu_ps(o + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), va));
   }
 }
 
@@ -426,7 +558,6 @@ void forward(const T* qp, const T* kp, const T* vp, T* op, float* lp, const Atte
       n.bh * qblocks, n.bh * n.tq * n.tk * d, scratch, [&](int64_t task, float* buf) {
         const int64_t bh = task / qblocks, i0 = (task % qblocks) * kBlockQ;
         const int64_t nq = std::min(kBlockQ, n.tq - i0);
-        const float sc = scale;  // a local the rows cannot alias: their loops vectorize
         float* qbuf = buf;
         float* ob = qbuf + kBlockQ * dp;
         float* kt = ob + kBlockQ * dp;
@@ -445,42 +576,15 @@ void forward(const T* qp, const T* kp, const T* vp, T* op, float* lp, const Atte
           load_transposed(kp + (bh * n.tk + j0) * d, nk, d, row, kt);
           const float* vb = padded_rows(vp + (bh * n.tk + j0) * d, nk, d, dp, vbuf);
           gemm<false>(nq, padded(nk), d, qb, dp, 1, kt, kBlockK, s, kBlockK);
-          for (int64_t i = 0; i < nq; ++i) {
-            float* si = s + i * kBlockK;
-            const int64_t seen = visible_keys(p.causal, i0 + i, j0, nk);
-            for (int64_t j = 0; j < seen; ++j)
-              si[j] *= sc;
-            float mx = m[i];
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < seen; ++j)
-              mx = si[j] > mx ? si[j] : mx;
-            // Nothing seen, or only -inf so far: the row adds nothing (its p are zeros for the
-            // product below).
-            if (seen == 0 || mx == kNegInf) {
-              std::fill(si, si + nk, 0.0f);
-              continue;
-            }
-            const float alpha = vm::exp(m[i] - mx);
-            float sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < seen; ++j) {
-              si[j] = vm::exp(si[j] - mx);
-              sum += si[j];
-            }
-            std::fill(si + seen, si + nk, 0.0f);
-            l[i] = l[i] * alpha + sum;
-            m[i] = mx;
-            float* o = ob + i * dp;
-            for (int64_t e = 0; e < dp; ++e)
-              o[e] *= alpha;
-          }
+          online_softmax_block(s, nq, nk, p.causal, i0, j0, scale, m, l, ob, dp);
           gemm<true>(nq, dp, nk, s, kBlockK, 1, vb, dp, ob, dp);
         }
-        for (int64_t i = 0; i < nq; ++i) {
-          const float inv = 1.0f / l[i];
-          lp[bh * n.tq + i0 + i] = m[i] + std::log(l[i]);
-          store_rows(ob + i * dp, 1, d, dp, inv, op + (bh * n.tq + i0 + i) * d, row);
-        }
+        float* lse = lp + bh * n.tq + i0;
+#pragma omp simd
+        for (int64_t i = 0; i < nq; ++i)
+          lse[i] = m[i] + vm::log(l[i]);
+        for (int64_t i = 0; i < nq; ++i)
+          store_rows(ob + i * dp, 1, d, dp, 1.0f / l[i], op + (bh * n.tq + i0 + i) * d, row);
       });
 }
 
@@ -490,9 +594,10 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
   const int64_t d = n.d, dp = padded(d), tq = n.tq;
   const float scale = static_cast<float>(p.scale);
   // Per thread: the head's q, dO and dQ (tq, dp) and delta; k (kBlockK, dp); k and v
-  // transposed (d, kBlockK); p and dS; dK and dV (kBlockK, dp); two rows for conversions.
+  // transposed (d, kBlockK); p and dS; dK and dV (kBlockK, dp); five rows for conversions (one,
+  // and four of O for delta).
   const int64_t scratch =
-      3 * tq * dp + tq + 3 * kBlockK * dp + 2 * d * kBlockK + 2 * kBlockQ * kBlockK + 2 * dp;
+      3 * tq * dp + tq + 3 * kBlockK * dp + 2 * d * kBlockK + 2 * kBlockQ * kBlockK + 5 * dp;
   parallel_rows<float>(n.bh, n.bh * tq * n.tk * d, scratch, [&](int64_t bh, float* buf) {
     float* qbuf = buf;
     float* gbuf = qbuf + tq * dp;
@@ -514,20 +619,39 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
     // delta_i = rowsum(dO_i * O_i): the softmax backward's per-row term, summed as the tiles
     // sum dP = dO v^T (fused multiply-adds in e order), so that dP - delta is exactly 0 where
     // O is exactly a row of v (one visible key).
-    for (int64_t i = 0; i < tq; ++i) {
-      const float* o = row2;
-      if constexpr (std::is_same_v<T, float>) {
-        o = op + (bh * tq + i) * d;
-      } else {
-        load_contiguous<T, float>(op + (bh * tq + i) * d, row2, d);
+    // Four rows at a time: each sum is one chain of dependent multiply-adds, and a row alone
+    // waited on its chain (an eighth of the backward at ViT's head dim 16).
+    constexpr int64_t kChains = 4;
+    for (int64_t i0 = 0; i0 < tq; i0 += kChains) {
+      const int64_t rows = std::min(kChains, tq - i0);
+      const float* o[kChains];
+      for (int64_t r = 0; r < kChains; ++r) {
+        const int64_t i = i0 + std::min(r, rows - 1);
+        if constexpr (std::is_same_v<T, float>) {
+          o[r] = op + (bh * tq + i) * d;
+        } else {
+          load_contiguous<T, float>(op + (bh * tq + i) * d, row2 + r * dp, d);
+          o[r] = row2 + r * dp;
+        }
       }
-      float acc = 0;
-      for (int64_t e = 0; e < d; ++e)
-        acc = std::fma(g[i * dp + e], o[e], acc);
-      delta[i] = acc;
+      const float* gi = g + i0 * dp;
+      const int64_t g1 = std::min<int64_t>(1, rows - 1) * dp,
+                    g2 = std::min<int64_t>(2, rows - 1) * dp,
+                    g3 = std::min<int64_t>(3, rows - 1) * dp;
+      float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      for (int64_t e = 0; e < d; ++e) {
+        a0 = std::fma(gi[e], o[0][e], a0);
+        a1 = std::fma(gi[g1 + e], o[1][e], a1);
+        a2 = std::fma(gi[g2 + e], o[2][e], a2);
+        a3 = std::fma(gi[g3 + e], o[3][e], a3);
+      }
+      const float acc[kChains] = {a0, a1, a2, a3};
+      for (int64_t r = 0; r < rows; ++r)
+        delta[i0 + r] = acc[r];
     }
     for (int64_t j0 = 0; j0 < n.tk; j0 += kBlockK) {
       const int64_t nk = std::min(kBlockK, n.tk - j0), nk16 = padded(nk);
+      const int64_t nk8 = (nk + kLanes - 1) / kLanes * kLanes;
       const float* kb = padded_rows(kp + (bh * n.tk + j0) * d, nk, d, dp, kbuf);
       load_transposed(kp + (bh * n.tk + j0) * d, nk, d, row, kt);
       load_transposed(vp + (bh * n.tk + j0) * d, nk, d, row, vt);
@@ -541,18 +665,24 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
         const float* gi = g + i0 * dp;
         gemm<false>(nq, nk16, d, qi, dp, 1, kt, kBlockK, pb, kBlockK);  // scores
         gemm<false>(nq, nk16, d, gi, dp, 1, vt, kBlockK, ds, kBlockK);  // dP = dO v^T
+        // p = e^(scale s - lse) (the scaled score rounded as in the forward) and
+        // dS = p (dP - delta), zeros where masked; whole vectors, as in the forward.
+        const __m256 sc = _mm256_set1_ps(scale);
         for (int64_t i = 0; i < nq; ++i) {
           float* pr = pb + i * kBlockK;
           float* dr = ds + i * kBlockK;
           const int64_t seen = visible_keys(p.causal, i0 + i, j0, nk);
-          const float li = lse[i0 + i], di = delta[i0 + i], sc = scale;
-#pragma omp simd
-          for (int64_t j = 0; j < seen; ++j) {
-            pr[j] = vm::exp(pr[j] * sc - li);
-            dr[j] = pr[j] * (dr[j] - di);
+          const __m256 li = _mm256_set1_ps(lse[i0 + i]), di = _mm256_set1_ps(delta[i0 + i]);
+          for (int64_t j = 0; j < nk8; j += kLanes) {
+            const __m256 visible = visible_lanes(j, seen);
+            const __m256 pj = _mm256_and_ps(
+                visible, exp8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + j), sc), li)));
+            _mm256_storeu_ps(pr + j, pj);
+            _mm256_storeu_ps(
+                dr + j,
+                _mm256_and_ps(visible,
+                              _mm256_mul_ps(pj, _mm256_sub_ps(_mm256_loadu_ps(dr + j), di))));
           }
-          std::fill(pr + seen, pr + nk, 0.0f);
-          std::fill(dr + seen, dr + nk, 0.0f);
         }
         gemm<true>(nk, dp, nq, pb, 1, kBlockK, gi, dp, dv, dp);            // dV += P^T dO
         gemm<true>(nk, dp, nq, ds, 1, kBlockK, qi, dp, dk, dp);            // dK += dS^T q
