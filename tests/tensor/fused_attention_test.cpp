@@ -89,6 +89,7 @@ const std::vector<Case> kCases = {
     {{2, 130, 4}, {2, 65, 4}, false},
     {{9, 3}, {1, 3}, false},
     {{9, 3}, {1, 3}, true},
+    {{2, 2, 64, 32}, {2, 2, 64, 32}, true},  // GPT-2 tiny's heads: one causal block on the diagonal
 };
 
 // The CPU's Auto path takes the composed GEMMs (faster there): these tests force the fused kernel

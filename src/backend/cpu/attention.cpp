@@ -361,15 +361,48 @@ void tile(const float* a, int64_t ars, int64_t acs, int rows, const float* b, in
   }
 }
 
-// c (m x n) = (or +=) a (m x k) . b (k x n) for n a multiple of 16, strides as in tile.
-template <bool Accumulate>
+// Which part of a block product a causal mask leaves, for row i of c and an offset `off` between
+// the block's query and key indices: None, all of it; ColumnsUpTo, the columns j <= i + off (the
+// scores of query i against keys j); KUpTo, the terms kk <= i + off (query i summing over keys
+// kk: P.V and dS.K); KFrom, the terms kk >= i + off (key i summing over queries kk: P^T dO and
+// dS^T Q). The terms left out multiply masked probabilities, which are zero; the columns left out
+// are masked before anything reads them. In a causal block on the diagonal that is half the work.
+enum class Band { None, ColumnsUpTo, KUpTo, KFrom };
+
+// c (m x n) = (or +=) a (m x k) . b (k x n) for n a multiple of 16, strides as in tile, over the
+// part `band` leaves of each 6-row tile (the union of its rows' parts).
+template <bool Accumulate, Band B = Band::None>
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t acs, const float* b,
-          int64_t ldb, float* c, int64_t ldc) {
+          int64_t ldb, float* c, int64_t ldc, int64_t off = 0) {
   for (int64_t j = 0; j < n; j += kPanel) {  // one 16-column panel of b stays in L1
     for (int64_t i = 0; i < m; i += kTileRows) {
-      tile<Accumulate>(a + i * ars, ars, acs, int(std::min<int64_t>(kTileRows, m - i)), b + j, ldb,
-                       k, c + i * ldc + j, ldc);
+      const int rows = int(std::min<int64_t>(kTileRows, m - i));
+      int64_t k0 = 0, k1 = k;
+      if constexpr (B == Band::ColumnsUpTo) {
+        if (j > i + rows - 1 + off) continue;
+      } else if constexpr (B == Band::KUpTo) {
+        k1 = std::clamp<int64_t>(i + rows + off, 0, k);
+      } else if constexpr (B == Band::KFrom) {
+        k0 = std::clamp<int64_t>(i + off, 0, k);
+      }
+      if (k1 <= k0) {
+        if constexpr (Accumulate) continue;
+        k1 = k0;  // a product of nothing: zeros
+      }
+      tile<Accumulate>(a + i * ars + k0 * acs, ars, acs, rows, b + k0 * ldb + j, ldb, k1 - k0,
+                       c + i * ldc + j, ldc);
     }
+  }
+}
+
+// The causal forms of the block products, or the whole products without a mask.
+template <bool Accumulate, Band B>
+void block_product(bool causal, int64_t m, int64_t n, int64_t k, const float* a, int64_t ars,
+                   int64_t acs, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t off) {
+  if (causal) {
+    gemm<Accumulate, B>(m, n, k, a, ars, acs, b, ldb, c, ldc, off);
+  } else {
+    gemm<Accumulate>(m, n, k, a, ars, acs, b, ldb, c, ldc);
   }
 }
 
@@ -511,8 +544,10 @@ void online_softmax_block(float* s, int64_t nq, int64_t nk, bool causal, int64_t
   for (int64_t i = 0; i < nq; ++i) {
     float* si = s + i * kBlockK;
     const int64_t seen = visible_keys(causal, i0 + i, j0, nk);
+    const int64_t seen8 = (seen + kLanes - 1) / kLanes * kLanes;  // vectors past it: all masked
+    std::fill(si + seen8, si + nk8, 0.0f);
     __m256 vmax = _mm256_set1_ps(m[i]);
-    for (int64_t j = 0; j < nk8; j += kLanes) {
+    for (int64_t j = 0; j < seen8; j += kLanes) {
       const __m256 x = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(_mm256_loadu_ps(si + j), sc),
                                         visible_lanes(j, seen));
       _mm256_storeu_ps(si + j, x);
@@ -521,12 +556,12 @@ void online_softmax_block(float* s, int64_t nq, int64_t nk, bool causal, int64_t
     const float mx = lanes_max8(vmax);
     // Nothing seen, or only -inf so far: the row adds nothing (its p are zeros).
     if (mx == -std::numeric_limits<float>::infinity()) {
-      std::fill(si, si + nk8, 0.0f);
+      std::fill(si, si + seen8, 0.0f);
       continue;
     }
     const __m256 vmx = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nk8; j += kLanes) {
+    for (int64_t j = 0; j < seen8; j += kLanes) {
       const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + j), vmx));
       _mm256_storeu_ps(si + j, e);
       vsum = _mm256_add_ps(vsum, e);
@@ -575,9 +610,11 @@ void forward(const T* qp, const T* kp, const T* vp, T* op, float* lp, const Atte
           const int64_t nk = std::min(kBlockK, n.tk - j0);
           load_transposed(kp + (bh * n.tk + j0) * d, nk, d, row, kt);
           const float* vb = padded_rows(vp + (bh * n.tk + j0) * d, nk, d, dp, vbuf);
-          gemm<false>(nq, padded(nk), d, qb, dp, 1, kt, kBlockK, s, kBlockK);
+          block_product<false, Band::ColumnsUpTo>(p.causal, nq, padded(nk), d, qb, dp, 1, kt,
+                                                  kBlockK, s, kBlockK, i0 - j0);
           online_softmax_block(s, nq, nk, p.causal, i0, j0, scale, m, l, ob, dp);
-          gemm<true>(nq, dp, nk, s, kBlockK, 1, vb, dp, ob, dp);
+          block_product<true, Band::KUpTo>(p.causal, nq, dp, nk, s, kBlockK, 1, vb, dp, ob, dp,
+                                           i0 - j0);
         }
         float* lse = lp + bh * n.tq + i0;
 #pragma omp simd
@@ -663,8 +700,12 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
         const int64_t nq = std::min(kBlockQ, tq - i0);
         const float* qi = q + i0 * dp;
         const float* gi = g + i0 * dp;
-        gemm<false>(nq, nk16, d, qi, dp, 1, kt, kBlockK, pb, kBlockK);  // scores
-        gemm<false>(nq, nk16, d, gi, dp, 1, vt, kBlockK, ds, kBlockK);  // dP = dO v^T
+        const bool causal = p.causal;
+        const int64_t off = i0 - j0;  // query i sees key j where j <= i + off
+        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, qi, dp, 1, kt, kBlockK, pb,
+                                                kBlockK, off);  // scores
+        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, gi, dp, 1, vt, kBlockK, ds,
+                                                kBlockK, off);  // dP = dO v^T
         // p = e^(scale s - lse) (the scaled score rounded as in the forward) and
         // dS = p (dP - delta), zeros where masked; whole vectors, as in the forward.
         const __m256 sc = _mm256_set1_ps(scale);
@@ -672,8 +713,11 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
           float* pr = pb + i * kBlockK;
           float* dr = ds + i * kBlockK;
           const int64_t seen = visible_keys(p.causal, i0 + i, j0, nk);
+          const int64_t seen8 = (seen + kLanes - 1) / kLanes * kLanes;
+          std::fill(pr + seen8, pr + nk8, 0.0f);
+          std::fill(dr + seen8, dr + nk8, 0.0f);
           const __m256 li = _mm256_set1_ps(lse[i0 + i]), di = _mm256_set1_ps(delta[i0 + i]);
-          for (int64_t j = 0; j < nk8; j += kLanes) {
+          for (int64_t j = 0; j < seen8; j += kLanes) {
             const __m256 visible = visible_lanes(j, seen);
             const __m256 pj = _mm256_and_ps(
                 visible, exp8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + j), sc), li)));
@@ -684,9 +728,12 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
                               _mm256_mul_ps(pj, _mm256_sub_ps(_mm256_loadu_ps(dr + j), di))));
           }
         }
-        gemm<true>(nk, dp, nq, pb, 1, kBlockK, gi, dp, dv, dp);            // dV += P^T dO
-        gemm<true>(nk, dp, nq, ds, 1, kBlockK, qi, dp, dk, dp);            // dK += dS^T q
-        gemm<true>(nq, dp, nk, ds, kBlockK, 1, kb, dp, dq + i0 * dp, dp);  // dQ += dS k
+        block_product<true, Band::KFrom>(causal, nk, dp, nq, pb, 1, kBlockK, gi, dp, dv, dp,
+                                         -off);  // dV += P^T dO
+        block_product<true, Band::KFrom>(causal, nk, dp, nq, ds, 1, kBlockK, qi, dp, dk, dp,
+                                         -off);  // dK += dS^T q
+        block_product<true, Band::KUpTo>(causal, nq, dp, nk, ds, kBlockK, 1, kb, dp, dq + i0 * dp,
+                                         dp, off);  // dQ += dS k
       }
       store_rows(dk, nk, d, dp, scale, gkp + (bh * n.tk + j0) * d, row);
       store_rows(dv, nk, d, dp, 1.0f, gvp + (bh * n.tk + j0) * d, row);
