@@ -53,7 +53,9 @@ struct Conv2dParams {
 };
 
 // The fused attention of scaled_dot_product_attention without a mask: q (B, H, Tq, D), k and v
-// (B, H, Tk, D), out (B, H, Tq, D), all contiguous, one float dtype. lse (B, H, Tq), F32 (F64 for
+// (B, H, Tk, D), out (B, H, Tq, D), one float dtype. Inputs in any layout (a backend copies what
+// its kernels cannot read); out contiguous, or on the CPU any layout whose head-dim elements are
+// adjacent (sdpa writes it in the query's dim order). lse (B, H, Tq), F32 (F64 for
 // f64 inputs, like the norms' saved statistics), receives each query row's log-sum-exp of the
 // scaled (and masked) scores, which the backward uses to recompute the probabilities instead of
 // storing them (flash attention). Causal: query i sees keys 0..i (top-left aligned, as PyTorch's

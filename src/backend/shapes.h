@@ -98,8 +98,9 @@ inline AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tens
 inline AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& lse) {
   const AttentionDims n = attention_dims(q, k, v);
-  MT_ASSERT(out.is_contiguous() && out.shape() == q.shape() && out.dtype() == q.dtype(),
-            "attention output");
+  MT_ASSERT(out.shape() == q.shape() && out.dtype() == q.dtype() &&
+                (out.size(3) <= 1 || out.stride(3) == 1),
+            "attention output: (B, H, Tq, D) with adjacent head-dim elements");
   MT_ASSERT(lse.is_contiguous() && lse.numel() == n.bh * n.tq &&
                 lse.dtype() == attention_lse_dtype(q.dtype()),
             "attention lse: (B, H, Tq) in the compute dtype");

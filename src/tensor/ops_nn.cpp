@@ -564,16 +564,30 @@ Shape batch_dims(const Tensor& t) {
   return s;
 }
 
-// t (..., T, D) expanded to the batch dims `batch` and seen as a contiguous (B, H, T, D), through
-// differentiable ops: autograd sums a broadcast's gradient back and undoes the reshape.
+// t (..., T, D) expanded to the batch dims `batch` and seen as a (B, H, T, D), through
+// differentiable ops: autograd sums a broadcast's gradient back and undoes the reshape. A 4-D t
+// that needs no broadcast is taken as it is, in any layout (the heads of a fused qkv projection:
+// the backends read or copy them); otherwise it is made contiguous to be flattened.
 Tensor as_bhtd(const Tensor& t, const Shape& batch) {
   Shape full = batch;
   full.push_back(t.size(-2));
   full.push_back(t.size(-1));
+  if (t.dim() == 4 && t.shape() == full) return t;
   int64_t b = 1, h = 1;
   for (int i = 0; i < batch.size(); ++i)
     (i + 1 == batch.size() ? h : b) *= batch[i];
   return t.expand(full).contiguous().reshape({b, h, t.size(-2), t.size(-1)});
+}
+
+// The fused attention's output (B, H, T, D): on the CPU in the query's order of H and T, so that
+// a multi-head layer's (B, T, H, D) query gives the (B, T, H, D) output its projection reads
+// without a copy; contiguous otherwise.
+Tensor attention_output(const Tensor& q) {
+  if (q.device().is_cpu() && q.stride(2) > q.stride(1) && q.size(1) > 1 && q.size(2) > 1) {
+    return Tensor::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.dtype(), q.device())
+        .permute({0, 2, 1, 3});
+  }
+  return Tensor::empty(q.shape(), q.dtype(), q.device());
 }
 
 constexpr int64_t kCpuFusedAttentionMinQueries = 16;
@@ -612,7 +626,7 @@ std::optional<Shape> fused_attention_batch(const Tensor& q, const Tensor& k, con
 // the saved log-sum-exp, so nothing (Tq, Tk) is kept.
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                        const backend::AttentionParams& params) {
-  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor out = attention_output(q);
   Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, stats_dtype(q.dtype()), q.device());
   backend_of(q).attention(q.detach(), k.detach(), v.detach(), out, lse, params);
   if (autograd::needs_grad({&q, &k, &v})) {
@@ -625,8 +639,8 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                        Tensor gk = Tensor::empty(ks.shape(), ks.dtype(), ks.device());
                        Tensor gv = Tensor::empty(vs.shape(), vs.dtype(), vs.device());
                        backend::backend_for(qs.device())
-                           .attention_backward(g[0].to(qs.dtype()).contiguous(), qs, ks, vs,
-                                               so.unpack(), sl.unpack(), gq, gk, gv, params);
+                           .attention_backward(g[0].to(qs.dtype()), qs, ks, vs, so.unpack(),
+                                               sl.unpack(), gq, gk, gv, params);
                        return {gq, gk, gv};
                      });
   }
@@ -666,7 +680,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_arg, const Tensor& k_arg, co
     Shape out_shape = *batch;
     out_shape.push_back(tq);
     out_shape.push_back(q.size(-1));
-    return out.reshape(out_shape);
+    return out_shape == out.shape() ? out : out.reshape(out_shape);
   }
 
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);  // (..., Tq, Tk)

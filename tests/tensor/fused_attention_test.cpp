@@ -289,6 +289,50 @@ TEST(FusedAttention, FarApartScoresUnderflowToZeroProbabilities) {
   }
 }
 
+// q, k and v as a multi-head layer makes them, the heads of one (B, T, 3, H, D) projection: the
+// kernels read them in place and write the output in (B, T, H, D) order, which the layer's
+// transpose then reshapes without a copy; values and gradients equal those of contiguous
+// copies bit for bit (the same sums in the same order), with the vectorized kernels and the
+// plain loops, and head dims on and off the 8- and 16-float vectors.
+TEST(FusedAttention, HeadsOfOneProjectionAreReadInPlace) {
+  const ForceFusedPath force;
+  for (bool plain : {false, true}) {
+    if (plain) backend::cpu::force_vector_isa(backend::cpu::VectorIsa::Baseline);
+    SCOPED_TRACE(backend::cpu_fused_attention_vectorized() ? "vectorized kernels" : "plain loops");
+    for (const int64_t d : {int64_t(16), int64_t(20), int64_t(32)}) {
+      for (const bool causal : {false, true}) {
+        for (const DType dt : {DType::F32, DType::BF16}) {
+          SCOPED_TRACE("d " + std::to_string(d) + (causal ? " causal " : " ") +
+                       std::string(dtype_name(dt)));
+          const int64_t b = 2, t = 37, h = 3;
+          const Tensor qkv0 = random_f64({b, t, 3, h, d}, 500 + uint64_t(d), -2, 2).to(dt);
+          const Tensor w = random_f64({b, h, t, d}, 600).to(dt);
+          auto run = [&](bool strided) {
+            Tensor qkv = qkv0.detach().set_requires_grad(true);
+            const std::vector<Tensor> heads = unbind(qkv.permute({2, 0, 3, 1, 4}), 0);
+            std::vector<Tensor> in;
+            for (const Tensor& x : heads)
+              in.push_back(strided ? x : x.contiguous());
+            if (strided) {
+              EXPECT_FALSE(in[0].is_contiguous());
+            }
+            Tensor out = fused(in[0], in[1], in[2], causal);
+            if (strided && !plain) {
+              EXPECT_TRUE(out.transpose(1, 2).is_contiguous()) << "the output in (B, T, H, D)";
+            }
+            out.backward(w);
+            return std::vector<Tensor>{out, qkv.grad()};
+          };
+          const std::vector<Tensor> a = run(true), c = run(false);
+          EXPECT_EQ(values(a[0]), values(c[0])) << "out";
+          EXPECT_EQ(values(a[1]), values(c[1])) << "grad of the projection";
+        }
+      }
+    }
+  }
+  backend::cpu::force_vector_isa(std::nullopt);
+}
+
 // Batch dims broadcast as in the composed path (one key/value head shared by every query head),
 // and the broadcast gradients are summed back.
 TEST(FusedAttention, BroadcastBatchDims) {

@@ -406,18 +406,37 @@ void block_product(bool causal, int64_t m, int64_t n, int64_t k, const float* a,
   }
 }
 
-// Rows [0, n) of a contiguous (n, d) matrix as fp32 rows dp apart, zeros past d: the matrix
-// itself when it already is one (f32 with d a multiple of 16), else a copy in dst.
+// Where the rows of a (B, H, T, D) operand are: element strides of B, H and T (D's is 1). The
+// kernels read q, k, v, dO and O, and write O, in any such layout: the heads of a fused qkv
+// projection's output, (B, T, 3, H, D), are read where they are, and O is written straight
+// into (B, T, H, D), the layout the output projection reads (the copies in between were a
+// twentieth of a ViT step).
+struct Heads {
+  int64_t heads, sb, sh, st;
+  int64_t row(int64_t bh, int64_t r) const {
+    return (bh / heads) * sb + (bh % heads) * sh + r * st;
+  }
+};
+
+// fp32 rows ld floats apart, each at least dp long (zeros past d).
+struct Rows {
+  const float* p;
+  int64_t ld;
+};
+
+// Rows [0, n) of an (n, d) matrix with rows ld apart as fp32 rows of dp: the matrix itself where
+// it is read (f32 with d a multiple of 16, any row stride: the tiles take it), else a copy in dst
+// with rows dp apart.
 template <typename T>
-const float* padded_rows(const T* src, int64_t n, int64_t d, int64_t dp, float* dst) {
+Rows padded_rows(const T* src, int64_t ld, int64_t n, int64_t d, int64_t dp, float* dst) {
   if constexpr (std::is_same_v<T, float>) {
-    if (d == dp) return src;
+    if (d == dp) return {src, ld};
   }
   for (int64_t i = 0; i < n; ++i) {
-    load_contiguous<T, float>(src + i * d, dst + i * dp, d);
+    load_contiguous<T, float>(src + i * ld, dst + i * dp, d);
     std::fill(dst + i * dp + d, dst + (i + 1) * dp, 0.0f);
   }
-  return dst;
+  return {dst, dp};
 }
 
 // dst rows 0..8 (ldd apart) = the transpose of the 8 x 8 block at src (rows lds apart). Spelled
@@ -446,26 +465,26 @@ __attribute__((always_inline)) inline void transpose8(const float* src, int64_t 
   _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
-// The transpose of a contiguous (n, d) matrix into dst (d, kBlockK), zeros from n up to the
-// 16-key panel the block products read. f32 in 8 x 8 blocks where d allows (element by element,
-// the two transposes of a backward block were a tenth of its time at ViT's shapes).
+// The transpose of an (n, d) matrix with rows ld apart into dst (d, kBlockK), zeros from n up to
+// the 16-key panel the block products read. f32 in 8 x 8 blocks where d allows (element by
+// element, the two transposes of a backward block were a tenth of its time at ViT's shapes).
 template <typename T>
-void load_transposed(const T* src, int64_t n, int64_t d, float* row, float* dst) {
+void load_transposed(const T* src, int64_t ld, int64_t n, int64_t d, float* row, float* dst) {
   int64_t j = 0;
   if constexpr (std::is_same_v<T, float>) {
     if (d % kLanes == 0) {
       for (; j + kLanes <= n; j += kLanes) {
         for (int64_t e = 0; e < d; e += kLanes)
-          transpose8(src + j * d + e, d, dst + e * kBlockK + j, kBlockK);
+          transpose8(src + j * ld + e, ld, dst + e * kBlockK + j, kBlockK);
       }
     }
   }
   for (; j < n; ++j) {
     const float* r = row;
     if constexpr (std::is_same_v<T, float>) {
-      r = src + j * d;
+      r = src + j * ld;
     } else {
-      load_contiguous<T, float>(src + j * d, row, d);
+      load_contiguous<T, float>(src + j * ld, row, d);
     }
     for (int64_t e = 0; e < d; ++e)
       dst[e * kBlockK + j] = r[e];
@@ -474,13 +493,19 @@ void load_transposed(const T* src, int64_t n, int64_t d, float* row, float* dst)
     std::fill(dst + e * kBlockK + n, dst + e * kBlockK + padded(n), 0.0f);
 }
 
+// dst rows (ld apart) = scale * src rows (dp apart), the first d of each.
 template <typename T>
-void store_rows(const float* src, int64_t n, int64_t d, int64_t dp, float scale, T* dst,
+void store_rows(const float* src, int64_t n, int64_t d, int64_t dp, float scale, T* dst, int64_t ld,
                 float* row) {
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t e = 0; e < d; ++e)
-      row[e] = src[i * dp + e] * scale;
-    store_contiguous<float, T>(row, dst + i * d, d);
+    if constexpr (std::is_same_v<T, float>) {
+      for (int64_t e = 0; e < d; ++e)  // straight in: a call per row of 16 was a cost here
+        dst[i * ld + e] = src[i * dp + e] * scale;
+    } else {
+      for (int64_t e = 0; e < d; ++e)
+        row[e] = src[i * dp + e] * scale;
+      store_contiguous<float, T>(row, dst + i * ld, d);
+    }
   }
 }
 
@@ -580,7 +605,8 @@ void online_softmax_block(float* s, int64_t nq, int64_t nk, bool causal, int64_t
 }
 
 template <typename T>
-void forward(const T* qp, const T* kp, const T* vp, T* op, float* lp, const AttentionDims& n,
+void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T* vp,
+             const Heads& lv, T* op, const Heads& lo, float* lp, const AttentionDims& n,
              const AttentionParams& p) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t d = n.d, dp = padded(d), qblocks = (n.tq + kBlockQ - 1) / kBlockQ;
@@ -601,19 +627,19 @@ void forward(const T* qp, const T* kp, const T* vp, T* op, float* lp, const Atte
         float* m = s + kBlockQ * kBlockK;
         float* l = m + kBlockQ;
         float* row = l + kBlockQ;
-        const float* qb = padded_rows(qp + (bh * n.tq + i0) * d, nq, d, dp, qbuf);
+        const Rows qb = padded_rows(qp + lq.row(bh, i0), lq.st, nq, d, dp, qbuf);
         std::fill(ob, ob + nq * dp, 0.0f);
         std::fill(m, m + nq, kNegInf);
         std::fill(l, l + nq, 0.0f);
         const int64_t key_end = p.causal ? std::min(n.tk, i0 + nq) : n.tk;
         for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, n.tk - j0);
-          load_transposed(kp + (bh * n.tk + j0) * d, nk, d, row, kt);
-          const float* vb = padded_rows(vp + (bh * n.tk + j0) * d, nk, d, dp, vbuf);
-          block_product<false, Band::ColumnsUpTo>(p.causal, nq, padded(nk), d, qb, dp, 1, kt,
+          load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, row, kt);
+          const Rows vb = padded_rows(vp + lv.row(bh, j0), lv.st, nk, d, dp, vbuf);
+          block_product<false, Band::ColumnsUpTo>(p.causal, nq, padded(nk), d, qb.p, qb.ld, 1, kt,
                                                   kBlockK, s, kBlockK, i0 - j0);
           online_softmax_block(s, nq, nk, p.causal, i0, j0, scale, m, l, ob, dp);
-          block_product<true, Band::KUpTo>(p.causal, nq, dp, nk, s, kBlockK, 1, vb, dp, ob, dp,
+          block_product<true, Band::KUpTo>(p.causal, nq, dp, nk, s, kBlockK, 1, vb.p, vb.ld, ob, dp,
                                            i0 - j0);
         }
         float* lse = lp + bh * n.tq + i0;
@@ -621,13 +647,16 @@ void forward(const T* qp, const T* kp, const T* vp, T* op, float* lp, const Atte
         for (int64_t i = 0; i < nq; ++i)
           lse[i] = m[i] + vm::log(l[i]);
         for (int64_t i = 0; i < nq; ++i)
-          store_rows(ob + i * dp, 1, d, dp, 1.0f / l[i], op + (bh * n.tq + i0 + i) * d, row);
+          store_rows(ob + i * dp, 1, d, dp, 1.0f / l[i], op + lo.row(bh, i0 + i), lo.st, row);
       });
 }
 
+// The gradients are contiguous (B, H, T, D): gq, gk and gv with their layouts lgq and lkv.
 template <typename T>
-void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, const float* lp,
-              T* gqp, T* gkp, T* gvp, const AttentionDims& n, const AttentionParams& p) {
+void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const T* kp,
+              const Heads& lk, const T* vp, const Heads& lv, const T* op, const Heads& lo,
+              const float* lp, T* gqp, const Heads& lgq, T* gkp, T* gvp, const Heads& lkv,
+              const AttentionDims& n, const AttentionParams& p) {
   const int64_t d = n.d, dp = padded(d), tq = n.tq;
   const float scale = static_cast<float>(p.scale);
   // Per thread: the head's q, dO and dQ (tq, dp) and delta; k (kBlockK, dp); k and v
@@ -650,8 +679,8 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
     float* row = ds + kBlockQ * kBlockK;
     float* row2 = row + dp;
     const float* lse = lp + bh * tq;
-    const float* q = padded_rows(qp + bh * tq * d, tq, d, dp, qbuf);
-    const float* g = padded_rows(gp + bh * tq * d, tq, d, dp, gbuf);
+    const Rows q = padded_rows(qp + lq.row(bh, 0), lq.st, tq, d, dp, qbuf);
+    const Rows g = padded_rows(gp + lg.row(bh, 0), lg.st, tq, d, dp, gbuf);
     std::fill(dq, dq + tq * dp, 0.0f);
     // delta_i = rowsum(dO_i * O_i): the softmax backward's per-row term, summed as the tiles
     // sum dP = dO v^T (fused multiply-adds in e order), so that dP - delta is exactly 0 where
@@ -665,16 +694,16 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
       for (int64_t r = 0; r < kChains; ++r) {
         const int64_t i = i0 + std::min(r, rows - 1);
         if constexpr (std::is_same_v<T, float>) {
-          o[r] = op + (bh * tq + i) * d;
+          o[r] = op + lo.row(bh, i);
         } else {
-          load_contiguous<T, float>(op + (bh * tq + i) * d, row2 + r * dp, d);
+          load_contiguous<T, float>(op + lo.row(bh, i), row2 + r * dp, d);
           o[r] = row2 + r * dp;
         }
       }
-      const float* gi = g + i0 * dp;
-      const int64_t g1 = std::min<int64_t>(1, rows - 1) * dp,
-                    g2 = std::min<int64_t>(2, rows - 1) * dp,
-                    g3 = std::min<int64_t>(3, rows - 1) * dp;
+      const float* gi = g.p + i0 * g.ld;
+      const int64_t g1 = std::min<int64_t>(1, rows - 1) * g.ld,
+                    g2 = std::min<int64_t>(2, rows - 1) * g.ld,
+                    g3 = std::min<int64_t>(3, rows - 1) * g.ld;
       float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
       for (int64_t e = 0; e < d; ++e) {
         a0 = std::fma(gi[e], o[0][e], a0);
@@ -689,22 +718,22 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
     for (int64_t j0 = 0; j0 < n.tk; j0 += kBlockK) {
       const int64_t nk = std::min(kBlockK, n.tk - j0), nk16 = padded(nk);
       const int64_t nk8 = (nk + kLanes - 1) / kLanes * kLanes;
-      const float* kb = padded_rows(kp + (bh * n.tk + j0) * d, nk, d, dp, kbuf);
-      load_transposed(kp + (bh * n.tk + j0) * d, nk, d, row, kt);
-      load_transposed(vp + (bh * n.tk + j0) * d, nk, d, row, vt);
+      const Rows kb = padded_rows(kp + lk.row(bh, j0), lk.st, nk, d, dp, kbuf);
+      load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, row, kt);
+      load_transposed(vp + lv.row(bh, j0), lv.st, nk, d, row, vt);
       std::fill(dk, dk + nk * dp, 0.0f);
       std::fill(dv, dv + nk * dp, 0.0f);
       // Causal: queries before j0 see none of these keys.
       const int64_t first_q = p.causal ? (std::min(j0, tq) / kBlockQ) * kBlockQ : 0;
       for (int64_t i0 = first_q; i0 < tq; i0 += kBlockQ) {
         const int64_t nq = std::min(kBlockQ, tq - i0);
-        const float* qi = q + i0 * dp;
-        const float* gi = g + i0 * dp;
+        const float* qi = q.p + i0 * q.ld;
+        const float* gi = g.p + i0 * g.ld;
         const bool causal = p.causal;
         const int64_t off = i0 - j0;  // query i sees key j where j <= i + off
-        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, qi, dp, 1, kt, kBlockK, pb,
+        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, qi, q.ld, 1, kt, kBlockK, pb,
                                                 kBlockK, off);  // scores
-        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, gi, dp, 1, vt, kBlockK, ds,
+        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, gi, g.ld, 1, vt, kBlockK, ds,
                                                 kBlockK, off);  // dP = dO v^T
         // p = e^(scale s - lse) (the scaled score rounded as in the forward) and
         // dS = p (dP - delta), zeros where masked; whole vectors, as in the forward.
@@ -728,17 +757,17 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
                               _mm256_mul_ps(pj, _mm256_sub_ps(_mm256_loadu_ps(dr + j), di))));
           }
         }
-        block_product<true, Band::KFrom>(causal, nk, dp, nq, pb, 1, kBlockK, gi, dp, dv, dp,
+        block_product<true, Band::KFrom>(causal, nk, dp, nq, pb, 1, kBlockK, gi, g.ld, dv, dp,
                                          -off);  // dV += P^T dO
-        block_product<true, Band::KFrom>(causal, nk, dp, nq, ds, 1, kBlockK, qi, dp, dk, dp,
+        block_product<true, Band::KFrom>(causal, nk, dp, nq, ds, 1, kBlockK, qi, q.ld, dk, dp,
                                          -off);  // dK += dS^T q
-        block_product<true, Band::KUpTo>(causal, nq, dp, nk, ds, kBlockK, 1, kb, dp, dq + i0 * dp,
-                                         dp, off);  // dQ += dS k
+        block_product<true, Band::KUpTo>(causal, nq, dp, nk, ds, kBlockK, 1, kb.p, kb.ld,
+                                         dq + i0 * dp, dp, off);  // dQ += dS k
       }
-      store_rows(dk, nk, d, dp, scale, gkp + (bh * n.tk + j0) * d, row);
-      store_rows(dv, nk, d, dp, 1.0f, gvp + (bh * n.tk + j0) * d, row);
+      store_rows(dk, nk, d, dp, scale, gkp + lkv.row(bh, j0), lkv.st, row);
+      store_rows(dv, nk, d, dp, 1.0f, gvp + lkv.row(bh, j0), lkv.st, row);
     }
-    store_rows(dq, tq, d, dp, scale, gqp + bh * tq * d, row);
+    store_rows(dq, tq, d, dp, scale, gqp + lgq.row(bh, 0), lgq.st, row);
   });
 }
 
@@ -748,24 +777,45 @@ void backward(const T* gp, const T* qp, const T* kp, const T* vp, const T* op, c
 
 }  // namespace
 
+namespace {
+
+// t where its head-dim elements are adjacent (any layout of B, H and T: the vectorized kernels
+// read such rows in place), else a contiguous copy.
+Tensor unit_stride_rows(const Tensor& t) {
+  return t.size(3) <= 1 || t.stride(3) == 1 ? t.detach() : t.detach().contiguous();
+}
+
+#if defined(__x86_64__)
+avx2::Heads heads_of(const Tensor& t) {
+  return {t.size(1), t.stride(0), t.stride(1), t.stride(2)};
+}
+#endif
+
+}  // namespace
+
 void CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, Tensor& out,
                            Tensor& lse, const AttentionParams& p) {
   const AttentionDims n = check_attention(q_in, k_in, v_in, out, lse);
   if (out.numel() == 0) return;
   MT_ASSERT(n.tk > 0, "attention needs at least one key");
-  const Tensor q = contiguous_input(q_in), k = contiguous_input(k_in), v = contiguous_input(v_in);
-  dispatch_float(q.dtype(), "attention", [&]<typename T>() {
+  dispatch_float(q_in.dtype(), "attention", [&]<typename T>() {
 #if defined(__x86_64__)
     if constexpr (std::is_same_v<compute_t<T>, float>) {
       if (backend::cpu_fused_attention_vectorized()) {
-        avx2::forward<T>(static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
-                         static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
+        const Tensor q = unit_stride_rows(q_in), k = unit_stride_rows(k_in),
+                     v = unit_stride_rows(v_in);
+        auto in = [](const Tensor& t) { return static_cast<const T*>(t.data_ptr()); };
+        avx2::forward<T>(in(q), heads_of(q), in(k), heads_of(k), in(v), heads_of(v),
+                         static_cast<T*>(out.data_ptr()), heads_of(out),
                          static_cast<float*>(lse.data_ptr()), n, p);
         return;
       }
     }
 #endif
-    attention_forward<T>(q, k, v, out, lse, n, p);
+    const Tensor q = contiguous_input(q_in), k = contiguous_input(k_in), v = contiguous_input(v_in);
+    Tensor dst = out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
+    attention_forward<T>(q, k, v, dst, lse, n, p);
+    if (!dst.is_same(out)) copy(dst, out);
   });
 }
 
@@ -776,22 +826,27 @@ void CpuBackend::attention_backward(const Tensor& grad_out_in, const Tensor& q_i
   const AttentionDims n = check_attention_backward(grad_out_in, q_in, k_in, v_in, out_in, lse_in,
                                                    grad_q, grad_k, grad_v);
   if (grad_k.numel() == 0 && grad_q.numel() == 0) return;
-  const Tensor g = contiguous_input(grad_out_in), q = contiguous_input(q_in),
-               k = contiguous_input(k_in), v = contiguous_input(v_in),
-               out = contiguous_input(out_in), lse = contiguous_input(lse_in);
-  dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
+  const Tensor lse = contiguous_input(lse_in);
+  dispatch_float(q_in.dtype(), "attention_backward", [&]<typename T>() {
 #if defined(__x86_64__)
     if constexpr (std::is_same_v<compute_t<T>, float>) {
       if (backend::cpu_fused_attention_vectorized()) {
+        const Tensor g = unit_stride_rows(grad_out_in), q = unit_stride_rows(q_in),
+                     k = unit_stride_rows(k_in), v = unit_stride_rows(v_in),
+                     out = unit_stride_rows(out_in);
         auto in = [](const Tensor& t) { return static_cast<const T*>(t.data_ptr()); };
         auto to = [](Tensor& t) { return static_cast<T*>(t.data_ptr()); };
-        avx2::backward<T>(in(g), in(q), in(k), in(v), in(out),
-                          static_cast<const float*>(lse.data_ptr()), to(grad_q), to(grad_k),
-                          to(grad_v), n, p);
+        avx2::backward<T>(in(g), heads_of(g), in(q), heads_of(q), in(k), heads_of(k), in(v),
+                          heads_of(v), in(out), heads_of(out),
+                          static_cast<const float*>(lse.data_ptr()), to(grad_q), heads_of(grad_q),
+                          to(grad_k), to(grad_v), heads_of(grad_k), n, p);
         return;
       }
     }
 #endif
+    const Tensor g = contiguous_input(grad_out_in), q = contiguous_input(q_in),
+                 k = contiguous_input(k_in), v = contiguous_input(v_in),
+                 out = contiguous_input(out_in);
     attention_backward_impl<T>(g, q, k, v, out, lse, grad_q, grad_k, grad_v, n, p);
   });
 }

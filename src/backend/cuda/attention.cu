@@ -355,6 +355,7 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
                             Tensor& lse, const AttentionParams& p) {
   DeviceGuard guard(device_);
   const AttentionDims n = check_attention(q_in, k_in, v_in, out, lse);
+  MT_ASSERT(out.is_contiguous(), "attention output: contiguous on CUDA");
   check_head_dim(n, "attention");
   if (out.numel() == 0) return;
   MT_ASSERT(n.tk > 0, "attention needs at least one key");
