@@ -313,6 +313,11 @@ int64_t padded(int64_t n) {
   return (n + kPanel - 1) / kPanel * kPanel;
 }
 
+// n rounded up to whole ymm vectors of floats.
+int64_t whole_vectors(int64_t n) {
+  return (n + kLanes - 1) / kLanes * kLanes;
+}
+
 // c (rows x 16) = (or +=) a (rows x k) . b (k x 16), rows <= 6: a(i, kk) at a[i * ars + kk * acs],
 // b's rows ldb floats apart, c's ldc apart. Rows past `rows` read the last row and are not
 // written. The six rows are spelled out: as an array of accumulators indexed in a loop, GCC 12
@@ -509,23 +514,22 @@ void store_rows(const float* src, int64_t n, int64_t d, int64_t dp, float scale,
   }
 }
 
-// e^x in 8 lanes: vm::exp's reduction, polynomial and limits (0 below -104, inf above
-// ln(FLT_MAX), NaN through), with fused multiply-adds, as everything here on this FMA path.
+// e^x in 8 lanes: vm::exp's reduction, polynomial and limits (vm::ExpConstants: 0 below -104,
+// inf above ln(FLT_MAX), NaN through), with fused multiply-adds, as everything here on this FMA
+// path.
 inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ);
-  const __m256 hi = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283172607422f), _CMP_GT_OQ);
+  using E = vm::ExpConstants;
+  const __m256 lo = _mm256_cmp_ps(x, _mm256_set1_ps(E::kLow), _CMP_LT_OQ);
+  const __m256 hi = _mm256_cmp_ps(x, _mm256_set1_ps(E::kHigh), _CMP_GT_OQ);
   x = _mm256_andnot_ps(_mm256_or_ps(lo, hi), x);
-  const __m256 round = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
-  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), round);
+  const __m256 round = _mm256_set1_ps(E::kRound);
+  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(E::kLog2e), round);
   const __m256 k = _mm256_sub_ps(t, round);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(E::kLn2Hi), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(E::kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(E::kPoly[0]);
+  for (int i = 1; i < 6; ++i)
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(E::kPoly[i]));
   p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
   const __m256i ki = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(round));
   const __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
@@ -565,11 +569,11 @@ void online_softmax_block(float* s, int64_t nq, int64_t nk, bool causal, int64_t
                           float scale, float* m, float* l, float* ob, int64_t dp) {
   const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   const __m256 sc = _mm256_set1_ps(scale);
-  const int64_t nk8 = (nk + kLanes - 1) / kLanes * kLanes;
+  const int64_t nk8 = whole_vectors(nk);
   for (int64_t i = 0; i < nq; ++i) {
     float* si = s + i * kBlockK;
     const int64_t seen = visible_keys(causal, i0 + i, j0, nk);
-    const int64_t seen8 = (seen + kLanes - 1) / kLanes * kLanes;  // vectors past it: all masked
+    const int64_t seen8 = whole_vectors(seen);  // vectors past it: all masked
     std::fill(si + seen8, si + nk8, 0.0f);
     __m256 vmax = _mm256_set1_ps(m[i]);
     for (int64_t j = 0; j < seen8; j += kLanes) {
@@ -717,7 +721,7 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
     }
     for (int64_t j0 = 0; j0 < n.tk; j0 += kBlockK) {
       const int64_t nk = std::min(kBlockK, n.tk - j0), nk16 = padded(nk);
-      const int64_t nk8 = (nk + kLanes - 1) / kLanes * kLanes;
+      const int64_t nk8 = whole_vectors(nk);
       const Rows kb = padded_rows(kp + lk.row(bh, j0), lk.st, nk, d, dp, kbuf);
       load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, row, kt);
       load_transposed(vp + lv.row(bh, j0), lv.st, nk, d, row, vt);
@@ -742,7 +746,7 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
           float* pr = pb + i * kBlockK;
           float* dr = ds + i * kBlockK;
           const int64_t seen = visible_keys(p.causal, i0 + i, j0, nk);
-          const int64_t seen8 = (seen + kLanes - 1) / kLanes * kLanes;
+          const int64_t seen8 = whole_vectors(seen);
           std::fill(pr + seen8, pr + nk8, 0.0f);
           std::fill(dr + seen8, dr + nk8, 0.0f);
           const __m256 li = _mm256_set1_ps(lse[i0 + i]), di = _mm256_set1_ps(delta[i0 + i]);

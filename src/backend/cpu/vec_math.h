@@ -49,30 +49,37 @@ MT_VM_INLINE float pow2i(int32_t k) {
 }
 inline constexpr uint32_t kInfBits = 0x7f800000u;
 
+// e^x's constants, shared with the attention kernels' 8-lane form (attention.cpp). Below kLow the
+// result is 0 and above kHigh (ln FLT_MAX) inf: those lanes compute e^0 and are replaced at the
+// end. Computing them would end in a subnormal product, and x86 takes a microcode assist of ~100
+// cycles for each (a causal attention softmax, half of whose scores are -inf, took twice as
+// long). kRound (1.5 * 2^23) rounds to an integer when added; ln2 is in two parts, kLn2Hi with
+// 9 bits, so that k * kLn2Hi is exact (k has 8 bits). kPoly: Cephes' degree-6 polynomial, the
+// highest power first.
+struct ExpConstants {
+  static constexpr float kLow = -104.0f, kHigh = 88.72283172607422f;
+  static constexpr float kRound = 12582912.0f, kLog2e = 1.44269504088896341f;
+  static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  static constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                     4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+};
+
 // e^x. Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2, and Cephes' degree-6 polynomial; 2^k
 // is applied as two power-of-two factors, so that subnormal results round once and results up
-// to 2^128 are reached.
+// to 2^128 are reached. NaN compares false against both limits and propagates.
 MT_VM_INLINE float exp(float x) {
-  // Below -104 the result is 0 and above ln(FLT_MAX) inf: those lanes compute e^0 and are
-  // replaced at the end. Computing them would end in a subnormal product, and x86 takes a
-  // microcode assist of ~100 cycles for each (a causal attention softmax, half of whose scores
-  // are -inf, took twice as long). NaN compares false both times and propagates.
-  const uint32_t lo = mask(x < -104.0f), hi = mask(x > 88.72283172607422f);
+  using E = ExpConstants;
+  const uint32_t lo = mask(x < E::kLow), hi = mask(x > E::kHigh);
   x = blend(lo | hi, 0.0f, x);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = x * 1.44269504088896341f + kRound;
-  const float k = t - kRound;  // round(x / ln2)
-  // ln2 in two parts: k * 0.693359375 is exact (k has 8 bits, the constant 9).
-  const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  const float t = x * E::kLog2e + E::kRound;
+  const float k = t - E::kRound;  // round(x / ln2)
+  const float r = (x - k * E::kLn2Hi) - k * E::kLn2Lo;
+  float p = E::kPoly[0];
+  for (int i = 1; i < 6; ++i)
+    p = p * r + E::kPoly[i];
   p = p * r * r + r + 1.0f;
   // k as an integer from t's low mantissa bits (no float-to-int conversion: NaN-safe).
-  const int32_t ki = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
+  const int32_t ki = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(E::kRound);
   const int32_t k1 = ki >> 1, k2 = ki - k1;  // each in [-75, 64]: 2^k1 and 2^k2 are normal
   const float y = p * pow2i(k1) * pow2i(k2);
   return blend(hi, std::bit_cast<float>(kInfBits), blend(lo, 0.0f, y));
