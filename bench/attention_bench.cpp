@@ -5,14 +5,17 @@
 // (load on a shared machine hits both alike); prints the median ms of each and composed/fused.
 //   build/bench/bench_attention [--threads 1] [--reps 20] [--case vit|gpt2_tiny|long]
 //                               [--path both|composed|fused]   (one case or path: for a profiler)
+//                               [--dtype f32|bf16|f16]         (q, k, v and the gradient's dtype)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/dtype.h"
 #include "mantissa/tensor/ops.h"
 
 namespace {
@@ -35,6 +38,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int threads = 1, reps = 20;
   std::string only_case, only_path = "both";
+  DType dtype = DType::F32;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--threads") {
@@ -45,10 +49,19 @@ int main(int argc, char** argv) {
       only_case = argv[i + 1];
     } else if (k == "--path") {
       only_path = argv[i + 1];
+    } else if (k == "--dtype") {
+      const std::optional<DType> dt = parse_dtype(argv[i + 1]);
+      if (!dt || !is_floating(*dt)) {
+        std::fprintf(stderr,
+                     "bench_attention: --dtype %s is not a floating dtype (f32, bf16, f16)\n",
+                     argv[i + 1]);
+        return 2;
+      }
+      dtype = *dt;
     } else {
       std::fprintf(stderr,
                    "bench_attention: unknown option %s (--threads N, --reps N, --case NAME, "
-                   "--path both|composed|fused)\n",
+                   "--path both|composed|fused, --dtype f32|bf16|f16)\n",
                    k.c_str());
       return 2;
     }
@@ -60,15 +73,16 @@ int main(int argc, char** argv) {
       {"long (4x4 heads, T 256, d 32, causal)", 4, 4, 256, 32, true},
       {"long (2x4 heads, T 1024, d 64, causal)", 2, 4, 1024, 64, true},
   };
-  std::printf("%d thread(s), median of %d interleaved runs, ms\n", threads, reps);
+  std::printf("%d thread(s), %s, median of %d interleaved runs, ms\n", threads,
+              std::string(dtype_name(dtype)).c_str(), reps);
   std::printf("%-46s %-12s %9s %9s %9s\n", "shape", "pass", "composed", "fused", "ratio");
   for (const Case& c : cases) {
     if (!only_case.empty() && std::string(c.name).rfind(only_case + " ", 0) != 0) continue;
     const Shape s{c.b, c.h, c.t, c.d};
-    Tensor q = Tensor::uniform(s, -1, 1, 1).set_requires_grad();
-    Tensor k = Tensor::uniform(s, -1, 1, 2).set_requires_grad();
-    Tensor v = Tensor::uniform(s, -1, 1, 3).set_requires_grad();
-    const Tensor g = Tensor::uniform(s, -1, 1, 4);
+    Tensor q = Tensor::uniform(s, -1, 1, 1).to(dtype).set_requires_grad();
+    Tensor k = Tensor::uniform(s, -1, 1, 2).to(dtype).set_requires_grad();
+    Tensor v = Tensor::uniform(s, -1, 1, 3).to(dtype).set_requires_grad();
+    const Tensor g = Tensor::uniform(s, -1, 1, 4).to(dtype);
     for (bool backward : {false, true}) {
       std::vector<double> t[2];
       for (int r = 0; r < reps + 2; ++r) {

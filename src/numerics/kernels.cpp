@@ -17,6 +17,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+
+#include "x86_lanes.h"
 #define MT_X86_KERNELS 1
 #define MT_TARGET_AVX2 __attribute__((target("avx2,f16c,fma")))
 #define MT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,avx2")))
@@ -140,9 +142,9 @@ constexpr uint64_t kBlockMask = (uint64_t(1) << 62) - 1;
 #ifdef MT_X86_KERNELS
 namespace {
 
-// bf16 and tf32 share fp32's exponent, so rounding is integer arithmetic on the fp32 bits:
-// add half an ulp minus one plus the kept lsb (ties to even), then drop the low bits. NaN
-// becomes quiet instead, so that a payload in the dropped bits cannot turn it into inf.
+using x86::round_bits_avx2;
+
+// x86_lanes.h's round_bits_avx2 in 16 lanes.
 template <int kDrop>
 MT_TARGET_AVX512 inline __m512i round_bits_avx512(__m512i b, RoundingMode mode) {
   const __m512i abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
@@ -153,20 +155,6 @@ MT_TARGET_AVX512 inline __m512i round_bits_avx512(__m512i b, RoundingMode mode) 
     r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32((1 << (kDrop - 1)) - 1)));
   }
   return _mm512_mask_or_epi32(r, nan, b, _mm512_set1_epi32(0x00400000));
-}
-
-template <int kDrop>
-MT_TARGET_AVX2 inline __m256i round_bits_avx2(__m256i b, RoundingMode mode) {
-  const __m256i abs = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
-  // Signed compare is safe: abs is non-negative.
-  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  __m256i r = b;
-  if (mode == RoundingMode::NearestEven) {
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, kDrop), _mm256_set1_epi32(1));
-    r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32((1 << (kDrop - 1)) - 1)));
-  }
-  const __m256i quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x00400000));
-  return _mm256_blendv_epi8(r, quiet, nan);
 }
 
 MT_TARGET_AVX512 void f32_to_bf16_avx512(const float* src, uint16_t* dst, size_t n,
@@ -240,11 +228,8 @@ MT_TARGET_AVX512 void bf16_to_f32_avx512(const uint16_t* src, float* dst, size_t
 
 MT_TARGET_AVX2 void bf16_to_f32_avx2(const uint16_t* src, float* dst, size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, x86::load_bf16x8(src + i));
   decode_scalar<Format::BF16>(src + i, dst + i, n - i);
 }
 
@@ -286,10 +271,8 @@ MT_TARGET_AVX512 void f16_to_f32_avx512(const uint16_t* src, float* dst, size_t 
 
 MT_TARGET_AVX2 void f16_to_f32_avx2(const uint16_t* src, float* dst, size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, x86::load_f16x8(src + i));
   decode_scalar<Format::FP16>(src + i, dst + i, n - i);
 }
 

@@ -333,6 +333,52 @@ TEST(FusedAttention, HeadsOfOneProjectionAreReadInPlace) {
   backend::cpu::force_vector_isa(std::nullopt);
 }
 
+// bf16 and f16 run in fp32 on their widened values and round each result once: the backend's
+// output, log-sum-exp and gradients are the f32 kernel's on the same values (the backward given
+// the same, rounded, output), rounded to the dtype, bit for bit. This checks the kernels' own
+// conversions of rows, including head dims that are no multiple of the vector width.
+TEST(FusedAttention, HalfDtypesAreTheF32KernelRoundedOnce) {
+  for (bool plain : {false, true}) {
+    if (plain) backend::cpu::force_vector_isa(backend::cpu::VectorIsa::Baseline);
+    SCOPED_TRACE(backend::cpu_fused_attention_vectorized() ? "vectorized kernels" : "plain loops");
+    uint64_t seed = 700;
+    for (const Case& c : kCases) {
+      if (c.q.size() != 4) continue;
+      backend::AttentionParams p;
+      p.scale = 0.4;
+      p.causal = c.causal;
+      const Shape lse_shape{c.q[0], c.q[1], c.q[2]};
+      for (const DType d : {DType::BF16, DType::F16}) {
+        SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal " : " ") +
+                     std::string(dtype_name(d)));
+        const Tensor q = random_f64(c.q, seed, -2, 2).to(d);
+        const Tensor k = random_f64(c.kv, seed + 1, -2, 2).to(d);
+        const Tensor v = random_f64(c.kv, seed + 2).to(d);
+        const Tensor g = random_f64(c.q, seed + 3).to(d);
+        seed += 4;
+        Tensor out_half;
+        auto run = [&](DType dt) {
+          Tensor out = Tensor::empty(c.q, dt), lse = Tensor::empty(lse_shape, DType::F32);
+          backend::cpu_backend().attention(q.to(dt), k.to(dt), v.to(dt), out, lse, p);
+          if (dt == d) out_half = out;
+          Tensor gq = Tensor::empty(c.q, dt), gk = Tensor::empty(c.kv, dt),
+                 gv = Tensor::empty(c.kv, dt);
+          backend::cpu_backend().attention_backward(g.to(dt), q.to(dt), k.to(dt), v.to(dt),
+                                                    out_half.to(dt), lse, gq, gk, gv, p);
+          return std::vector<Tensor>{out, lse, gq, gk, gv};
+        };
+        const std::vector<Tensor> half = run(d), single = run(DType::F32);
+        const char* what[] = {"out", "lse", "grad q", "grad k", "grad v"};
+        for (size_t i = 0; i < half.size(); ++i) {
+          const DType want = i == 1 ? DType::F32 : d;
+          EXPECT_EQ(values(half[i]), values(single[i].to(want))) << what[i];
+        }
+      }
+    }
+  }
+  backend::cpu::force_vector_isa(std::nullopt);
+}
+
 // Batch dims broadcast as in the composed path (one key/value head shared by every query head),
 // and the broadcast gradients are summed back.
 TEST(FusedAttention, BroadcastBatchDims) {

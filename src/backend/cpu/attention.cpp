@@ -17,6 +17,7 @@
 #include "backend/cpu/vector_isa.h"
 #include "backend/shapes.h"
 #include "mantissa/core/error.h"
+#include "numerics/x86_lanes.h"
 
 namespace mantissa::backend::cpu {
 
@@ -302,7 +303,7 @@ void attention_backward_impl(const Tensor& grad_out, const Tensor& q, const Tens
 
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 
 constexpr int64_t kPanel = 16;  // columns of one micro-kernel tile: two ymm
@@ -429,6 +430,55 @@ struct Rows {
   int64_t ld;
 };
 
+// A row of n elements of T as fp32: bf16 and fp16 widened in registers (x86_lanes.h), 8 at a
+// time. A call to convert() per row of a head (16 to 64 elements, hundreds of rows a head) cost
+// more than the conversion: bf16 attention ran at 1.5x fp32's time.
+template <typename T>
+void row_to_f32(const T* src, float* dst, int64_t n) {
+  int64_t e = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; e + kLanes <= n; e += kLanes)
+      _mm256_storeu_ps(dst + e, _mm256_loadu_ps(src + e));
+  } else if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(src);
+    for (; e + kLanes <= n; e += kLanes) {
+      _mm256_storeu_ps(dst + e, std::is_same_v<T, bfloat16> ? detail::x86::load_bf16x8(bits + e)
+                                                            : detail::x86::load_f16x8(bits + e));
+    }
+  }
+  if (e < n) load_contiguous<T, float>(src + e, dst + e, n - e);
+}
+
+// dst (n elements of T) = scale * src, rounded to T (nearest even) in registers.
+template <typename T>
+void row_from_f32(const float* src, float scale, T* dst, int64_t n) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  int64_t e = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; e + kLanes <= n; e += kLanes)
+      _mm256_storeu_ps(dst + e, _mm256_mul_ps(_mm256_loadu_ps(src + e), sc));
+  } else if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>) {
+    auto* bits = reinterpret_cast<uint16_t*>(dst);
+    for (; e + kLanes <= n; e += kLanes) {
+      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(src + e), sc);
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        detail::x86::store_bf16x8(x, bits + e);
+      } else {
+        detail::x86::store_f16x8(x, bits + e);
+      }
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    for (; e < n; ++e)
+      dst[e] = src[e] * scale;
+  } else {
+    float tail[kLanes];
+    for (int64_t k = e; k < n; ++k)
+      tail[k - e] = src[k] * scale;
+    if (e < n) store_contiguous<float, T>(tail, dst + e, n - e);
+  }
+}
+
 // Rows [0, n) of an (n, d) matrix with rows ld apart as fp32 rows of dp: the matrix itself where
 // it is read (f32 with d a multiple of 16, any row stride: the tiles take it), else a copy in dst
 // with rows dp apart.
@@ -438,7 +488,7 @@ Rows padded_rows(const T* src, int64_t ld, int64_t n, int64_t d, int64_t dp, flo
     if (d == dp) return {src, ld};
   }
   for (int64_t i = 0; i < n; ++i) {
-    load_contiguous<T, float>(src + i * ld, dst + i * dp, d);
+    row_to_f32(src + i * ld, dst + i * dp, d);
     std::fill(dst + i * dp + d, dst + (i + 1) * dp, 0.0f);
   }
   return {dst, dp};
@@ -471,28 +521,31 @@ __attribute__((always_inline)) inline void transpose8(const float* src, int64_t 
 }
 
 // The transpose of an (n, d) matrix with rows ld apart into dst (d, kBlockK), zeros from n up to
-// the 16-key panel the block products read. f32 in 8 x 8 blocks where d allows (element by
-// element, the two transposes of a backward block were a tenth of its time at ViT's shapes).
+// the 16-key panel the block products read. In 8 x 8 blocks where d allows (element by element,
+// the two transposes of a backward block were a tenth of its time at ViT's shapes); bf16 and
+// fp16 rows are widened 8 at a time into `rows` (8 x d floats) first.
 template <typename T>
-void load_transposed(const T* src, int64_t ld, int64_t n, int64_t d, float* row, float* dst) {
+void load_transposed(const T* src, int64_t ld, int64_t n, int64_t d, float* rows, float* dst) {
   int64_t j = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    if (d % kLanes == 0) {
-      for (; j + kLanes <= n; j += kLanes) {
-        for (int64_t e = 0; e < d; e += kLanes)
-          transpose8(src + j * ld + e, ld, dst + e * kBlockK + j, kBlockK);
+  if (d % kLanes == 0) {
+    for (; j + kLanes <= n; j += kLanes) {
+      const float* block = rows;
+      int64_t lb = d;
+      if constexpr (std::is_same_v<T, float>) {
+        block = src + j * ld;
+        lb = ld;
+      } else {
+        for (int64_t r = 0; r < kLanes; ++r)
+          row_to_f32(src + (j + r) * ld, rows + r * d, d);
       }
+      for (int64_t e = 0; e < d; e += kLanes)
+        transpose8(block + e, lb, dst + e * kBlockK + j, kBlockK);
     }
   }
   for (; j < n; ++j) {
-    const float* r = row;
-    if constexpr (std::is_same_v<T, float>) {
-      r = src + j * ld;
-    } else {
-      load_contiguous<T, float>(src + j * ld, row, d);
-    }
+    row_to_f32(src + j * ld, rows, d);
     for (int64_t e = 0; e < d; ++e)
-      dst[e * kBlockK + j] = r[e];
+      dst[e * kBlockK + j] = rows[e];
   }
   for (int64_t e = 0; e < d; ++e)
     std::fill(dst + e * kBlockK + n, dst + e * kBlockK + padded(n), 0.0f);
@@ -500,18 +553,10 @@ void load_transposed(const T* src, int64_t ld, int64_t n, int64_t d, float* row,
 
 // dst rows (ld apart) = scale * src rows (dp apart), the first d of each.
 template <typename T>
-void store_rows(const float* src, int64_t n, int64_t d, int64_t dp, float scale, T* dst, int64_t ld,
-                float* row) {
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, float>) {
-      for (int64_t e = 0; e < d; ++e)  // straight in: a call per row of 16 was a cost here
-        dst[i * ld + e] = src[i * dp + e] * scale;
-    } else {
-      for (int64_t e = 0; e < d; ++e)
-        row[e] = src[i * dp + e] * scale;
-      store_contiguous<float, T>(row, dst + i * ld, d);
-    }
-  }
+void store_rows(const float* src, int64_t n, int64_t d, int64_t dp, float scale, T* dst,
+                int64_t ld) {
+  for (int64_t i = 0; i < n; ++i)
+    row_from_f32(src + i * dp, scale, dst + i * ld, d);
 }
 
 // e^x in 8 lanes: vm::exp's reduction, polynomial and limits (vm::ExpConstants: 0 below -104,
@@ -616,9 +661,9 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
   const int64_t d = n.d, dp = padded(d), qblocks = (n.tq + kBlockQ - 1) / kBlockQ;
   const float scale = static_cast<float>(p.scale);
   // Per thread: q and o (kBlockQ, dp), k transposed (d, kBlockK), v (kBlockK, dp), the scores,
-  // m, l, and one row for conversions.
+  // m, l, and eight rows for the transpose's conversions.
   const int64_t scratch =
-      2 * kBlockQ * dp + d * kBlockK + kBlockK * dp + kBlockQ * kBlockK + 2 * kBlockQ + dp;
+      2 * kBlockQ * dp + d * kBlockK + kBlockK * dp + kBlockQ * kBlockK + 2 * kBlockQ + kLanes * dp;
   parallel_rows<float>(
       n.bh * qblocks, n.bh * n.tq * n.tk * d, scratch, [&](int64_t task, float* buf) {
         const int64_t bh = task / qblocks, i0 = (task % qblocks) * kBlockQ;
@@ -630,7 +675,7 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
         float* s = vbuf + kBlockK * dp;
         float* m = s + kBlockQ * kBlockK;
         float* l = m + kBlockQ;
-        float* row = l + kBlockQ;
+        float* conv = l + kBlockQ;
         const Rows qb = padded_rows(qp + lq.row(bh, i0), lq.st, nq, d, dp, qbuf);
         std::fill(ob, ob + nq * dp, 0.0f);
         std::fill(m, m + nq, kNegInf);
@@ -638,7 +683,7 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
         const int64_t key_end = p.causal ? std::min(n.tk, i0 + nq) : n.tk;
         for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, n.tk - j0);
-          load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, row, kt);
+          load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, conv, kt);
           const Rows vb = padded_rows(vp + lv.row(bh, j0), lv.st, nk, d, dp, vbuf);
           block_product<false, Band::ColumnsUpTo>(p.causal, nq, padded(nk), d, qb.p, qb.ld, 1, kt,
                                                   kBlockK, s, kBlockK, i0 - j0);
@@ -651,7 +696,7 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
         for (int64_t i = 0; i < nq; ++i)
           lse[i] = m[i] + vm::log(l[i]);
         for (int64_t i = 0; i < nq; ++i)
-          store_rows(ob + i * dp, 1, d, dp, 1.0f / l[i], op + lo.row(bh, i0 + i), lo.st, row);
+          store_rows(ob + i * dp, 1, d, dp, 1.0f / l[i], op + lo.row(bh, i0 + i), lo.st);
       });
 }
 
@@ -664,10 +709,10 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
   const int64_t d = n.d, dp = padded(d), tq = n.tq;
   const float scale = static_cast<float>(p.scale);
   // Per thread: the head's q, dO and dQ (tq, dp) and delta; k (kBlockK, dp); k and v
-  // transposed (d, kBlockK); p and dS; dK and dV (kBlockK, dp); five rows for conversions (one,
-  // and four of O for delta).
+  // transposed (d, kBlockK); p and dS; dK and dV (kBlockK, dp); eight rows for conversions (the
+  // transposes', and four of O for delta).
   const int64_t scratch =
-      3 * tq * dp + tq + 3 * kBlockK * dp + 2 * d * kBlockK + 2 * kBlockQ * kBlockK + 5 * dp;
+      3 * tq * dp + tq + 3 * kBlockK * dp + 2 * d * kBlockK + 2 * kBlockQ * kBlockK + kLanes * dp;
   parallel_rows<float>(n.bh, n.bh * tq * n.tk * d, scratch, [&](int64_t bh, float* buf) {
     float* qbuf = buf;
     float* gbuf = qbuf + tq * dp;
@@ -680,8 +725,7 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
     float* vt = kt + d * kBlockK;
     float* pb = vt + d * kBlockK;
     float* ds = pb + kBlockQ * kBlockK;
-    float* row = ds + kBlockQ * kBlockK;
-    float* row2 = row + dp;
+    float* conv = ds + kBlockQ * kBlockK;
     const float* lse = lp + bh * tq;
     const Rows q = padded_rows(qp + lq.row(bh, 0), lq.st, tq, d, dp, qbuf);
     const Rows g = padded_rows(gp + lg.row(bh, 0), lg.st, tq, d, dp, gbuf);
@@ -700,8 +744,8 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
         if constexpr (std::is_same_v<T, float>) {
           o[r] = op + lo.row(bh, i);
         } else {
-          load_contiguous<T, float>(op + lo.row(bh, i), row2 + r * dp, d);
-          o[r] = row2 + r * dp;
+          row_to_f32(op + lo.row(bh, i), conv + r * dp, d);
+          o[r] = conv + r * dp;
         }
       }
       const float* gi = g.p + i0 * g.ld;
@@ -723,8 +767,8 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
       const int64_t nk = std::min(kBlockK, n.tk - j0), nk16 = padded(nk);
       const int64_t nk8 = whole_vectors(nk);
       const Rows kb = padded_rows(kp + lk.row(bh, j0), lk.st, nk, d, dp, kbuf);
-      load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, row, kt);
-      load_transposed(vp + lv.row(bh, j0), lv.st, nk, d, row, vt);
+      load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, conv, kt);
+      load_transposed(vp + lv.row(bh, j0), lv.st, nk, d, conv, vt);
       std::fill(dk, dk + nk * dp, 0.0f);
       std::fill(dv, dv + nk * dp, 0.0f);
       // Causal: queries before j0 see none of these keys.
@@ -768,10 +812,10 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
         block_product<true, Band::KUpTo>(causal, nq, dp, nk, ds, kBlockK, 1, kb.p, kb.ld,
                                          dq + i0 * dp, dp, off);  // dQ += dS k
       }
-      store_rows(dk, nk, d, dp, scale, gkp + lkv.row(bh, j0), lkv.st, row);
-      store_rows(dv, nk, d, dp, 1.0f, gvp + lkv.row(bh, j0), lkv.st, row);
+      store_rows(dk, nk, d, dp, scale, gkp + lkv.row(bh, j0), lkv.st);
+      store_rows(dv, nk, d, dp, 1.0f, gvp + lkv.row(bh, j0), lkv.st);
     }
-    store_rows(dq, tq, d, dp, scale, gqp + lgq.row(bh, 0), lgq.st, row);
+    store_rows(dq, tq, d, dp, scale, gqp + lgq.row(bh, 0), lgq.st);
   });
 }
 
@@ -861,11 +905,11 @@ namespace mantissa::backend {
 
 bool cpu_fused_attention_vectorized() {
 #if defined(__x86_64__)
-  static const bool fma = [] {
+  static const bool fma_f16c = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("fma") != 0;
+    return __builtin_cpu_supports("fma") != 0 && __builtin_cpu_supports("f16c") != 0;
   }();
-  return fma && cpu::vector_isa() != cpu::VectorIsa::Baseline;
+  return fma_f16c && cpu::vector_isa() != cpu::VectorIsa::Baseline;
 #else
   return false;
 #endif
