@@ -6,6 +6,7 @@
 //   build/bench/bench_attention [--threads 1] [--reps 20] [--case vit|gpt2_tiny|long]
 //                               [--path both|composed|fused]   (one case or path: for a profiler)
 //                               [--dtype f32|bf16|f16]         (q, k, v and the gradient's dtype)
+//                               [--shape B,H,T,D[,causal]]     (this shape instead of the cases)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,6 +40,13 @@ int main(int argc, char** argv) {
   int threads = 1, reps = 20;
   std::string only_case, only_path = "both";
   DType dtype = DType::F32;
+  std::vector<Case> cases = {
+      {"vit (128x4 heads, T 50, d 16)", 128, 4, 50, 16, false},
+      {"gpt2_tiny (128x4 heads, T 64, d 32, causal)", 128, 4, 64, 32, true},
+      {"long (4x4 heads, T 256, d 32, causal)", 4, 4, 256, 32, true},
+      {"long (2x4 heads, T 1024, d 64, causal)", 2, 4, 1024, 64, true},
+  };
+  std::string shape_name;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--threads") {
@@ -49,6 +57,21 @@ int main(int argc, char** argv) {
       only_case = argv[i + 1];
     } else if (k == "--path") {
       only_path = argv[i + 1];
+    } else if (k == "--shape") {
+      Case c{nullptr, 0, 0, 0, 0, false};
+      char causal[16] = "";
+      const int got =
+          std::sscanf(argv[i + 1], "%ld,%ld,%ld,%ld,%15s", &c.b, &c.h, &c.t, &c.d, causal);
+      if (got < 4 || c.b < 1 || c.h < 1 || c.t < 1 || c.d < 1 ||
+          (got == 5 && std::string(causal) != "causal")) {
+        std::fprintf(stderr, "bench_attention: --shape %s is not B,H,T,D or B,H,T,D,causal\n",
+                     argv[i + 1]);
+        return 2;
+      }
+      c.causal = got == 5;
+      shape_name = argv[i + 1];
+      c.name = shape_name.c_str();
+      cases = {c};
     } else if (k == "--dtype") {
       const std::optional<DType> dt = parse_dtype(argv[i + 1]);
       if (!dt || !is_floating(*dt)) {
@@ -61,18 +84,12 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "bench_attention: unknown option %s (--threads N, --reps N, --case NAME, "
-                   "--path both|composed|fused, --dtype f32|bf16|f16)\n",
+                   "--path both|composed|fused, --dtype f32|bf16|f16, --shape B,H,T,D[,causal])\n",
                    k.c_str());
       return 2;
     }
   }
   set_num_threads(threads);
-  const Case cases[] = {
-      {"vit (128x4 heads, T 50, d 16)", 128, 4, 50, 16, false},
-      {"gpt2_tiny (128x4 heads, T 64, d 32, causal)", 128, 4, 64, 32, true},
-      {"long (4x4 heads, T 256, d 32, causal)", 4, 4, 256, 32, true},
-      {"long (2x4 heads, T 1024, d 64, causal)", 2, 4, 1024, 64, true},
-  };
   std::printf("%d thread(s), %s, median of %d interleaved runs, ms\n", threads,
               std::string(dtype_name(dtype)).c_str(), reps);
   std::printf("%-46s %-12s %9s %9s %9s\n", "shape", "pass", "composed", "fused", "ratio");
