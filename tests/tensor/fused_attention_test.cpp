@@ -92,6 +92,17 @@ const std::vector<Case> kCases = {
     {{2, 2, 64, 32}, {2, 2, 64, 32}, true},  // GPT-2 tiny's heads: one causal block on the diagonal
 };
 
+// A case's q and k (in [-2, 2]), v and an incoming gradient (the output's shape), in dtype d,
+// drawn from seeds seed .. seed + 3.
+struct Inputs {
+  Tensor q, k, v, g;
+};
+
+Inputs random_inputs(const Case& c, uint64_t seed, DType d) {
+  return {random_f64(c.q, seed, -2, 2).to(d), random_f64(c.kv, seed + 1, -2, 2).to(d),
+          random_f64(c.kv, seed + 2).to(d), random_f64(c.q, seed + 3).to(d)};
+}
+
 // The CPU's Auto path takes the composed GEMMs (faster there): these tests force the fused kernel
 // for their whole body.
 struct ForceFusedPath {
@@ -171,10 +182,7 @@ TEST(FusedAttention, MatchesComposedPathWithGradients) {
       for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
         SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal " : " ") +
                      std::string(dtype_name(d)));
-        const Tensor q0 = random_f64(c.q, seed, -2, 2).to(d);
-        const Tensor k0 = random_f64(c.kv, seed + 1, -2, 2).to(d);
-        const Tensor v0 = random_f64(c.kv, seed + 2).to(d);
-        const Tensor w = random_f64(c.q, seed + 3).to(d);
+        const auto [q0, k0, v0, w] = random_inputs(c, seed, d);
         auto run = [&](bool use_fused) {
           Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
           q.set_requires_grad(true);
@@ -351,10 +359,7 @@ TEST(FusedAttention, HalfDtypesAreTheF32KernelRoundedOnce) {
       for (const DType d : {DType::BF16, DType::F16}) {
         SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal " : " ") +
                      std::string(dtype_name(d)));
-        const Tensor q = random_f64(c.q, seed, -2, 2).to(d);
-        const Tensor k = random_f64(c.kv, seed + 1, -2, 2).to(d);
-        const Tensor v = random_f64(c.kv, seed + 2).to(d);
-        const Tensor g = random_f64(c.q, seed + 3).to(d);
+        const auto [q, k, v, g] = random_inputs(c, seed, d);
         seed += 4;
         Tensor out_half;
         auto run = [&](DType dt) {

@@ -543,9 +543,14 @@ void load_transposed(const T* src, int64_t ld, int64_t n, int64_t d, float* rows
     }
   }
   for (; j < n; ++j) {
-    row_to_f32(src + j * ld, rows, d);
+    const float* r = rows;
+    if constexpr (std::is_same_v<T, float>) {
+      r = src + j * ld;  // read in place
+    } else {
+      row_to_f32(src + j * ld, rows, d);
+    }
     for (int64_t e = 0; e < d; ++e)
-      dst[e * kBlockK + j] = rows[e];
+      dst[e * kBlockK + j] = r[e];
   }
   for (int64_t e = 0; e < d; ++e)
     std::fill(dst + e * kBlockK + n, dst + e * kBlockK + padded(n), 0.0f);
