@@ -26,6 +26,7 @@ constexpr PolicyEntry kTable[] = {
     {OpId::Conv2d, LowerPrecision},
     {OpId::ConvTranspose2d, LowerPrecision},
     {OpId::ScaledDotProductAttention, LowerPrecision},
+    {OpId::LstmSequence, LowerPrecision},
     {OpId::Softmax, Fp32},
     {OpId::LogSoftmax, Fp32},
     {OpId::LayerNorm, Fp32},

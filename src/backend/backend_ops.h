@@ -66,19 +66,23 @@
     (const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& out, Tensor& mask),       \
     (x, p, seed, offset, out, mask))                                                              \
   /* One LSTM step's pointwise math (backend/lstm_math.h): gates (B, 4H) before their */         \
-  /* activations, order i, f, g, o; c_prev (B, H), or undefined for a zero state. Writes acts */  \
-  /* (B, 4H) after the activations, c = f c_prev + i g and h = o tanh(c) (B, H). Contiguous; */     \
-  /* c_prev, acts, c and h share one float dtype, the gates may be stored in another of the same */ \
-  /* compute type (bf16 gates from an autocast GEMM with an fp32 state: no conversion pass). */  \
+  /* activations, order i, f, g, o, plus gates_add (B, 4H) when defined (the recurrent GEMM's */  \
+  /* output in the compute dtype, F32 or F64: summed in it, not rounded to the gates' dtype); */  \
+  /* c_prev (B, H), or undefined for a zero state. Writes acts (B, 4H) after the activations, */  \
+  /* c = f c_prev + i g and h = o tanh(c) (B, H). Contiguous; c_prev, acts, c and h share one */  \
+  /* float dtype, the gates may be stored in another of the same compute type (bf16 gates from */ \
+  /* an autocast GEMM with an fp32 state: no conversion pass). */                               \
   _(Elementwise, void, lstm_cell,                                                                 \
-    (const Tensor& gates, const Tensor& c_prev, Tensor& acts, Tensor& c, Tensor& h),              \
-    (gates, c_prev, acts, c, h))                                                                  \
-  /* Its derivative: dh and dc (undefined = 0) to dgates (B, 4H) and dc_prev (B, H); dgates in */ \
-  /* the gates' dtype, the rest in the state's. */                                               \
+    (const Tensor& gates, const Tensor& gates_add, const Tensor& c_prev, Tensor& acts, Tensor& c, \
+    Tensor& h),                                                                                   \
+    (gates, gates_add, c_prev, acts, c, h))                                                       \
+  /* Its derivative: dh (+ dh_add, in the compute dtype, when defined) and dc (undefined = 0) */  \
+  /* to dgates (B, 4H) and dc_prev (B, H); dgates in the gates' dtype, the rest in the state's. */ \
+  /* dh may have any row stride (a step of a (B, T, H) gradient), the rest is contiguous. */      \
   _(Elementwise, void, lstm_cell_backward,                                                        \
     (const Tensor& acts, const Tensor& c, const Tensor& c_prev, const Tensor& dh, const Tensor&   \
-    dc, Tensor& dgates, Tensor& dc_prev),                                                         \
-    (acts, c, c_prev, dh, dc, dgates, dc_prev))                                                   \
+    dh_add, const Tensor& dc, Tensor& dgates, Tensor& dc_prev),                                   \
+    (acts, c, c_prev, dh, dh_add, dc, dgates, dc_prev))                                           \
   /* ---- reductions over `dims` (sorted, unique); out has the kept dims (keepdim shape) ------ */\
   /* Var uses `correction` (1 = unbiased). ArgMax/ArgMin write I64. Max/Min may also write the */ \
   /* I64 index of the winner into `indices` when it is defined. */                                \

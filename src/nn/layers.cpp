@@ -726,7 +726,9 @@ Tensor LSTM::run(const Tensor& x, const std::vector<LSTMState>& initial,
            " initial states for ", layers_, " layers (give one per layer, or none)");
   MT_CHECK(x.size(1) > 0, "LSTM: the input has no time steps: ", x.describe());
   if (final) final->clear();
-  Tensor seq = x;  // (B, T, in) of the current layer
+  // The layers run time-major, (T, B, features), so that every step's slice is one contiguous
+  // block for the recurrence's GEMMs: one transpose in, one out.
+  Tensor seq = x.transpose(0, 1).contiguous();
   for (int64_t l = 0; l < layers_; ++l) {
     const LSTMState state = initial.empty() ? LSTMState{} : initial[size_t(l)];
     const TensorList inputs{seq, state.h, state.c};
@@ -742,31 +744,18 @@ Tensor LSTM::run(const Tensor& x, const std::vector<LSTMState>& initial,
     if (final) final->push_back({out[1], out[2]});
     seq = out[0];
   }
-  return seq;
+  return seq.transpose(0, 1).contiguous();
 }
 
 TensorList LSTM::run_layer(int64_t layer, const TensorList& inputs) {
   const std::vector<Tensor*>& w = weights_[size_t(layer)];
-  Tensor seq = inputs[0];
+  Tensor seq = inputs[0];  // (T, B, in)
   if (layer > 0 && dropout_ > 0.0 && is_training()) seq = dropout(seq, dropout_, true);
-  // The input projection of every step at once, (B, T, 4H), with both biases: b_ih + b_hh is
+  // The input projection of every step at once, (T, B, 4H), with both biases: b_ih + b_hh is
   // added once here rather than b_hh in every step's recurrent GEMM, so backward takes both
   // biases' gradient in the projection's one column sum instead of one sum per step.
   const Tensor projected = linear(seq, *w[0], add(*w[2], *w[3]));
-  // One slice per step, through one node (unbind): its backward stacks the steps' gradients
-  // once, where a select per step would add T full-size gradients.
-  const std::vector<Tensor> per_step = unbind(projected, 1);
-  const int64_t steps = seq.size(1);
-  LSTMState state{inputs[1], inputs[2]};
-  std::vector<Tensor> outputs;
-  outputs.reserve(size_t(steps));
-  for (int64_t t = 0; t < steps; ++t) {
-    Tensor gates = per_step[size_t(t)];
-    if (state.h.defined()) gates = add(gates, linear(state.h, *w[1]));
-    state = lstm_gates(gates, state.c);
-    outputs.push_back(state.h);
-  }
-  return {stack(outputs, 1), state.h, state.c};  // (B, T, H), (B, H), (B, H)
+  return lstm_sequence(projected, *w[1], inputs[1], inputs[2]);  // (T, B, H), (B, H), (B, H)
 }
 
 std::string LSTM::extra_repr() const {

@@ -9,6 +9,7 @@
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
+#include "tensor/matmul_options.h"
 
 namespace mantissa {
 
@@ -18,12 +19,7 @@ backend::Backend& backend_of(const Tensor& t) {
   return backend::backend_for(t.device());
 }
 
-// set_matmul_precision("high"): f32 GEMM/convolution inputs go through the tf32 grid.
-backend::MatmulOptions matmul_options() {
-  backend::MatmulOptions o;
-  if (get_matmul_precision() == MatmulPrecision::High) o.input_rounding = Format::TF32;
-  return o;
-}
+using detail::matmul_options;
 
 void check_defined(const Tensor& t, const char* op, const char* what) {
   MT_CHECK(t.defined(), op, ": ", what, " is undefined");

@@ -14,6 +14,7 @@
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
+#include "tensor/matmul_options.h"
 
 namespace mantissa {
 
@@ -527,7 +528,7 @@ std::vector<Tensor> lstm_pointwise(const Tensor& gates_in, const Tensor& c_in) {
   Tensor acts = Tensor::empty({b, 4 * n}, dt, device);
   Tensor c_next = Tensor::empty({b, n}, dt, device);
   Tensor h = Tensor::empty({b, n}, dt, device);
-  backend::backend_for(device).lstm_cell(gates, c, acts, c_next, h);
+  backend::backend_for(device).lstm_cell(gates, Tensor(), c, acts, c_next, h);
   if (autograd::needs_grad({&gates_in, &c_in})) {
     const autograd::SavedTensor s_acts(acts), s_c(c_next), s_prev(c);
     const DType g_dtype = gates_in.dtype();
@@ -541,12 +542,131 @@ std::vector<Tensor> lstm_pointwise(const Tensor& gates_in, const Tensor& c_in) {
           Tensor dz = Tensor::empty({b, 4 * n}, g_dt, device);
           Tensor dc_prev = Tensor::empty({b, n}, dt, device);
           backend::backend_for(device).lstm_cell_backward(s_acts.unpack(), s_c.unpack(),
-                                                          s_prev.unpack(), as_dt(g[0]), as_dt(g[1]),
-                                                          dz, dc_prev);
+                                                          s_prev.unpack(), as_dt(g[0]), Tensor(),
+                                                          as_dt(g[1]), dz, dc_prev);
           return {dz.to(g_dtype), has_prev ? dc_prev.to(c_dtype) : Tensor()};
         });
   }
   return {h, c_next};
+}
+
+namespace {
+
+// The (1, M, K) @ (1, K, N) product into out (1, M, N), in the backend's GEMM (inputs of one
+// dtype, out F32/F64 or theirs): the recurrence's GEMMs write into buffers they reuse.
+void gemm_into(const Tensor& a, const Tensor& b, Tensor& out) {
+  backend_of(out).matmul(a.unsqueeze(0), b.unsqueeze(0), nullptr, out, detail::matmul_options());
+}
+
+}  // namespace
+
+std::vector<Tensor> lstm_sequence(const Tensor& gx_arg, const Tensor& w_arg, const Tensor& h0_arg,
+                                  const Tensor& c0_arg) {
+  const amp::AutocastInputs cast_in(amp::OpId::LstmSequence, gx_arg, w_arg, h0_arg, c0_arg);
+  const Tensor &gx_in = cast_in[0], &w_in = cast_in[1], &h0_in = cast_in[2], &c0_in = cast_in[3];
+  MT_CHECK(
+      gx_in.defined() && gx_in.dim() == 3 && gx_in.size(0) > 0 && gx_in.size(2) % 4 == 0 &&
+          gx_in.is_floating_point(),
+      "lstm_sequence: the input gates must be a float (T, B, 4H) with T > 0 (time-major), got ",
+      gx_in.defined() ? gx_in.describe() : std::string("undefined tensor"));
+  const int64_t steps = gx_in.size(0), b = gx_in.size(1), n = gx_in.size(2) / 4;
+  const Device device = gx_in.device();
+  MT_CHECK(w_in.defined() && w_in.dim() == 2 && w_in.size(0) == 4 * n && w_in.size(1) == n &&
+               w_in.is_floating_point() && w_in.device() == device,
+           "lstm_sequence: the recurrent weight must be a float (", 4 * n, ", ", n, ") on ",
+           device.str(), " for gates (T, ", b, ", ", 4 * n, "), got ",
+           w_in.defined() ? w_in.describe() : std::string("undefined tensor"));
+  DType dt = promote_types(gx_in.dtype(), w_in.dtype());
+  for (const Tensor* s : {&h0_in, &c0_in}) {
+    if (!s->defined()) continue;
+    MT_CHECK(s->dim() == 2 && s->size(0) == b && s->size(1) == n && s->is_floating_point() &&
+                 s->device() == device,
+             "lstm_sequence: an initial state must be a float (", b, ", ", n, ") on ", device.str(),
+             ", got a ", s->describe());
+    dt = promote_types(dt, s->dtype());
+  }
+  const DType cdt = stats_dtype(dt);  // the GEMMs' outputs and the pointwise math
+  const Tensor gx = gx_in.to(dt).contiguous(), w = w_in.to(dt);
+  const Tensor h0 = h0_in.defined() ? h0_in.to(dt).contiguous() : Tensor();
+  const Tensor c0 = c0_in.defined() ? c0_in.to(dt).contiguous() : Tensor();
+  const bool grad = autograd::needs_grad({&gx, &w, &h0, &c0});
+  backend::Backend& be = backend_of(gx);
+
+  // Every step's h is an output; the activations and cell states are kept for backward only
+  // (without grad, one step's acts and two alternating cell states).
+  Tensor y = Tensor::empty({steps, b, n}, dt, device);
+  Tensor acts = Tensor::empty({grad ? steps : 1, b, 4 * n}, dt, device);
+  Tensor cs = Tensor::empty({grad ? steps : 2, b, n}, dt, device);
+  Tensor rec = Tensor::empty({1, b, 4 * n}, cdt, device);
+  const Tensor w_t = w.t();  // (H, 4H): h (B, H) @ w^T
+  for (int64_t t = 0; t < steps; ++t) {
+    const Tensor h_prev = t == 0 ? h0 : y.select(0, t - 1);
+    const Tensor c_prev = t == 0 ? c0 : cs.select(0, grad ? t - 1 : (t - 1) % 2);
+    if (h_prev.defined()) gemm_into(h_prev, w_t, rec);
+    Tensor a_t = acts.select(0, grad ? t : 0), c_t = cs.select(0, grad ? t : t % 2);
+    Tensor h_t = y.select(0, t);
+    be.lstm_cell(gx.select(0, t), h_prev.defined() ? rec.select(0, 0) : Tensor(), c_prev, a_t, c_t,
+                 h_t);
+  }
+  const Tensor h_last = y.select(0, steps - 1).clone();
+  const Tensor c_last = cs.select(0, grad ? steps - 1 : (steps - 1) % 2).clone();
+  if (!grad) return {y, h_last, c_last};
+
+  const autograd::SavedTensor s_y(y), s_acts(acts), s_cs(cs), s_w(w), s_h0(h0), s_c0(c0);
+  const DType gx_dtype = gx.dtype();
+  autograd::record(
+      "lstm_sequenceBackward", {gx, w, h0, c0}, {y, h_last, c_last},
+      [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+        if (!g[0].defined() && !g[1].defined() && !g[2].defined()) return {{}, {}, {}, {}};
+        NoGrad no_grad;
+        const Tensor yv = s_y.unpack(), av = s_acts.unpack(), cv = s_cs.unpack();
+        const Tensor wv = s_w.unpack(), h0v = s_h0.unpack(), c0v = s_c0.unpack();
+        backend::Backend& bk = backend::backend_for(device);
+        // y's gradient as it comes (a transposed view from a batch-first caller is read in
+        // place: the kernel takes any row stride), unless its rows are not unit-stride.
+        Tensor gy = g[0].defined() ? g[0].to(dt) : Tensor();
+        if (gy.defined() && gy.stride(2) != 1) gy = gy.contiguous();
+        Tensor dgx = Tensor::empty({steps, b, 4 * n}, gx_dtype, device);
+        // dh from the next step's gates (dz_{t+1} W_hh, in the compute dtype) and the last h's
+        // gradient; dc through two alternating buffers.
+        Tensor dh_rec = Tensor::empty({1, b, n}, cdt, device);
+        Tensor dh_add = g[1].defined() ? g[1].to(cdt).contiguous() : Tensor();
+        Tensor dc_buf[2] = {Tensor::empty({b, n}, dt, device), Tensor::empty({b, n}, dt, device)};
+        Tensor dc = g[2].defined() ? g[2].to(dt).contiguous() : Tensor();
+        for (int64_t t = steps - 1; t >= 0; --t) {
+          const Tensor c_prev = t == 0 ? c0v : cv.select(0, t - 1);
+          Tensor dz = dgx.select(0, t);
+          Tensor& dc_prev = dc_buf[t % 2];
+          bk.lstm_cell_backward(av.select(0, t), cv.select(0, t), c_prev,
+                                gy.defined() ? gy.select(0, t) : Tensor(), dh_add, dc, dz, dc_prev);
+          dc = dc_prev;
+          if (t > 0 || h0v.defined()) {
+            gemm_into(dz, wv, dh_rec);
+            dh_add = dh_rec.select(0, 0);
+          }
+        }
+        // dW_hh = sum_t dz_t^T h_{t-1}, summed in the compute dtype and rounded to w's dtype once:
+        // one GEMM per kDwSteps steps (their B rows each), h0's term apart. Not one GEMM over all
+        // T steps: the GEMM copies a transposed operand whose rows are 4 KiB apart (4H = 1024
+        // floats, dnnl.cpp's 4K-aliasing cure), and a copy of all of dz raised the step's peak
+        // memory by its size (measured +32 MiB on the lstm model in fp32).
+        constexpr int64_t kDwSteps = 8;
+        Tensor dw = Tensor::zeros({4 * n, n}, cdt, device);
+        Tensor part = Tensor::empty({1, 4 * n, n}, cdt, device);
+        auto accumulate = [&](const Tensor& dz_rows, const Tensor& h_rows) {
+          gemm_into(dz_rows.t(), h_rows, part);
+          dw = add(dw, part.view({4 * n, n}));
+        };
+        for (int64_t t0 = 1; t0 < steps; t0 += kDwSteps) {
+          const int64_t len = std::min(kDwSteps, steps - t0);
+          accumulate(dgx.narrow(0, t0, len).reshape({-1, 4 * n}),
+                     yv.narrow(0, t0 - 1, len).reshape({-1, n}));
+        }
+        if (h0v.defined()) accumulate(dgx.select(0, 0), h0v);
+        return {dgx, dw.to(wv.dtype()), h0v.defined() ? dh_rec.view({b, n}).to(dt) : Tensor(),
+                c0v.defined() ? dc.clone() : Tensor()};
+      });
+  return {y, h_last, c_last};
 }
 
 // ---- attention -------------------------------------------------------------------------------

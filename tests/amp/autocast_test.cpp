@@ -48,6 +48,8 @@ std::map<OpId, OpRunner> runners() {
   r[OpId::ScaledDotProductAttention] = {{{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, [](V in) {
                                           return scaled_dot_product_attention(in[0], in[1], in[2]);
                                         }};
+  r[OpId::LstmSequence] = {{{3, 2, 8}, {8, 2}, {2, 2}, {2, 2}},
+                           [](V in) { return lstm_sequence(in[0], in[1], in[2], in[3])[0]; }};
   r[OpId::Softmax] = {{{3, 4}}, [](V in) { return softmax(in[0], -1); }};
   r[OpId::LogSoftmax] = {{{3, 4}}, [](V in) { return log_softmax(in[0], -1); }};
   r[OpId::LayerNorm] = {{{3, 4}, {4}, {4}},
@@ -126,7 +128,8 @@ TEST(AutocastTable, EveryOpHasARowANameAndARunnerHere) {
 }
 
 TEST(AutocastTable, PolicyFamiliesFollowPyTorch) {
-  for (OpId op : {OpId::Matmul, OpId::Linear, OpId::Conv2d, OpId::ScaledDotProductAttention})
+  for (OpId op : {OpId::Matmul, OpId::Linear, OpId::Conv2d, OpId::ScaledDotProductAttention,
+                  OpId::LstmSequence})
     EXPECT_EQ(amp::policy_of(op), CastPolicy::LowerPrecision) << name(op);
   for (OpId op : {OpId::Softmax, OpId::LogSoftmax, OpId::LayerNorm, OpId::CrossEntropy,
                   OpId::BinaryCrossEntropyWithLogits, OpId::Exp, OpId::Log, OpId::Pow, OpId::Rsqrt,

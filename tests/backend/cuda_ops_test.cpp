@@ -294,6 +294,22 @@ std::vector<SweepCase> make_cases() {
                  const std::vector<Tensor> hc = lstm_pointwise(x[0], Tensor());
                  return cat({hc[0], hc[1]}, 1);
                }});
+  // A layer's recurrence (lstm_sequence: its per-step GEMMs, the kernel's float gates_add and
+  // dh_add), from given states and from a zero state.
+  c.push_back({"lstm_sequence",
+               {floats({5, 3, 16}, -2, 2), floats({16, 4}), floats({3, 4}), floats({3, 4})},
+               [](const auto& x) {
+                 const std::vector<Tensor> o = lstm_sequence(x[0], x[1], x[2], x[3]);
+                 return cat({o[0].reshape({-1}), o[1].reshape({-1}), o[2].reshape({-1})}, 0);
+               },
+               8});
+  c.push_back({"lstm_sequence_zero_state",
+               {floats({5, 3, 16}, -2, 2), floats({16, 4})},
+               [](const auto& x) {
+                 const std::vector<Tensor> o = lstm_sequence(x[0], x[1]);
+                 return cat({o[0].reshape({-1}), o[1].reshape({-1}), o[2].reshape({-1})}, 0);
+               },
+               8});
   // ---- normalization and softmax
   c.push_back({"layer_norm_affine",
                {floats({6, 40}), floats({40}), floats({40})},

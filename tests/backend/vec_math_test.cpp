@@ -323,7 +323,8 @@ TEST(VectorIsa, EveryBuildGivesTheBaselinesValues) {
       for (const VectorIsa isa : isas)
         EXPECT_EQ(first_difference(got[0], got[int(isa)]), "") << vector_isa_name(isa);
     }
-    // The LSTM step (50 rows of 4 x 25 gates), with and without a previous state.
+    // The LSTM step (50 rows of 4 x 25 gates), with and without a previous state; with a
+    // previous state also with the recurrent GEMM's (compute-dtype) gates and dh added in.
     SCOPED_TRACE(std::string("lstm_cell ") + std::string(dtype_name(dtype)));
     const Tensor gates = x.reshape({50, 100}), dh = g.narrow(0, 0, 1250).reshape({50, 25});
     const Tensor c_prev = x.narrow(0, 100, 1250).reshape({50, 25});
@@ -335,8 +336,11 @@ TEST(VectorIsa, EveryBuildGivesTheBaselinesValues) {
         Tensor h = Tensor::empty({50, 25}, dtype), dz = Tensor::empty({50, 100}, dtype);
         Tensor dcp = Tensor::empty({50, 25}, dtype);
         const Tensor prev = has_prev ? c_prev : Tensor();
-        cpu.lstm_cell(gates, prev, acts, c, h);
-        cpu.lstm_cell_backward(acts, c, prev, dh, dh, dz, dcp);
+        const DType cdt = dtype == DType::F64 ? DType::F64 : DType::F32;
+        const Tensor gates_add = has_prev ? mul(gates, -0.5).to(cdt) : Tensor();
+        const Tensor dh_add = has_prev ? mul(dh, 0.25).to(cdt) : Tensor();
+        cpu.lstm_cell(gates, gates_add, prev, acts, c, h);
+        cpu.lstm_cell_backward(acts, c, prev, dh, dh_add, dh, dz, dcp);
         for (const Tensor* t : {&acts, &c, &h, &dz, &dcp}) {
           const std::vector<uint64_t> v = values(*t);
           got[int(isa)].insert(got[int(isa)].end(), v.begin(), v.end());

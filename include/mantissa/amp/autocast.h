@@ -36,6 +36,7 @@ namespace mantissa::amp {
   _(Conv2d, "conv2d")                                                 \
   _(ConvTranspose2d, "conv_transpose2d")                              \
   _(ScaledDotProductAttention, "scaled_dot_product_attention")        \
+  _(LstmSequence, "lstm_sequence")                                    \
   _(Softmax, "softmax")                                               \
   _(LogSoftmax, "log_softmax")                                        \
   _(LayerNorm, "layer_norm")                                          \

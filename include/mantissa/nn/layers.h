@@ -474,10 +474,10 @@ class LSTMCell : public Module {
   Tensor *w_ih_, *w_hh_, *b_ih_, *b_hh_;
 };
 
-// Stacked LSTM over batch-first x (B, T, in), unrolled over time with autograd; parameters named
-// as torch.nn.LSTM's (weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0, ..._l1, ...). The
-// input projection of all steps is one GEMM per layer (with both biases, added once). Dropout
-// between layers in training.
+// Stacked LSTM over batch-first x (B, T, in); parameters named as torch.nn.LSTM's (weight_ih_l0,
+// weight_hh_l0, bias_ih_l0, bias_hh_l0, ..._l1, ...). Each layer runs time-major: the input
+// projection of all steps is one GEMM (with both biases, added once), the recurrence one
+// lstm_sequence op (one autograd node for all T steps). Dropout between layers in training.
 class LSTM : public Module {
  public:
   LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1,
@@ -500,8 +500,8 @@ class LSTM : public Module {
   ActivationCheckpointing activation_checkpointing() const { return checkpointing_; }
 
  private:
-  // One layer over the whole sequence: {seq (B, T, in), h0, c0 (B, H) or undefined} ->
-  // {y (B, T, H), h_n, c_n}.
+  // One layer over the whole sequence, time-major: {seq (T, B, in), h0, c0 (B, H) or
+  // undefined} -> {y (T, B, H), h_n, c_n}.
   TensorList run_layer(int64_t layer, const TensorList& inputs);
 
   int64_t input_, hidden_, layers_;

@@ -203,6 +203,17 @@ std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
 // state. Returns {h, c_next}: i f o = sigmoid, g = tanh, c_next = f c + i g, h = o tanh(c_next).
 // Computed in float (double for f64) and stored in the wider of the gates' and c's dtypes.
 std::vector<Tensor> lstm_pointwise(const Tensor& gates, const Tensor& c);
+// One LSTM layer's recurrence over a whole sequence as one op (one autograd node; forward and
+// backward loop over the steps inside it), time-major: gates_x (T, B, 4H) is every step's input
+// projection x_t W_ih^T + b_ih + b_hh, w_hh (4H, H) the recurrent weight, h0 and c0 (B, H) the
+// initial state (undefined: zero). Step t: z = gates_x[t] + h_{t-1} W_hh^T, the GEMM's float
+// output added in float (not rounded to the storage dtype first), then lstm_pointwise's math.
+// Returns {y (T, B, H): every step's h, h_T, c_T}. Backward returns the gates' gradient (which
+// the projection's own backward turns into W_ih's, the biases' and x's) and W_hh's as one GEMM
+// over all steps, accumulated in float. Under autocast a lower-precision op (PyTorch lists its
+// LSTM cells there), so its GEMMs run in bf16/f16 with float accumulation.
+std::vector<Tensor> lstm_sequence(const Tensor& gates_x, const Tensor& w_hh,
+                                  const Tensor& h0 = Tensor(), const Tensor& c0 = Tensor());
 
 // ---- attention
 // ----------------------------------------------------------------------------------- softmax(q k^T

@@ -347,10 +347,11 @@ namespace {
 
 // Row r of a contiguous (rows, width) tensor in the compute type: the storage itself when the
 // types match, else converted into buf.
+// Row r of a 2-D tensor with unit stride along its rows (any row stride).
 template <typename T, typename C>
 const C* row_in(const Tensor& t, int64_t r, int64_t width, C* buf) {
   if (!t.defined()) return nullptr;
-  const T* p = static_cast<const T*>(t.data_ptr()) + r * width;
+  const T* p = static_cast<const T*>(t.data_ptr()) + r * t.stride(0);
   if constexpr (std::is_same_v<T, C>) {
     return p;
   } else {
@@ -380,15 +381,20 @@ void row_store(Tensor& t, int64_t r, int64_t width, const C* buf) {
 
 }  // namespace
 
-void CpuBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& acts, Tensor& c,
-                           Tensor& h) {
+void CpuBackend::lstm_cell(const Tensor& gates, const Tensor& gates_add, const Tensor& c_prev,
+                           Tensor& acts, Tensor& c, Tensor& h) {
   const int64_t rows = gates.size(0), n = gates.size(1) / 4;
   dispatch_float(acts.dtype(), "lstm_cell", [&]<typename T>() {
     using C = compute_t<T>;
     dispatch_float(gates.dtype(), "lstm_cell", [&]<typename G>() {
       if constexpr (std::is_same_v<compute_t<G>, C>) {
-        parallel_rows<C>(rows, rows * 4 * n, 11 * n, [&](int64_t r, C* buf) {
+        parallel_rows<C>(rows, rows * 4 * n, 15 * n, [&](int64_t r, C* buf) {
           const C* z = row_in<G, C>(gates, r, 4 * n, buf);
+          if (gates_add.defined()) {
+            C* sum = buf + 11 * n;
+            run_binary<C>(BinaryOp::Add, sum, z, gates_add.data<C>() + r * 4 * n, 4 * n);
+            z = sum;
+          }
           const C* cp = row_in<T, C>(c_prev, r, n, buf + 4 * n);
           C* a = row_out<T, C>(acts, r, 4 * n, buf + 5 * n);
           C* cn = row_out<T, C>(c, r, n, buf + 9 * n);
@@ -406,14 +412,14 @@ void CpuBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& ac
 }
 
 void CpuBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const Tensor& c_prev,
-                                    const Tensor& dh, const Tensor& dc, Tensor& dgates,
-                                    Tensor& dc_prev) {
+                                    const Tensor& dh, const Tensor& dh_add, const Tensor& dc,
+                                    Tensor& dgates, Tensor& dc_prev) {
   const int64_t rows = acts.size(0), n = acts.size(1) / 4;
   dispatch_float(acts.dtype(), "lstm_cell_backward", [&]<typename T>() {
     using C = compute_t<T>;
     dispatch_float(dgates.dtype(), "lstm_cell_backward", [&]<typename G>() {
       if constexpr (std::is_same_v<compute_t<G>, C>) {
-        parallel_rows<C>(rows, rows * 4 * n, 14 * n, [&](int64_t r, C* buf) {
+        parallel_rows<C>(rows, rows * 4 * n, 15 * n, [&](int64_t r, C* buf) {
           const C* a = row_in<T, C>(acts, r, 4 * n, buf);
           const C* cn = row_in<T, C>(c, r, n, buf + 4 * n);
           const C* cp = row_in<T, C>(c_prev, r, n, buf + 5 * n);
@@ -421,6 +427,11 @@ void CpuBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const T
           C* zeros = buf + 6 * n;
           if (!dh.defined() || !dc.defined()) std::fill(zeros, zeros + n, C(0));
           const C* gh = dh.defined() ? row_in<T, C>(dh, r, n, buf + 7 * n) : zeros;
+          if (dh_add.defined()) {
+            C* sum = buf + 14 * n;
+            run_binary<C>(BinaryOp::Add, sum, gh, dh_add.data<C>() + r * n, n);
+            gh = sum;
+          }
           const C* gc = dc.defined() ? row_in<T, C>(dc, r, n, buf + 8 * n) : zeros;
           C* dz = row_out<G, C>(dgates, r, 4 * n, buf + 9 * n);
           C* dcp = row_out<T, C>(dc_prev, r, n, buf + 13 * n);

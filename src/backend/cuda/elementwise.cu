@@ -389,18 +389,19 @@ __global__ void dropout_kernel(int64_t n, const S* x, S* out, bool* mask, uint64
 
 // One thread per (row, state element) of an LSTM step (backend/lstm_math.h, as the CPU's loop).
 template <typename G, typename S>
-__global__ void lstm_cell_kernel(int64_t rows, int64_t n, const G* z, const S* cp, S* acts, S* c,
-                                 S* h) {
+__global__ void lstm_cell_kernel(int64_t rows, int64_t n, const G* z, const compute_t<S>* za,
+                                 const S* cp, S* acts, S* c, S* h) {
   using C = compute_t<S>;
   MT_GRID_STRIDE_LOOP(k, rows * n) {
     const int64_t r = k / n, j = k % n;
     const G* zr = z + r * 4 * n;
+    const C* zar = za != nullptr ? za + r * 4 * n : nullptr;
+    auto gate = [&](int64_t q) { return zar ? C(load(zr + q) + zar[q]) : C(load(zr + q)); };
     const bool has_prev = cp != nullptr;
     lstm_math::Acts<C> a;
     C cv, hv;
-    lstm_math::forward<DeviceMath>(load(zr + j), load(zr + n + j), load(zr + 2 * n + j),
-                                   load(zr + 3 * n + j), has_prev ? load(cp + k) : C(0), has_prev,
-                                   a, cv, hv);
+    lstm_math::forward<DeviceMath>(gate(j), gate(n + j), gate(2 * n + j), gate(3 * n + j),
+                                   has_prev ? load(cp + k) : C(0), has_prev, a, cv, hv);
     S* ar = acts + r * 4 * n;
     store_value(ar + j, a.i);
     store_value(ar + n + j, a.f);
@@ -413,7 +414,8 @@ __global__ void lstm_cell_kernel(int64_t rows, int64_t n, const G* z, const S* c
 
 template <typename G, typename S>
 __global__ void lstm_cell_backward_kernel(int64_t rows, int64_t n, const S* acts, const S* c,
-                                          const S* cp, const S* dh, const S* dc, G* dz, S* dcp) {
+                                          const S* cp, const S* dh, int64_t dh_stride,
+                                          const compute_t<S>* dha, const S* dc, G* dz, S* dcp) {
   using C = compute_t<S>;
   MT_GRID_STRIDE_LOOP(k, rows * n) {
     const int64_t r = k / n, j = k % n;
@@ -423,9 +425,10 @@ __global__ void lstm_cell_backward_kernel(int64_t rows, int64_t n, const S* acts
     const bool has_prev = cp != nullptr;
     lstm_math::Acts<C> d;
     C dcpv;
-    lstm_math::backward<DeviceMath>(a, load(c + k), has_prev ? load(cp + k) : C(0), has_prev,
-                                    dh != nullptr ? load(dh + k) : C(0),
-                                    dc != nullptr ? load(dc + k) : C(0), d, dcpv);
+    lstm_math::backward<DeviceMath>(
+        a, load(c + k), has_prev ? load(cp + k) : C(0), has_prev,
+        C((dh != nullptr ? load(dh + r * dh_stride + j) : C(0)) + (dha != nullptr ? dha[k] : C(0))),
+        dc != nullptr ? load(dc + k) : C(0), d, dcpv);
     G* dr = dz + r * 4 * n;
     store_value(dr + j, d.i);
     store_value(dr + n + j, d.f);
@@ -654,14 +657,16 @@ void CudaBackend::dropout(const Tensor& x, double p, uint64_t seed, uint64_t off
   });
 }
 
-void CudaBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& acts, Tensor& c,
-                            Tensor& h) {
+void CudaBackend::lstm_cell(const Tensor& gates, const Tensor& gates_add, const Tensor& c_prev,
+                            Tensor& acts, Tensor& c, Tensor& h) {
   DeviceGuard guard(device_);
   const int64_t rows = gates.size(0), n = gates.size(1) / 4;
   dispatch_float(acts.dtype(), "lstm_cell", [&]<typename S>(Tag<S>) {
     dispatch_float(gates.dtype(), "lstm_cell", [&]<typename G>(Tag<G>) {
       if constexpr (std::is_same_v<compute_t<G>, compute_t<S>>) {
+        using C = compute_t<S>;
         launch(rows * n, device_, lstm_cell_kernel<G, S>, rows, n, device_ptr<const G>(gates),
+               gates_add.defined() ? device_ptr<const C>(gates_add) : nullptr,
                c_prev.defined() ? device_ptr<const S>(c_prev) : nullptr, device_ptr<S>(acts),
                device_ptr<S>(c), device_ptr<S>(h));
       } else {
@@ -672,8 +677,8 @@ void CudaBackend::lstm_cell(const Tensor& gates, const Tensor& c_prev, Tensor& a
 }
 
 void CudaBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const Tensor& c_prev,
-                                     const Tensor& dh, const Tensor& dc, Tensor& dgates,
-                                     Tensor& dc_prev) {
+                                     const Tensor& dh, const Tensor& dh_add, const Tensor& dc,
+                                     Tensor& dgates, Tensor& dc_prev) {
   DeviceGuard guard(device_);
   const int64_t rows = acts.size(0), n = acts.size(1) / 4;
   auto ptr = []<typename S>(const Tensor& t, Tag<S>) -> const S* {
@@ -684,7 +689,8 @@ void CudaBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const 
       if constexpr (std::is_same_v<compute_t<G>, compute_t<S>>) {
         launch(rows * n, device_, lstm_cell_backward_kernel<G, S>, rows, n,
                device_ptr<const S>(acts), device_ptr<const S>(c), ptr(c_prev, tag), ptr(dh, tag),
-               ptr(dc, tag), device_ptr<G>(dgates), device_ptr<S>(dc_prev));
+               dh.defined() ? dh.stride(0) : n, ptr(dh_add, Tag<compute_t<S>>{}), ptr(dc, tag),
+               device_ptr<G>(dgates), device_ptr<S>(dc_prev));
       } else {
         MT_ASSERT(false, "lstm_cell_backward: dgates and state must share a compute type");
       }
