@@ -354,6 +354,50 @@ TEST(VectorIsa, EveryBuildGivesTheBaselinesValues) {
   }
 }
 
+// bf16 state and gates are read and written inside the LSTM row loops (no conversion pass): the
+// results are the f32 kernel's on the same values, rounded once, bit for bit, forward and
+// backward, with and without a previous state and the float adds, NaN, infinities and a
+// subnormal among the inputs.
+TEST(LstmCellKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
+  Backend& cpu = cpu_backend();
+  const int64_t rows = 50, n = 25;
+  const Tensor x = probe(rows * 4 * n, DType::BF16), g = probe(rows * 4 * n, DType::BF16, true);
+  const Tensor gates = x.reshape({rows, 4 * n});
+  const Tensor c_prev = g.narrow(0, 0, rows * n).reshape({rows, n});
+  const Tensor dh = g.narrow(0, rows * n, rows * n).reshape({rows, n});
+  const Tensor dc = x.narrow(0, 3 * rows * n, rows * n).reshape({rows, n});
+  auto f32 = [](const Tensor& t) { return t.defined() ? t.to(DType::F32) : t; };
+  auto rounded = [](const Tensor& t) { return values(t.to(DType::BF16)); };
+  for (const bool has_prev : {true, false}) {
+    for (const bool with_add : {true, false}) {
+      SCOPED_TRACE(std::string(has_prev ? "with" : "without") + " a previous state, " +
+                   (with_add ? "with" : "without") + " the float adds");
+      const Tensor prev = has_prev ? c_prev : Tensor();
+      const Tensor za = with_add ? mul(gates, -0.5).to(DType::F32) : Tensor();
+      const Tensor dha = with_add ? mul(dh, 0.25).to(DType::F32) : Tensor();
+      Tensor acts = Tensor::empty({rows, 4 * n}, DType::BF16);
+      Tensor c = Tensor::empty({rows, n}, DType::BF16), h = Tensor::empty({rows, n}, DType::BF16);
+      Tensor dz = Tensor::empty({rows, 4 * n}, DType::BF16);
+      Tensor dcp = Tensor::empty({rows, n}, DType::BF16);
+      cpu.lstm_cell(gates, za, prev, acts, c, h);
+      cpu.lstm_cell_backward(acts, c, prev, dh, dha, dc, dz, dcp);
+
+      Tensor acts32 = Tensor::empty({rows, 4 * n}, DType::F32);
+      Tensor c32 = Tensor::empty({rows, n}, DType::F32), h32 = Tensor::empty({rows, n}, DType::F32);
+      cpu.lstm_cell(f32(gates), za, f32(prev), acts32, c32, h32);
+      EXPECT_EQ(first_difference(values(acts), rounded(acts32)), "") << "activations";
+      EXPECT_EQ(first_difference(values(c), rounded(c32)), "") << "c";
+      EXPECT_EQ(first_difference(values(h), rounded(h32)), "") << "h";
+      // Backward from the bf16 activations and state, widened.
+      Tensor dz32 = Tensor::empty({rows, 4 * n}, DType::F32);
+      Tensor dcp32 = Tensor::empty({rows, n}, DType::F32);
+      cpu.lstm_cell_backward(f32(acts), f32(c), f32(prev), f32(dh), dha, f32(dc), dz32, dcp32);
+      EXPECT_EQ(first_difference(values(dz), rounded(dz32)), "") << "d gates";
+      EXPECT_EQ(first_difference(values(dcp), rounded(dcp32)), "") << "d c_prev";
+    }
+  }
+}
+
 TEST(VectorIsa, ForcingAnUnsupportedIsaIsRefused) {
   force_vector_isa(VectorIsa::Baseline);
   EXPECT_EQ(vector_isa(), VectorIsa::Baseline);

@@ -64,6 +64,38 @@ void run_lstm_cell_backward_row(const C* acts, const C* c, const C* cp, const C*
   }
 }
 
+template <typename G, typename S>
+void run_lstm_cell_row_stored(const G* z, const float* za, const S* cp, S* acts, S* c, S* h,
+                              int64_t n) {
+  if (cp != nullptr && za != nullptr) {
+    MT_ISA_CALL(lstm_cell_row_stored<G, S, true, true>(z, za, cp, acts, c, h, n));
+  } else if (cp != nullptr) {
+    MT_ISA_CALL(lstm_cell_row_stored<G, S, true, false>(z, za, cp, acts, c, h, n));
+  } else if (za != nullptr) {
+    MT_ISA_CALL(lstm_cell_row_stored<G, S, false, true>(z, za, cp, acts, c, h, n));
+  } else {
+    MT_ISA_CALL(lstm_cell_row_stored<G, S, false, false>(z, za, cp, acts, c, h, n));
+  }
+}
+
+template <typename G, typename S>
+void run_lstm_cell_backward_row_stored(const S* acts, const S* c, const S* cp, const S* dh,
+                                       const float* dha, const S* dc, G* dz, S* dcp, int64_t n) {
+  if (cp != nullptr && dha != nullptr) {
+    MT_ISA_CALL(
+        lstm_cell_backward_row_stored<G, S, true, true>(acts, c, cp, dh, dha, dc, dz, dcp, n));
+  } else if (cp != nullptr) {
+    MT_ISA_CALL(
+        lstm_cell_backward_row_stored<G, S, true, false>(acts, c, cp, dh, dha, dc, dz, dcp, n));
+  } else if (dha != nullptr) {
+    MT_ISA_CALL(
+        lstm_cell_backward_row_stored<G, S, false, true>(acts, c, cp, dh, dha, dc, dz, dcp, n));
+  } else {
+    MT_ISA_CALL(
+        lstm_cell_backward_row_stored<G, S, false, false>(acts, c, cp, dh, dha, dc, dz, dcp, n));
+  }
+}
+
 #undef MT_ISA_CALL
 
 // Walks rows [r0, r1) of a strided tensor's elements in row-major order (a row: the innermost
@@ -347,6 +379,11 @@ namespace {
 
 // Row r of a contiguous (rows, width) tensor in the compute type: the storage itself when the
 // types match, else converted into buf.
+// Storage the LSTM row kernels read and write inside their loops (elementwise_loops.inc); other
+// dtypes go through rows converted to the compute type.
+template <typename T>
+inline constexpr bool kConvertsInLoop = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
+
 // Row r of a 2-D tensor with unit stride along its rows (any row stride).
 template <typename T, typename C>
 const C* row_in(const Tensor& t, int64_t r, int64_t width, C* buf) {
@@ -387,7 +424,18 @@ void CpuBackend::lstm_cell(const Tensor& gates, const Tensor& gates_add, const T
   dispatch_float(acts.dtype(), "lstm_cell", [&]<typename T>() {
     using C = compute_t<T>;
     dispatch_float(gates.dtype(), "lstm_cell", [&]<typename G>() {
-      if constexpr (std::is_same_v<compute_t<G>, C>) {
+      if constexpr (kConvertsInLoop<T> && kConvertsInLoop<G>) {
+        const G* z = static_cast<const G*>(gates.data_ptr());
+        const float* za = gates_add.defined() ? gates_add.data<float>() : nullptr;
+        const T* cp = c_prev.defined() ? static_cast<const T*>(c_prev.data_ptr()) : nullptr;
+        T *a = static_cast<T*>(acts.data_ptr()), *cn = static_cast<T*>(c.data_ptr());
+        T* hn = static_cast<T*>(h.data_ptr());
+        parallel_rows<float>(rows, rows * 4 * n, 0, [&](int64_t r, float*) {
+          run_lstm_cell_row_stored<G, T>(z + r * 4 * n, za ? za + r * 4 * n : nullptr,
+                                         cp ? cp + r * n : nullptr, a + r * 4 * n, cn + r * n,
+                                         hn + r * n, n);
+        });
+      } else if constexpr (std::is_same_v<compute_t<G>, C>) {
         parallel_rows<C>(rows, rows * 4 * n, 15 * n, [&](int64_t r, C* buf) {
           const C* z = row_in<G, C>(gates, r, 4 * n, buf);
           if (gates_add.defined()) {
@@ -418,6 +466,24 @@ void CpuBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const T
   dispatch_float(acts.dtype(), "lstm_cell_backward", [&]<typename T>() {
     using C = compute_t<T>;
     dispatch_float(dgates.dtype(), "lstm_cell_backward", [&]<typename G>() {
+      if constexpr (kConvertsInLoop<T> && kConvertsInLoop<G>) {
+        if (dh.defined() && dc.defined()) {
+          auto in = [](const Tensor& t) {
+            return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+          };
+          const T *a = in(acts), *cn = in(c), *cp = in(c_prev), *gh = in(dh), *gc = in(dc);
+          const float* gha = dh_add.defined() ? dh_add.data<float>() : nullptr;
+          const int64_t dh_ld = dh.stride(0);
+          G* dz = static_cast<G*>(dgates.data_ptr());
+          T* dcp = static_cast<T*>(dc_prev.data_ptr());
+          parallel_rows<float>(rows, rows * 4 * n, 0, [&](int64_t r, float*) {
+            run_lstm_cell_backward_row_stored<G, T>(
+                a + r * 4 * n, cn + r * n, cp ? cp + r * n : nullptr, gh + r * dh_ld,
+                gha ? gha + r * n : nullptr, gc + r * n, dz + r * 4 * n, dcp + r * n, n);
+          });
+          return;
+        }
+      }
       if constexpr (std::is_same_v<compute_t<G>, C>) {
         parallel_rows<C>(rows, rows * 4 * n, 15 * n, [&](int64_t r, C* buf) {
           const C* a = row_in<T, C>(acts, r, 4 * n, buf);
