@@ -174,43 +174,46 @@ namespace mantissa::backend::cpu {
 // The host side of op_math.h's math policy: in float the vectorizable exp, log, tanh, normal CDF
 // and density of vec_math.h, in double the std:: functions (the CDF through std::erfc); sqrt and
 // pow from std:: (sqrt is an instruction); plain products (the library is built without contraction
-// into FMA).
+// into FMA). Always inlined: HostMath is not compiled per instruction set, so an out-of-line copy
+// is a baseline (SSE) function, and a vectorized loop calling it runs lane by lane. GCC left
+// exp<float> out of line once elementwise.cpp had a few more loops using it (gpt2_tiny's fp32
+// step went from 580 to 1040 ms: its GELU ran scalar).
 struct HostMath {
   template <typename C>
-  static C exp(C x) {
+  MT_VM_INLINE static C exp(C x) {
     if constexpr (std::is_same_v<C, float>) return vm::exp(x);
     return std::exp(x);
   }
   template <typename C>
-  static C log(C x) {
+  MT_VM_INLINE static C log(C x) {
     if constexpr (std::is_same_v<C, float>) return vm::log(x);
     return std::log(x);
   }
   template <typename C>
-  static C sqrt(C x) {
+  MT_VM_INLINE static C sqrt(C x) {
     return std::sqrt(x);
   }
   template <typename C>
-  static C tanh(C x) {
+  MT_VM_INLINE static C tanh(C x) {
     if constexpr (std::is_same_v<C, float>) return vm::tanh(x);
     return std::tanh(x);
   }
   template <typename C>
-  static C normal_cdf(C x) {
+  MT_VM_INLINE static C normal_cdf(C x) {
     if constexpr (std::is_same_v<C, float>) return vm::normal_cdf(x);
     return C(0.5) * std::erfc(x * C(-0.70710678118654752440));
   }
   template <typename C>
-  static C normal_pdf(C x) {
+  MT_VM_INLINE static C normal_pdf(C x) {
     if constexpr (std::is_same_v<C, float>) return vm::normal_pdf(x);
     return std::exp(C(-0.5) * (x * x)) * C(0.39894228040143267794);
   }
   template <typename C>
-  static C pow(C x, C y) {
+  MT_VM_INLINE static C pow(C x, C y) {
     return std::pow(x, y);
   }
   template <typename C>
-  static C mul_rn(C a, C b) {
+  MT_VM_INLINE static C mul_rn(C a, C b) {
     return a * b;
   }
 };
