@@ -153,14 +153,15 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 2 and "--max-tokens" in err, f"generate --max-tokens 0: {rc} {err!r}")
 
     # bench: one JSON row per precision; under autocast the weight-cast cache makes each
-    # parameter's bf16 copy once per step (the LSTM's recurrent weights are reused every time step:
-    # hits), fp32 makes none.
+    # parameter's bf16 copy once per step, fp32 makes none. The LSTM's recurrent weights are read
+    # by one op per layer (lstm_sequence), not one GEMM per time step: no weight is cast twice, so
+    # the cache has no hits to count (it had one per step and layer when the steps were ops).
     rc, out, err = run("bench", "--model", "lstm", "--precision", "fp32,bf16", "--steps", "1",
                        "--warmup", "0", "--batch-size", "4", "--seq-len", "8", "--json")
     rows = [json.loads(line) for line in out.splitlines()] if rc == 0 else []
     check(len(rows) == 2 and rows[0]["weight_casts_per_step"] == 0
           and rows[1]["weight_casts_per_step"] > 0
-          and rows[1]["cast_cache_hits_per_step"] >= rows[1]["weight_casts_per_step"],
+          and rows[1]["cast_cache_hits_per_step"] == 0,
           f"bench --json cast-cache counts ({rc}): {out!r} {err[-300:]!r}")
     # --device: recorded in the summary; a bad name or a missing GPU is one line and exit 2.
     check(result.get("device") == "cpu", f"the summary names the device: {result}")

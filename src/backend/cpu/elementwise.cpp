@@ -377,14 +377,13 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
 
 namespace {
 
-// Row r of a contiguous (rows, width) tensor in the compute type: the storage itself when the
-// types match, else converted into buf.
 // Storage the LSTM row kernels read and write inside their loops (elementwise_loops.inc); other
 // dtypes go through rows converted to the compute type.
 template <typename T>
 inline constexpr bool kConvertsInLoop = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
 
-// Row r of a 2-D tensor with unit stride along its rows (any row stride).
+// Row r of a (rows, width) tensor with unit stride along its rows (any row stride) in the compute
+// type: the storage itself when the types match, else converted into buf.
 template <typename T, typename C>
 const C* row_in(const Tensor& t, int64_t r, int64_t width, C* buf) {
   if (!t.defined()) return nullptr;
