@@ -19,6 +19,7 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vector_isa.h"
 #include "backend/op_tables.h"
+#include "mantissa/tensor/ops.h"
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa::backend::cpu {
