@@ -664,7 +664,7 @@ std::vector<Tensor> lstm_sequence(const Tensor& gx_arg, const Tensor& w_arg, con
         }
         if (h0v.defined()) accumulate(dgx.select(0, 0), h0v);
         return {dgx, dw.to(wv.dtype()), h0v.defined() ? dh_rec.view({b, n}).to(dt) : Tensor(),
-                c0v.defined() ? dc.clone() : Tensor()};
+                c0v.defined() ? dc : Tensor()};  // dc: one of this call's own buffers
       });
   return {y, h_last, c_last};
 }

@@ -209,8 +209,8 @@ std::vector<Tensor> lstm_pointwise(const Tensor& gates, const Tensor& c);
 // initial state (undefined: zero). Step t: z = gates_x[t] + h_{t-1} W_hh^T, the GEMM's float
 // output added in float (not rounded to the storage dtype first), then lstm_pointwise's math.
 // Returns {y (T, B, H): every step's h, h_T, c_T}. Backward returns the gates' gradient (which
-// the projection's own backward turns into W_ih's, the biases' and x's) and W_hh's as one GEMM
-// over all steps, accumulated in float. Under autocast a lower-precision op (PyTorch lists its
+// the projection's own backward turns into W_ih's, the biases' and x's) and W_hh's in a GEMM per
+// block of steps, accumulated in float. Under autocast a lower-precision op (PyTorch lists its
 // LSTM cells there), so its GEMMs run in bf16/f16 with float accumulation.
 std::vector<Tensor> lstm_sequence(const Tensor& gates_x, const Tensor& w_hh,
                                   const Tensor& h0 = Tensor(), const Tensor& c0 = Tensor());
