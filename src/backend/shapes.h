@@ -68,9 +68,9 @@ inline WantedGrads wanted_grads(const char* op, const Tensor& g, const Tensor& x
   const WantedGrads w{grad_x && grad_x->defined(), grad_weight && grad_weight->defined(),
                       grad_bias && grad_bias->defined()};
   if (w.x) {
-    MT_ASSERT(
-        grad_x->is_contiguous() && grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(), op,
-        " grad_x");
+    MT_ASSERT((grad_x->is_contiguous() || grad_x->strides() == x.strides()) &&
+                  grad_x->shape() == x.shape() && grad_x->dtype() == x.dtype(),
+              op, " grad_x");
   }
   return w;
 }

@@ -185,7 +185,9 @@ class ResNet : public Module {
 
   Tensor forward(const Tensor& x) override {
     check_image_input(x, config_, name());
-    Tensor h = relu((*bn1)((*conv1)(x)));
+    const bool channels_last =
+        config_.memory_format == MemoryFormat::ChannelsLast && x.device().is_cpu() && x.dim() == 4;
+    Tensor h = relu((*bn1)((*conv1)(channels_last ? x.contiguous(MemoryFormat::ChannelsLast) : x)));
     if (maxpool) h = (*maxpool)(h);
     for (const auto& layer : layers)
       h = (*layer)(h);

@@ -8,6 +8,7 @@
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
+#include "tensor/layout.h"
 
 namespace mantissa {
 
@@ -65,8 +66,10 @@ DType promote_types(DType a, DType b) {
 // ---------------------------------------------------------------------------------------
 
 Tensor cast(const Tensor& x, DType dtype) {
-  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
-  backend_of(x).copy(x, out);
+  Tensor out = layout::empty_like(x, dtype);
+  const std::vector<int64_t> order = layout::storage_order(out);
+  Tensor dst = layout::ordered(out, order);
+  backend_of(x).copy(layout::ordered(x, order), dst);
   if (is_floating(dtype) && x.is_floating_point()) {
     const DType from = x.dtype();
     autograd::record("CastBackward", {x}, {out}, [from](const std::vector<Tensor>& g) {
@@ -77,8 +80,10 @@ Tensor cast(const Tensor& x, DType dtype) {
 }
 
 Tensor cast(const Tensor& x, DType dtype, const RoundingOptions& rounding) {
-  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
-  backend_of(x).copy_rounded(x, out, rounding);
+  Tensor out = layout::empty_like(x, dtype);
+  const std::vector<int64_t> order = layout::storage_order(out);
+  Tensor dst = layout::ordered(out, order);
+  backend_of(x).copy_rounded(layout::ordered(x, order), dst, rounding);
   if (is_floating(dtype) && x.is_floating_point()) {
     const DType from = x.dtype();
     autograd::record("CastBackward", {x}, {out}, [from](const std::vector<Tensor>& g) {
@@ -102,8 +107,12 @@ Tensor unary_op(UnaryOp op, const Tensor& x_in, Scalars s = {}) {
       info.scalars > 0 && (s.a != std::floor(s.a) || s.b != std::floor(s.b));
   const bool int_to_f32 = info.integers != OnIntegers::Keep || scalar_is_fraction;
   const Tensor x = !x_in.is_floating_point() && int_to_f32 ? x_in.to(DType::F32) : x_in;
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  backend_of(x).unary(op, x, out, s);
+  Tensor out = layout::empty_like(x, x.dtype());
+  {
+    const std::vector<int64_t> order = layout::storage_order(out);
+    Tensor dst = layout::ordered(out, order);
+    backend_of(x).unary(op, layout::ordered(x, order), dst, s);
+  }
   if (autograd::needs_grad({&x})) {
     autograd::SavedTensor sx(info.needs == UnaryNeeds::Input ? x : Tensor());
     autograd::SavedTensor sy(info.needs == UnaryNeeds::Output ? out : Tensor());
@@ -112,9 +121,13 @@ Tensor unary_op(UnaryOp op, const Tensor& x_in, Scalars s = {}) {
                        if (!g[0].defined()) return {Tensor()};
                        const Tensor xv = sx.unpack(), yv = sy.unpack();
                        const Tensor& ref = xv.defined() ? xv : (yv.defined() ? yv : g[0]);
-                       Tensor gx = Tensor::empty(ref.shape(), ref.dtype(), ref.device());
+                       Tensor gx = layout::empty_like(ref, ref.dtype());
+                       const std::vector<int64_t> order = layout::storage_order(gx);
+                       Tensor dst = layout::ordered(gx, order);
                        backend::backend_for(ref.device())
-                           .unary_backward(op, g[0], xv.defined() ? xv : ref, yv, gx, s);
+                           .unary_backward(op, layout::ordered(g[0], order),
+                                           layout::ordered(xv.defined() ? xv : ref, order),
+                                           layout::ordered(yv, order), dst, s);
                        return {gx};
                      });
   }
@@ -332,8 +345,16 @@ Tensor binary_op(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   if (info.integers != OnIntegers::Keep && !is_floating(dt)) dt = DType::F32;
   const Tensor a = a_in.to(dt), b = b_in.to(dt);
   const bool comparison = backend::is_comparison(op);
-  Tensor out = Tensor::empty(shape, comparison ? DType::Bool : dt, a.device());
-  backend_of(a).binary(op, a, b, out);
+  // The layout of the first input that has the output's shape (row-major if neither has).
+  const Tensor& like = a.shape() == shape ? a : b;
+  const DType out_dt = comparison ? DType::Bool : dt;
+  Tensor out = like.shape() == shape ? layout::empty_like(like, out_dt)
+                                     : Tensor::empty(shape, out_dt, a.device());
+  {
+    const std::vector<int64_t> order = layout::storage_order(out);
+    Tensor dst = layout::ordered(out, order);
+    backend_of(a).binary(op, layout::ordered(a, order), layout::ordered(b, order), dst);
+  }
   if (comparison || !autograd::needs_grad({&a, &b})) return out;
 
   const Shape sa = a.shape(), sb = b.shape();

@@ -303,11 +303,20 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg,
   const Tensor x = x_in.to(dt), w = w_in.to(dt);
   const Tensor bias = b_in.defined() ? b_in.to(dt) : Tensor();
   const Shape ys4{xs4[0], O, out_hw[0], out_hw[1]};
+  // A channels-last input gives a channels-last output (and gradient) where the backend runs
+  // convolutions in that layout: the CPU's, with no reorder in or out.
+  const bool channels_last =
+      batched && x.device().is_cpu() && x.is_contiguous(MemoryFormat::ChannelsLast);
+  auto empty_activation = [=](const Shape& s) {
+    return channels_last ? Tensor::empty_strided(s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, dt,
+                                                 x.device())
+                         : Tensor::empty(s, dt, x.device());
+  };
   Tensor out;
   {
     NoGrad ng;
     const Tensor x4 = batched ? x : x.unsqueeze(0);
-    Tensor y = Tensor::empty(ys4, dt, x.device());
+    Tensor y = empty_activation(ys4);
     backend_of(x).conv2d(x4, w, bias.defined() ? &bias : nullptr, y, p, matmul_options());
     out = batched ? y : y.view({O, out_hw[0], out_hw[1]});
   }
@@ -328,13 +337,13 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg,
                      };
                      const Tensor x4 = gw ? saved_x.unpack().reshape(xs4) : shape_only(xs4);
                      const Tensor wv = gx ? saved_w.unpack() : shape_only(ws);
-                     Tensor dx = gx ? Tensor::empty(xs4, dt, g.device()) : Tensor();
+                     Tensor dx = gx ? empty_activation(xs4) : Tensor();
                      Tensor dw = gw ? Tensor::empty(ws, dt, g.device()) : Tensor();
                      Tensor db = gb ? Tensor::empty({O}, dt, g.device()) : Tensor();
                      backend_of(g).conv2d_backward(g.reshape(ys4), x4, wv, gx ? &dx : nullptr,
                                                    gw ? &dw : nullptr, gb ? &db : nullptr, p,
                                                    matmul_options());
-                     return {gx ? dx.view(xs) : Tensor(), dw, db};
+                     return {gx ? (batched ? dx : dx.view(xs)) : Tensor(), dw, db};
                    });
   return out;
 }

@@ -14,6 +14,7 @@
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
+#include "tensor/layout.h"
 #include "tensor/matmul_options.h"
 
 namespace mantissa {
@@ -211,7 +212,13 @@ Tensor batch_norm(const Tensor& x_arg, const Tensor& weight_arg, const Tensor& b
     autograd::check_inplace(rv);
   }
   const DType sdt = stats_dtype(x.dtype());
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  // The CPU kernels keep a channels-last input's layout (output and gradient).
+  auto like_input = [](const Tensor& t) {
+    return t.device().is_cpu() && t.is_contiguous(MemoryFormat::ChannelsLast)
+               ? layout::empty_like(t, t.dtype())
+               : Tensor::empty(t.shape(), t.dtype(), t.device());
+  };
+  Tensor out = like_input(x);
   Tensor save_mean = Tensor::empty({channels}, sdt, x.device());
   Tensor save_rstd = Tensor::empty({channels}, sdt, x.device());
   backend_of(x).batch_norm(x.detach(), opt(weight), opt(bias), rm.defined() ? &rm : nullptr,
@@ -229,19 +236,19 @@ Tensor batch_norm(const Tensor& x_arg, const Tensor& weight_arg, const Tensor& b
                 bs = bias.defined() ? bias.shape() : Shape{};
     const DType wdt = weight.defined() ? weight.dtype() : x.dtype(),
                 bdt = bias.defined() ? bias.dtype() : x.dtype();
-    autograd::record(
-        "batch_normBackward", {x, weight, bias}, {out},
-        [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-          if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
-          const Tensor xv = sx.unpack(), wv = sw.unpack();
-          Tensor dx = gx ? Tensor::empty(xv.shape(), xv.dtype(), xv.device()) : Tensor();
-          Tensor dw = gw ? Tensor::empty(ws, wdt, xv.device()) : Tensor();
-          Tensor db = gb ? Tensor::empty(bs, bdt, xv.device()) : Tensor();
-          backend::backend_for(xv.device())
-              .batch_norm_backward(g[0].to(xv.dtype()), xv, opt(wv), save_mean, save_rstd, training,
-                                   gx ? &dx : nullptr, gw ? &dw : nullptr, gb ? &db : nullptr);
-          return {dx, dw, db};
-        });
+    autograd::record("batch_normBackward", {x, weight, bias}, {out},
+                     [=](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                       if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+                       const Tensor xv = sx.unpack(), wv = sw.unpack();
+                       Tensor dx = gx ? like_input(xv) : Tensor();
+                       Tensor dw = gw ? Tensor::empty(ws, wdt, xv.device()) : Tensor();
+                       Tensor db = gb ? Tensor::empty(bs, bdt, xv.device()) : Tensor();
+                       backend::backend_for(xv.device())
+                           .batch_norm_backward(g[0].to(xv.dtype()), xv, opt(wv), save_mean,
+                                                save_rstd, training, gx ? &dx : nullptr,
+                                                gw ? &dw : nullptr, gb ? &db : nullptr);
+                       return {dx, dw, db};
+                     });
   }
   return out;
 }

@@ -1,5 +1,6 @@
 #include "mantissa/tensor/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
+#include "tensor/layout.h"
 
 namespace mantissa {
 
@@ -81,6 +83,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   }
   auto storage = std::make_shared<Storage>(size_t(shape.numel()) * dtype_size(dtype), device);
   return Tensor(make_impl(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
+}
+
+Tensor Tensor::empty_strided(const Shape& shape, const Shape& strides, DType dtype, Device device) {
+  MT_CHECK(strides.size() == shape.size(), "empty_strided: ", strides.size(),
+           " strides for the shape ", shape.str());
+  for (int64_t d : shape) {
+    MT_CHECK(d >= 0, "negative dimension in shape ", shape.str());
+  }
+  auto storage = std::make_shared<Storage>(size_t(shape.numel()) * dtype_size(dtype), device);
+  Tensor t(make_impl(std::move(storage), shape, strides, 0, dtype));
+  MT_CHECK(t.is_dense(), "empty_strided: the strides ", strides.str(), " of the shape ",
+           shape.str(), " are not dense (they must be a permutation of row-major strides)");
+  return t;
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
@@ -189,6 +204,81 @@ bool Tensor::is_contiguous() const {
   }
   return true;
 }
+
+namespace {
+
+// Dims in storage order, outermost first: by decreasing stride, ties in dim order.
+std::vector<int64_t> dims_by_stride(const Tensor& t) {
+  std::vector<int64_t> order(size_t(t.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  return order;
+}
+
+}  // namespace
+
+bool Tensor::is_dense() const {
+  if (numel() == 0) return false;
+  int64_t expected = 1;
+  const std::vector<int64_t> order = dims_by_stride(*this);
+  for (auto d = order.rbegin(); d != order.rend(); ++d) {
+    if (size(*d) == 1) continue;
+    if (stride(*d) != expected) return false;
+    expected *= size(*d);
+  }
+  return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Contiguous) return is_contiguous();
+  if (dim() != 4 || stride(1) != 1) return false;
+  const int64_t c = size(1), h = size(2), w = size(3);
+  const std::pair<int64_t, int64_t> expected[] = {{3, c}, {2, w * c}, {0, h * w * c}};
+  for (const auto& [d, st] : expected) {
+    if (size(d) != 1 && stride(d) != st) return false;
+  }
+  return true;
+}
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Contiguous) return contiguous();
+  MT_CHECK(dim() == 4, "contiguous(ChannelsLast) needs a 4-D (N, C, H, W) tensor, got a ",
+           describe());
+  if (is_contiguous(format)) return *this;
+  const int64_t c = size(1), h = size(2), w = size(3);
+  Tensor out = empty_strided(shape(), {h * w * c, 1, w * c, c}, dtype(), device());
+  const std::vector<int64_t> nhwc{0, 2, 3, 1};
+  Tensor dst = layout::ordered(out, nhwc);
+  backend::backend_for(device()).copy(layout::ordered(*this, nhwc), dst);
+  autograd::record("contiguousBackward", {*this}, {out},
+                   [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
+namespace layout {
+
+Tensor empty_like(const Tensor& t, DType dtype) {
+  // Row-major tensors keep their strides too: a channels-last tensor with one channel is
+  // row-major, and only its strides mark it channels-last.
+  if (!t.is_dense()) return Tensor::empty(t.shape(), dtype, t.device());
+  return Tensor::empty_strided(t.shape(), t.strides(), dtype, t.device());
+}
+
+std::vector<int64_t> storage_order(const Tensor& t) {
+  if (t.is_contiguous() || !t.is_dense()) return {};
+  return dims_by_stride(t);
+}
+
+Tensor ordered(const Tensor& t, const std::vector<int64_t>& order) {
+  if (order.empty() || !t.defined()) return t;
+  Tensor v = t.detach();
+  while (v.dim() < int(order.size()))
+    v = v.unsqueeze(0);
+  return v.permute(order);
+}
+
+}  // namespace layout
 
 bool Tensor::shares_storage(const Tensor& other) const {
   return defined() && other.defined() && storage() == other.storage();

@@ -141,6 +141,39 @@ TEST(Models, ForwardShapesOfEveryModel) {
   EXPECT_THROW(make_model("cnn")->forward(Tensor::zeros({1, 3, 28, 28})), Error);
 }
 
+// resnet* run channels-last on the CPU by default (ModelConfig::memory_format): the same logits
+// and gradients as the row-major network, within f32 rounding (oneDNN's nhwc and blocked
+// convolutions may sum in different orders; batch norm's statistics are merged differently).
+TEST(Models, ResNetChannelsLastMatchesRowMajor) {
+  for (const char* name : {"resnet", "resnet_small"}) {
+    SCOPED_TRACE(name);
+    ModelConfig cl{.in_channels = 3, .image_size = 16, .seed = 5};
+    ModelConfig rm = cl;
+    rm.memory_format = MemoryFormat::Contiguous;
+    auto a = make_model(name, cl), b = make_model(name, rm);
+    a->train();
+    b->train();
+    const Tensor x = example_input(name, cl, 4, 1, 6);
+    const Tensor ya = a->forward(x), yb = b->forward(x);
+    const std::vector<double> va = values(ya), vb = values(yb);
+    ASSERT_EQ(va.size(), vb.size());
+    for (size_t i = 0; i < va.size(); ++i)
+      EXPECT_NEAR(va[i], vb[i], 1e-4 * (1 + std::abs(vb[i])));
+    sum(mul(ya, ya)).backward();
+    sum(mul(yb, yb)).backward();
+    const auto pa = a->named_parameters(), pb = b->named_parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      const std::vector<double> ga = values(pa[i].second.grad()), gb = values(pb[i].second.grad());
+      double scale = 0;
+      for (double v : gb)
+        scale = std::max(scale, std::abs(v));
+      for (size_t j = 0; j < ga.size(); ++j)
+        ASSERT_NEAR(ga[j], gb[j], 1e-3 * scale + 1e-6) << pa[i].first << "[" << j << "]";
+    }
+  }
+}
+
 TEST(Models, SameSeedSameModel) {
   for (const char* name : {"cnn", "vit", "gpt2_tiny", "lstm"}) {
     SCOPED_TRACE(name);

@@ -31,6 +31,10 @@ struct ModelConfig {
   // recomputes its activations in backward (nn::set_activation_checkpointing). Other models have
   // no blocks and refuse it.
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::Off;
+  // resnet* on the CPU: the layout of its activations. Channels-last (the input converted once;
+  // every op of the network keeps the layout) lets oneDNN's convolutions read and write them
+  // without reordering. Other models, and every model on a GPU, run row-major.
+  MemoryFormat memory_format = MemoryFormat::ChannelsLast;
 };
 
 // What a model takes as input.

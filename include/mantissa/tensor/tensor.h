@@ -51,6 +51,11 @@ struct RandomOptions {
   uint64_t seed = 0;
 };
 
+// How a 4-D (N, C, H, W) tensor lies in memory (PyTorch's torch.memory_format): row-major, or
+// channels-last (NHWC: the C values of one pixel adjacent, strides (H*W*C, 1, W*C, C)), the
+// layout oneDNN's convolutions read and write without reordering.
+enum class MemoryFormat { Contiguous, ChannelsLast };
+
 class Tensor {
  public:
   Tensor() = default;
@@ -58,6 +63,10 @@ class Tensor {
 
   // ---- factories -------------------------------------------------------------------------------
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  // Uninitialized, with the given strides; they must be dense (a permutation of some order's
+  // row-major strides: the elements fill numel() consecutive slots).
+  static Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype = DType::F32,
+                              Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
@@ -92,6 +101,12 @@ class Tensor {
   size_t element_size() const { return dtype_size(dtype()); }
   size_t nbytes() const { return size_t(numel()) * element_size(); }
   bool is_contiguous() const;
+  // Contiguous: is_contiguous(). ChannelsLast: 4-D with exactly NHWC's strides, stride(1) == 1
+  // included, so that a channels-last tensor with one channel is told apart from a row-major
+  // one (other dims of size 1 may have any stride).
+  bool is_contiguous(MemoryFormat format) const;
+  // Whether the elements fill numel() consecutive slots of storage, in any dim order.
+  bool is_dense() const;
   bool is_floating_point() const { return is_floating(dtype()); }
   // Whether two tensors are handles of the same TensorImpl.
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
@@ -121,6 +136,11 @@ class Tensor {
 
   // ---- copies and conversions ------------------------------------------------------------------
   Tensor contiguous() const;  // this tensor if already contiguous
+  // A copy in `format` (this tensor if already in it), differentiable. Ops on a channels-last
+  // tensor keep the layout: elementwise ops, casts, batch norm and (on the CPU) conv2d return
+  // channels-last results, so a network converted once at its input runs channels-last
+  // throughout.
+  Tensor contiguous(MemoryFormat format) const;
   Tensor clone() const;
   Tensor to(DType dtype) const;  // RNE for narrowing float casts; this tensor if already dtype
   // Differentiable (the gradient goes back to this tensor's device). non_blocking returns before

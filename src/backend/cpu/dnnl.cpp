@@ -552,12 +552,30 @@ memory::desc any_md(const memory::dims& dims, DType d) {
   return memory::desc(dims, dnnl_type(d), tag::any);
 }
 
+// An activation's descriptor for a primitive: channels-last (oneDNN's nhwc kernels, reading and
+// writing a channels-last tensor's own memory), else format_tag::any.
+memory::desc act_md(const memory::dims& dims, DType d, bool nhwc) {
+  return nhwc ? memory::desc(dims, dnnl_type(d), tag::nhwc) : any_md(dims, d);
+}
+
+bool is_channels_last(const Tensor& t) {
+  return t.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
+// Whether oneDNN has only its reference loops for a primitive (its implementation name).
+template <typename PD>
+bool is_reference(const PD& pd) {
+  return std::string_view(pd.impl_info_str()).starts_with("ref");
+}
+
 dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, DType kd,
                                                      DType out_dtype, const memory::desc& bias_md,
-                                                     const dnnl::primitive_attr& attr) {
+                                                     const dnnl::primitive_attr& attr,
+                                                     bool nhwc = false) {
   const dnnl::convolution_forward::desc desc(
-      dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_md(g.src, kd),
-      any_md(g.wei, kd), bias_md, any_md(g.dst, out_dtype), g.strides, g.dilates, g.pad_l, g.pad_r);
+      dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+      act_md(g.src, kd, nhwc), any_md(g.wei, kd), bias_md, act_md(g.dst, out_dtype, nhwc),
+      g.strides, g.dilates, g.pad_l, g.pad_r);
   return dnnl::convolution_forward::primitive_desc(desc, attr, engine());
 }
 
@@ -575,7 +593,11 @@ void dnnl_conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Ten
   key.add(bias ? int64_t(bias->dtype()) : -1);
   auto entry = cached(key, [&] {
     Entry e;
-    const auto pd = forward_pd(g, x.dtype(), out.dtype(), b_md, user_scratchpad());
+    const bool nhwc = is_channels_last(x) && is_channels_last(out);
+    auto pd = forward_pd(g, x.dtype(), out.dtype(), b_md, user_scratchpad(), nhwc);
+    // Where oneDNN has no channels-last kernel for a layer, its blocked one with reorders.
+    if (nhwc && is_reference(pd))
+      pd = forward_pd(g, x.dtype(), out.dtype(), b_md, user_scratchpad());
     e.prim = dnnl::convolution_forward(pd);
     e.scratch_md = pd.scratchpad_desc();
     e.args.push_back(plan_arg(DNNL_ARG_SRC, false, x_md, pd.src_desc()));
@@ -605,12 +627,17 @@ std::shared_ptr<const Entry> conv_backward_data_entry(const Tensor& go, const Te
   return cached(key, [&] {
     Entry e;
     const DType kd = go.dtype();
-    const auto hint = forward_pd(g, kd, kd, memory::desc(), dnnl::primitive_attr());
-    const dnnl::convolution_backward_data::desc desc(
-        dnnl::algorithm::convolution_direct, any_md(g.src, gx.dtype()), any_md(g.wei, kd),
-        any_md(g.dst, kd), g.strides, g.dilates, g.pad_l, g.pad_r);
-    const dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), engine(),
+    auto make_pd = [&](bool nhwc) {
+      const auto hint = forward_pd(g, kd, kd, memory::desc(), dnnl::primitive_attr(), nhwc);
+      const dnnl::convolution_backward_data::desc desc(
+          dnnl::algorithm::convolution_direct, act_md(g.src, gx.dtype(), nhwc), any_md(g.wei, kd),
+          act_md(g.dst, kd, nhwc), g.strides, g.dilates, g.pad_l, g.pad_r);
+      return dnnl::convolution_backward_data::primitive_desc(desc, user_scratchpad(), engine(),
                                                              hint);
+    };
+    const bool nhwc = is_channels_last(gx);
+    auto pd = make_pd(nhwc);
+    if (nhwc && is_reference(pd)) pd = make_pd(false);
     e.prim = dnnl::convolution_backward_data(pd);
     e.scratch_md = pd.scratchpad_desc();
     e.args.push_back(plan_arg(DNNL_ARG_DIFF_DST, false, go_md, pd.diff_dst_desc()));
@@ -636,7 +663,7 @@ std::shared_ptr<const Entry> conv_backward_weights_entry(const Tensor& go, const
                                                          const Tensor& gw, const Tensor* gb,
                                                          const Conv2dParams& p) {
   const ConvGeometry g = conv_geometry(x.shape(), gw.shape(), go.shape(), p);
-  const bool nhwc = weight_grad_channels_last(g);
+  const bool nhwc = weight_grad_channels_last(g) || is_channels_last(x);
   const memory::desc x_md =
       nhwc && x.size(1) == 1 && x.is_contiguous()
           ? memory::desc(g.src, dnnl_type(x.dtype()), tag::nhwc)  // same bytes
@@ -652,21 +679,20 @@ std::shared_ptr<const Entry> conv_backward_weights_entry(const Tensor& go, const
   return cached(key, [&] {
     Entry e;
     const DType kd = x.dtype();
-    const auto hint = forward_pd(g, kd, kd, memory::desc(), dnnl::primitive_attr());
     auto make_pd = [&](bool channels_last) {
-      auto act_md = [&](const memory::dims& dims) {
-        return channels_last ? memory::desc(dims, dnnl_type(kd), tag::nhwc) : any_md(dims, kd);
-      };
+      const auto hint =
+          forward_pd(g, kd, kd, memory::desc(), dnnl::primitive_attr(), channels_last);
       const dnnl::convolution_backward_weights::desc desc(
-          dnnl::algorithm::convolution_direct, act_md(g.src), any_md(g.wei, gw.dtype()), gb_md,
-          act_md(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r);
+          dnnl::algorithm::convolution_direct, act_md(g.src, kd, channels_last),
+          any_md(g.wei, gw.dtype()), gb_md, act_md(g.dst, kd, channels_last), g.strides, g.dilates,
+          g.pad_l, g.pad_r);
       return dnnl::convolution_backward_weights::primitive_desc(desc, user_scratchpad(), engine(),
                                                                 hint);
     };
     auto pd = make_pd(nhwc);
     // Where oneDNN has no channels-last kernel for it on this CPU (or this dtype) it would run
     // its reference loops: the blocked layouts instead.
-    if (nhwc && std::string_view(pd.impl_info_str()).starts_with("ref")) pd = make_pd(false);
+    if (nhwc && is_reference(pd)) pd = make_pd(false);
     e.prim = dnnl::convolution_backward_weights(pd);
     e.scratch_md = pd.scratchpad_desc();
     e.args.push_back(plan_arg(DNNL_ARG_SRC, false, x_md, pd.src_desc()));
@@ -966,7 +992,8 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor* bi
 
 void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
                         const Conv2dParams& p, const MatmulOptions& options) {
-  MT_ASSERT(x.dim() == 4 && w.dim() == 4 && out.dim() == 4 && out.is_contiguous(),
+  MT_ASSERT(x.dim() == 4 && w.dim() == 4 && out.dim() == 4 &&
+                (out.is_contiguous() || is_channels_last(out)),
             "conv2d wants NCHW tensors, got ", x.describe(), ", ", w.describe(), " -> ",
             out.describe());
   if (out.numel() == 0) return;
@@ -997,7 +1024,8 @@ void CpuBackend::conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
                                  const Conv2dParams& p, const MatmulOptions& options) {
   MT_ASSERT(grad_out.dim() == 4 && x.dim() == 4 && w.dim() == 4, "conv2d_backward shapes");
   for (Tensor* g : {grad_x, grad_w, grad_bias}) {
-    MT_ASSERT(!g || g->is_contiguous(), "conv2d_backward writes contiguous gradients");
+    MT_ASSERT(!g || g->is_contiguous() || is_channels_last(*g),
+              "conv2d_backward writes row-major or channels-last gradients");
   }
   if (grad_out.numel() == 0) {
     for (Tensor* g : {grad_x, grad_w, grad_bias}) {

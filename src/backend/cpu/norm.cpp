@@ -3,20 +3,25 @@
 // Numerics: rows are loaded into the compute type (float for f32 and every half type, double
 // for f64), statistics, exp and log are computed there, and each result is rounded once into
 // its storage type. Per-channel and per-feature sums (batch-norm statistics, the weight and
-// bias gradients of the norms) are built from per-row (or per-block) partial sums combined in a
-// fixed order, so results do not depend on the number of OpenMP threads.
+// bias gradients of the norms) are built from per-row (or per-block) partials combined in a
+// fixed order, so results do not depend on the number of OpenMP threads. Batch norm's
+// statistics take one pass over memory: each row's (or pixel block's) mean and squared
+// deviations, merged per channel by Chan et al.'s update in float64.
 //
 // The layer-norm, softmax, log_softmax and cross-entropy rows are compiled once per vector
 // instruction set (norm_rows.inc), giving the same values on each.
 //
 // Layouts: every input is made contiguous first (a no-op for the op layer's tensors); outputs
-// arrive contiguous. Per-channel tensors (weight, bias, running stats, saved statistics) may
-// have any float dtype: they are read and written through copies in the compute type.
+// arrive contiguous. Batch norm also runs channels-last inputs as they are (rows of C channels),
+// its output and gradient then in the same layout. Per-channel tensors (weight, bias, running
+// stats, saved statistics) may have any float dtype: they are read and written through copies in
+// the compute type.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -124,16 +129,148 @@ constexpr int64_t kTile = 64;
 
 // ---- batch norm ------------------------------------------------------------------------------
 
+namespace {
+
+// Whether a batch-norm operand is channels-last and not also row-major (one channel, or 1x1
+// images, are both): the kernels then run on rows of C channels, one row per pixel, vectorized
+// across the channels, on the tensor's own memory.
+bool channels_last_only(const Tensor& t) {
+  return t.is_contiguous(MemoryFormat::ChannelsLast) && !t.is_contiguous();
+}
+
+// Count, mean and sum of squared deviations from the mean (M2) of a set of values; two sets
+// merge by Chan et al.'s pairwise update. Each part's moments come from values in cache (its
+// mean first, then the deviations from it), so the statistics take one pass over memory and
+// have no cancellation for large means.
+struct Moments {
+  double n = 0, mean = 0, m2 = 0;
+  void merge(const Moments& b) {
+    if (b.n == 0) return;
+    const double total = n + b.n, delta = b.mean - mean;
+    mean += delta * (b.n / total);
+    m2 += b.m2 + delta * delta * (n * b.n / total);
+    n = total;
+  }
+};
+
+// Per-channel moments of a row-major (N, C, S) input: each (n, c) row's, merged in n order.
+template <typename T, typename C>
+std::vector<Moments> moments_nchw(const T* xp, const ChannelShape& cs) {
+  const int64_t s = cs.s;
+  std::vector<Moments> row(static_cast<size_t>(cs.rows()));
+  parallel_row_blocks<C>(cs.rows(), s, s, [&](int64_t r0, int64_t r1, C* buf) {
+    const C* blk = row_as<T, C>(xp + r0 * s, (r1 - r0) * s, buf);
+    for (int64_t r = r0; r < r1; ++r) {
+      const C* x = blk + (r - r0) * s;
+      const C m = sum_of(x, s) / C(s);
+      C ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < s; ++i)
+        ss += (x[i] - m) * (x[i] - m);
+      row[size_t(r)] = {double(s), double(m), double(ss)};
+    }
+  });
+  std::vector<Moments> ch(static_cast<size_t>(cs.c));
+  for (int64_t n = 0; n < cs.n; ++n) {
+    for (int64_t c = 0; c < cs.c; ++c)
+      ch[size_t(c)].merge(row[size_t(n * cs.c + c)]);
+  }
+  return ch;
+}
+
+// A channels-last input's pixels (rows of C values) go in blocks of about kChunk values, fixed
+// by the shape alone (so results do not depend on the thread count).
+int64_t pixel_block_size(int64_t c) {
+  return std::max<int64_t>(1, kChunk / std::max<int64_t>(c, 1));
+}
+
+int64_t pixel_block_count(int64_t pixels, int64_t c) {
+  return (pixels + pixel_block_size(c) - 1) / pixel_block_size(c);
+}
+
+// body(block, first pixel, pixels, scratch) over the blocks, in parallel when large; scratch
+// holds scratch_per_pixel values per pixel of a block and `extra` more.
+template <typename C, typename F>
+void pixel_blocks(int64_t pixels, int64_t c, int64_t scratch_per_pixel, int64_t extra, F body) {
+  const int64_t per = pixel_block_size(c);
+  parallel_rows<C>(pixel_block_count(pixels, c), pixels * c, per * scratch_per_pixel + extra,
+                   [&](int64_t b, C* buf) {
+                     const int64_t p0 = b * per;
+                     body(b, p0, std::min(pixels, p0 + per) - p0, buf);
+                   });
+}
+
+// for_pixels(np, c, f) calls f(p, k0, width) for each pixel p < np and each piece [k0, k0 +
+// width) of its c channels: 16 at a time (a fixed count the compiler makes one AVX-512 register
+// of floats, with no remainder loop) when c is a multiple of 16, else all c at once.
+template <typename F>
+inline void for_pixels(int64_t np, int64_t c, F f) {
+  auto run = [&](auto width) {
+    for (int64_t p = 0; p < np; ++p) {
+      for (int64_t k0 = 0; k0 < c; k0 += width)
+        f(p, k0, width);
+    }
+  };
+  if (c % 16 == 0) {
+    run(std::integral_constant<int64_t, 16>{});
+  } else {
+    run(c);
+  }
+}
+
+// Per-channel moments of a channels-last input: each pixel block's, merged in block order.
+template <typename T, typename C>
+std::vector<Moments> moments_nhwc(const T* xp, int64_t pixels, int64_t c) {
+  const int64_t blocks = pixel_block_count(pixels, c);
+  std::vector<Moments> part(static_cast<size_t>(blocks * c));
+  pixel_blocks<C>(pixels, c, c, 2 * c, [&](int64_t b, int64_t p0, int64_t np, C* buf) {
+    const C* x = row_as<T, C>(xp + p0 * c, np * c, buf);
+    C* mean = buf + pixel_block_size(c) * c;  // past the block's values
+    C* ss = mean + c;
+    std::fill(mean, mean + 2 * c, C(0));
+    for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
+      const C* row = x + p * c + k0;
+      C* m = mean + k0;
+#pragma omp simd
+      for (int64_t k = 0; k < int64_t(width); ++k)
+        m[k] += row[k];
+    });
+    for (int64_t k = 0; k < c; ++k)
+      mean[k] /= C(np);
+    for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
+      const C* row = x + p * c + k0;
+      const C* m = mean + k0;
+      C* q = ss + k0;
+#pragma omp simd
+      for (int64_t k = 0; k < int64_t(width); ++k)
+        q[k] += (row[k] - m[k]) * (row[k] - m[k]);
+    });
+    for (int64_t k = 0; k < c; ++k)
+      part[size_t(b * c + k)] = {double(np), double(mean[k]), double(ss[k])};
+  });
+  std::vector<Moments> ch(static_cast<size_t>(c));
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t k = 0; k < c; ++k)
+      ch[size_t(k)].merge(part[size_t(b * c + k)]);
+  }
+  return ch;
+}
+
+}  // namespace
+
 void CpuBackend::batch_norm(const Tensor& x_in, const Tensor* weight, const Tensor* bias,
                             Tensor* running_mean, Tensor* running_var, bool training,
                             double momentum, double eps, Tensor& out, Tensor& save_mean,
                             Tensor& save_rstd) {
-  MT_ASSERT(out.is_contiguous() && out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
+  const bool nhwc = channels_last_only(x_in);
+  MT_ASSERT((nhwc ? out.strides() == x_in.strides() : out.is_contiguous()) &&
+                out.shape() == x_in.shape() && out.dtype() == x_in.dtype(),
             "batch_norm output");
-  const Tensor x = contiguous_input(x_in);
+  const Tensor x = nhwc ? x_in.detach() : contiguous_input(x_in);
   const bool has_running =
       running_mean && running_mean->defined() && running_var && running_var->defined();
   const ChannelShape cs = check_batch_norm(x, training, has_running);
+  const int64_t pixels = cs.n * cs.s;
   dispatch_float(x.dtype(), "batch_norm", [&]<typename T>() {
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
@@ -141,43 +278,22 @@ void CpuBackend::batch_norm(const Tensor& x_in, const Tensor* weight, const Tens
     const int64_t s = cs.s;
     std::vector<C> mean(static_cast<size_t>(cs.c)), rstd(static_cast<size_t>(cs.c));
     if (training) {
-      const int64_t count = cs.n * cs.s;
-      std::vector<C> partial(static_cast<size_t>(cs.rows()));
-      parallel_row_blocks<C>(cs.rows(), s, s, [&](int64_t r0, int64_t r1, C* buf) {
-        const C* blk = row_as<T, C>(xp + r0 * s, (r1 - r0) * s, buf);
-        for (int64_t r = r0; r < r1; ++r)
-          partial[size_t(r)] = sum_of(blk + (r - r0) * s, s);
-      });
-      mean = channel_totals(partial, cs);
-      for (C& m : mean)
-        m /= C(count);
-      // Two passes (mean, then squared deviations): no cancellation for large means.
-      parallel_row_blocks<C>(cs.rows(), s, s, [&](int64_t r0, int64_t r1, C* buf) {
-        const C* blk = row_as<T, C>(xp + r0 * s, (r1 - r0) * s, buf);
-        for (int64_t r = r0, ch = r0 % cs.c; r < r1; ++r, ch = ch + 1 == cs.c ? 0 : ch + 1) {
-          const C* row = blk + (r - r0) * s;
-          const C m = mean[size_t(ch)];
-          C ss = 0;
-#pragma omp simd reduction(+ : ss)
-          for (int64_t i = 0; i < s; ++i)
-            ss += (row[i] - m) * (row[i] - m);
-          partial[size_t(r)] = ss;
-        }
-      });
-      const std::vector<C> sq = channel_totals(partial, cs);
+      const double count = double(pixels);
+      const std::vector<Moments> mo =
+          nhwc ? moments_nhwc<T, C>(xp, pixels, cs.c) : moments_nchw<T, C>(xp, cs);
       std::vector<double> new_mean, new_var;
       if (has_running) {
         new_mean = read_vector<double>(running_mean, cs.c, 0.0);
         new_var = read_vector<double>(running_var, cs.c, 1.0);
       }
       for (int64_t c = 0; c < cs.c; ++c) {
-        const C var = sq[size_t(c)] / C(count);  // biased: what normalizes the batch
-        rstd[size_t(c)] = C(1) / std::sqrt(var + C(eps));
+        const Moments& m = mo[size_t(c)];
+        mean[size_t(c)] = C(m.mean);
+        // The biased variance normalizes the batch; the running one is unbiased, as in PyTorch.
+        rstd[size_t(c)] = C(1.0 / std::sqrt(m.m2 / count + eps));
         if (has_running) {
-          // The running variance is the unbiased one, as in PyTorch.
-          const double unbiased = double(sq[size_t(c)]) / double(count - 1);
-          new_mean[size_t(c)] = (1 - momentum) * new_mean[size_t(c)] + momentum * mean[size_t(c)];
-          new_var[size_t(c)] = (1 - momentum) * new_var[size_t(c)] + momentum * unbiased;
+          new_mean[size_t(c)] = (1 - momentum) * new_mean[size_t(c)] + momentum * m.mean;
+          new_var[size_t(c)] = (1 - momentum) * new_var[size_t(c)] + momentum * m.m2 / (count - 1);
         }
       }
       if (has_running) {
@@ -197,44 +313,107 @@ void CpuBackend::batch_norm(const Tensor& x_in, const Tensor* weight, const Tens
 
     const std::vector<C> w = read_vector<C>(weight, cs.c, C(1));
     const std::vector<C> b = read_vector<C>(bias, cs.c, C(0));
+    std::vector<C> scale(static_cast<size_t>(cs.c));
+    for (int64_t c = 0; c < cs.c; ++c)
+      scale[size_t(c)] = rstd[size_t(c)] * w[size_t(c)];
+    if (nhwc) {
+      const int64_t c = cs.c;
+      const C *m = mean.data(), *sc = scale.data(), *sh = b.data();
+      pixel_blocks<C>(pixels, c, c, 0, [&](int64_t, int64_t p0, int64_t np, C* buf) {
+        const C* xb = row_as<T, C>(xp + p0 * c, np * c, buf);
+        C* dst = out_row<T, C>(op + p0 * c, buf);  // may be xb: element i reads only xb[i]
+        for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
+          const int64_t i = p * c + k0;
+#pragma omp simd
+          for (int64_t k = 0; k < int64_t(width); ++k)
+            dst[i + k] = (xb[i + k] - m[k0 + k]) * sc[k0 + k] + sh[k0 + k];
+        });
+        finish_row<T, C>(dst, op + p0 * c, np * c);
+      });
+      return;
+    }
     parallel_row_blocks<C>(cs.rows(), s, s, [&](int64_t r0, int64_t r1, C* buf) {
       const int64_t len = (r1 - r0) * s;
       const C* blk = row_as<T, C>(xp + r0 * s, len, buf);
       C* dst = out_row<T, C>(op + r0 * s, buf);  // may be blk: element i reads only blk[i]
       for (int64_t r = r0, ch = r0 % cs.c; r < r1; ++r, ch = ch + 1 == cs.c ? 0 : ch + 1) {
         const size_t c = size_t(ch);
-        const C m = mean[c], scale = rstd[c] * w[c], shift = b[c];
+        const C m = mean[c], sc = scale[c], shift = b[c];
         const C* row = blk + (r - r0) * s;
         C* o = dst + (r - r0) * s;
         for (int64_t i = 0; i < s; ++i)
-          o[i] = (row[i] - m) * scale + shift;
+          o[i] = (row[i] - m) * sc + shift;
       }
       finish_row<T, C>(dst, op + r0 * s, len);
     });
   });
 }
 
+namespace {
+
+// Per channel, over a channels-last input: sum of g and sum of g * (x - mean), each pixel
+// block's partial sums added in block order.
+template <typename T, typename C>
+void grad_sums_nhwc(const T* xp, const T* gp, int64_t pixels, int64_t c, const C* mean,
+                    std::vector<C>& sum_g, std::vector<C>& sum_gd) {
+  const int64_t blocks = pixel_block_count(pixels, c);
+  std::vector<C> pg(static_cast<size_t>(blocks * c)), pgd(static_cast<size_t>(blocks * c));
+  pixel_blocks<C>(pixels, c, 2 * c, 0, [&](int64_t b, int64_t p0, int64_t np, C* buf) {
+    const int64_t len = np * c;
+    const C* xb = row_as<T, C>(xp + p0 * c, len, buf);
+    const C* gb = row_as<T, C>(gp + p0 * c, len, buf + len);
+    C* a = pg.data() + b * c;
+    C* d = pgd.data() + b * c;
+    for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
+      const int64_t i = p * c + k0;
+#pragma omp simd
+      for (int64_t k = 0; k < int64_t(width); ++k) {
+        a[k0 + k] += gb[i + k];
+        d[k0 + k] += gb[i + k] * (xb[i + k] - mean[k0 + k]);
+      }
+    });
+  });
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t k = 0; k < c; ++k) {
+      sum_g[size_t(k)] += pg[size_t(b * c + k)];
+      sum_gd[size_t(k)] += pgd[size_t(b * c + k)];
+    }
+  }
+}
+
+}  // namespace
+
 void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
                                      const Tensor* weight, const Tensor& save_mean,
                                      const Tensor& save_rstd, bool training, Tensor* grad_x,
                                      Tensor* grad_weight, Tensor* grad_bias) {
-  const Tensor x = contiguous_input(x_in);
-  const Tensor g = contiguous_input(grad_out);
+  const bool nhwc = channels_last_only(x_in);
+  const Tensor x = nhwc ? x_in.detach() : contiguous_input(x_in);
+  // The gradient in the input's layout (a copy only where it arrives in another).
+  const Tensor g = !nhwc ? contiguous_input(grad_out)
+                   : grad_out.strides() == x.strides()
+                       ? grad_out.detach()
+                       : grad_out.detach().contiguous(MemoryFormat::ChannelsLast);
   const ChannelShape cs = channel_shape(x);
   const auto [want_x, want_w, want_b] =
       wanted_grads("batch_norm_backward", g, x, grad_x, grad_weight, grad_bias);
+  MT_ASSERT(!want_x || !nhwc || grad_x->strides() == x.strides(),
+            "batch_norm_backward: grad_x in the input's layout");
+  const int64_t pixels = cs.n * cs.s;
   dispatch_float(x.dtype(), "batch_norm_backward", [&]<typename T>() {
     using C = compute_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* gp = static_cast<const T*>(g.data_ptr());
-    const int64_t s = cs.s, count = cs.n * cs.s;
+    const int64_t s = cs.s, count = pixels;
     const std::vector<C> mean = read_vector<C>(&save_mean, cs.c, C(0));
     const std::vector<C> rstd = read_vector<C>(&save_rstd, cs.c, C(1));
     const std::vector<C> w = read_vector<C>(weight, cs.c, C(1));
 
     // Per channel: sum of g and sum of g * (x - mean).
     std::vector<C> sum_g(static_cast<size_t>(cs.c), C(0)), sum_gd(static_cast<size_t>(cs.c), C(0));
-    if (want_w || want_b || (want_x && training)) {
+    if ((want_w || want_b || (want_x && training)) && nhwc) {
+      grad_sums_nhwc<T, C>(xp, gp, pixels, cs.c, mean.data(), sum_g, sum_gd);
+    } else if (want_w || want_b || (want_x && training)) {
       std::vector<C> pg(static_cast<size_t>(cs.rows())), pgd(static_cast<size_t>(cs.rows()));
       parallel_row_blocks<C>(cs.rows(), s, 2 * s, [&](int64_t r0, int64_t r1, C* buf) {
         const int64_t len = (r1 - r0) * s;
@@ -279,6 +458,26 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
       }
     }
     T* gxp = static_cast<T*>(grad_x->data_ptr());
+    if (nhwc) {
+      const int64_t c = cs.c;
+      const C *m = mean.data(), *kc = k.data(), *mgc = mg.data(), *qc = q.data();
+      pixel_blocks<C>(pixels, c, 2 * c, 0, [&](int64_t, int64_t p0, int64_t np, C* buf) {
+        const int64_t len = np * c;
+        const C* xb = row_as<T, C>(xp + p0 * c, len, buf);
+        const C* gb = row_as<T, C>(gp + p0 * c, len, buf + len);
+        C* dst = out_row<T, C>(gxp + p0 * c, buf);  // may be xb: element i reads only xb[i]
+        for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
+          const int64_t i = p * c + k0;
+#pragma omp simd
+          for (int64_t k = 0; k < int64_t(width); ++k) {
+            const int64_t j = k0 + k;
+            dst[i + k] = kc[j] * (gb[i + k] - mgc[j] - (xb[i + k] - m[j]) * qc[j]);
+          }
+        });
+        finish_row<T, C>(dst, gxp + p0 * c, len);
+      });
+      return;
+    }
     parallel_row_blocks<C>(cs.rows(), s, 2 * s, [&](int64_t r0, int64_t r1, C* buf) {
       const int64_t len = (r1 - r0) * s;
       const C* xb = row_as<T, C>(xp + r0 * s, len, buf);
