@@ -1,6 +1,6 @@
-// How ops keep their inputs' memory layout (channels-last, or any dense dim order): the output is
-// allocated with the input's strides, and the backend is handed every operand permuted into that
-// storage order, where the output is row-major. Backends thus see only row-major outputs.
+// How ops keep a channels-last input's layout: the output is allocated with the input's strides,
+// and the backend is handed every operand permuted into that storage order, where the output is
+// row-major. Backends thus see only row-major outputs.
 #pragma once
 
 #include <vector>
@@ -9,8 +9,7 @@
 
 namespace mantissa::layout {
 
-// An uninitialized tensor of t's shape with t's strides when t is dense (a channels-last
-// activation gives a channels-last result), else row-major.
+// An uninitialized tensor of t's shape: channels-last (t's strides) when t is, else row-major.
 Tensor empty_like(const Tensor& t, DType dtype);
 
 // The dim order (outermost first) that makes t row-major: t.permute(order).is_contiguous().

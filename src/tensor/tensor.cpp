@@ -259,9 +259,12 @@ Tensor Tensor::contiguous(MemoryFormat format) const {
 namespace layout {
 
 Tensor empty_like(const Tensor& t, DType dtype) {
-  // Row-major tensors keep their strides too: a channels-last tensor with one channel is
-  // row-major, and only its strides mark it channels-last.
-  if (!t.is_dense()) return Tensor::empty(t.shape(), dtype, t.device());
+  // Only channels-last is kept: other dense orders (a transposed matrix) give row-major results,
+  // which the kernels downstream were tuned for. A channels-last tensor with one channel is also
+  // row-major, and only its strides mark it: they are copied as they are.
+  if (!t.is_contiguous(MemoryFormat::ChannelsLast)) {
+    return Tensor::empty(t.shape(), dtype, t.device());
+  }
   return Tensor::empty_strided(t.shape(), t.strides(), dtype, t.device());
 }
 

@@ -145,9 +145,9 @@ TEST(Models, ForwardShapesOfEveryModel) {
 // and gradients as the row-major network, within f32 rounding (oneDNN's nhwc and blocked
 // convolutions may sum in different orders; batch norm's statistics are merged differently).
 TEST(Models, ResNetChannelsLastMatchesRowMajor) {
-  for (const char* name : {"resnet", "resnet_small"}) {
+  for (const char* name : {"resnet", "resnet_small", "resnet18"}) {
     SCOPED_TRACE(name);
-    ModelConfig cl{.in_channels = 3, .image_size = 16, .seed = 5};
+    ModelConfig cl{.in_channels = 3, .image_size = 32, .seed = 5};
     ModelConfig rm = cl;
     rm.memory_format = MemoryFormat::Contiguous;
     auto a = make_model(name, cl), b = make_model(name, rm);

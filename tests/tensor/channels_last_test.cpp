@@ -109,6 +109,8 @@ TEST(ChannelsLast, ElementwiseOpsAndCastsKeepTheLayout) {
   EXPECT_TRUE(mul(xc, y).is_contiguous(kCL));
   EXPECT_TRUE(mul(x, yc).is_contiguous());
   EXPECT_EQ(values(mul(x, yc)), values(mul(x, y)));
+  // Other dense orders give row-major results.
+  EXPECT_TRUE(exp(Tensor::uniform({3, 4}, 0, 1, 7).t()).is_contiguous());
   const Tensor h = xc.to(DType::BF16);
   EXPECT_TRUE(h.is_contiguous(kCL));
   EXPECT_EQ(values(h), values(x.to(DType::BF16)));
