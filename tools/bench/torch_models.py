@@ -310,6 +310,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="accepted for symmetry: output is JSON")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="conv models (cnn, resnet): weights and input in torch.channels_last")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -323,6 +325,9 @@ def main():
     else:
         x = torch.rand(args.batch_size, 1, IMAGE_SIZE, IMAGE_SIZE) * 2 - 1
         y = torch.randint(0, NUM_CLASSES, (args.batch_size,))
+        if args.channels_last and args.model in ("cnn", "resnet"):
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
     step = make_step(model, args.precision, x, y, tokens)
 
     ms = median_ms(step, args.warmup, args.steps)

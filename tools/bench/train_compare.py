@@ -15,8 +15,9 @@ table: 8192 tokens a step), next-token cross-entropy at every position. PyTorch 
 (several GB) and is not part of the default test run.
   python3 tools/bench/train_compare.py [--models mlp,cnn,...] [--precisions fp32,bf16,bf16:O2]
       [--threads 1,2] [--rounds 3] [--steps 20] [--warmup 3] [--mantissa PATH | --build DIR]
-      [--torch-python PATH] [--json-out FILE] [--baseline OLD_MANTISSA]
---baseline adds an earlier build of mantissa, run in the same alternating rounds (before/after
+      [--torch-python PATH] [--json-out FILE] [--baseline OLD_MANTISSA] [--torch-channels-last]
+--torch-channels-last runs PyTorch's conv models in torch.channels_last (Mantissa's resnet runs
+channels-last on the CPU by default; PyTorch's default is NCHW). --baseline adds an earlier build of mantissa, run in the same alternating rounds (before/after
 figures from one run, on one machine state); its rows carry baseline_ms and baseline_speedup.
 """
 import argparse
@@ -76,7 +77,10 @@ def measure(args, ours, model, threads, entries):
     best = {e: {} for e in entries}
     for _ in range(args.rounds):
         for e in entries:
-            impls = [("mantissa", [ours, "bench"]), ("pytorch", [args.torch_python, torch_script])]
+            torch_cmd = [args.torch_python, torch_script]
+            if args.torch_channels_last:
+                torch_cmd.append("--channels-last")
+            impls = [("mantissa", [ours, "bench"]), ("pytorch", torch_cmd)]
             if args.baseline:
                 impls.append(("baseline", [args.baseline, "bench"]))
             for impl, cmd in impls:
@@ -109,6 +113,9 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64, help="token models")
     ap.add_argument("--json-out", help="write every row and the summaries to this file")
     ap.add_argument("--baseline", help="an earlier mantissa binary, timed in the same rounds")
+    ap.add_argument("--torch-channels-last", action="store_true",
+                    help="run PyTorch's cnn and resnet in torch.channels_last (its default is "
+                         "NCHW; mantissa's resnet runs channels-last on the CPU by default)")
     args = ap.parse_args()
     models = parse_list(ap, args.models, MODELS, "--models")
     entries = parse_list(ap, args.precisions, PRECISIONS, "--precisions")
