@@ -188,11 +188,7 @@ class ResNet : public Module {
     const bool channels_last =
         config_.memory_format == MemoryFormat::ChannelsLast && x.device().is_cpu() && x.dim() == 4;
     Tensor h = relu((*bn1)((*conv1)(channels_last ? x.contiguous(MemoryFormat::ChannelsLast) : x)));
-    if (maxpool) {
-      // Pooling returns row-major: back to channels-last once, not a reorder at every conv.
-      h = (*maxpool)(h);
-      if (channels_last) h = h.contiguous(MemoryFormat::ChannelsLast);
-    }
+    if (maxpool) h = (*maxpool)(h);  // keeps the layout
     for (const auto& layer : layers)
       h = (*layer)(h);
     return (*fc)((*avgpool)(h).flatten(1));

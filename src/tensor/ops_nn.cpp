@@ -112,8 +112,17 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const Tensor x4 = as_nchw(x, "max_pool2d");
   Shape out_shape;
   const backend::Pool2dParams p = pool_params(x4, options, "max_pool2d", out_shape);
-  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
-  Tensor indices = Tensor::empty(out_shape, DType::I64, x.device());
+  // The CPU kernel keeps a channels-last input's layout (output, indices and gradient).
+  const bool channels_last =
+      x4.device().is_cpu() && x4.is_contiguous(MemoryFormat::ChannelsLast) && !x4.is_contiguous();
+  const Device device = x.device();
+  auto empty_like_input = [channels_last, device](const Shape& s, DType dt) {
+    return channels_last
+               ? Tensor::empty_strided(s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, dt, device)
+               : Tensor::empty(s, dt, device);
+  };
+  Tensor out = empty_like_input(out_shape, x.dtype());
+  Tensor indices = empty_like_input(out_shape, DType::I64);
   backend_of(x).max_pool2d(x4.detach(), out, indices, p);
   if (autograd::needs_grad({&x4})) {
     const Shape xs = x4.shape();
@@ -121,7 +130,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options) {
     const Device dev = x.device();
     autograd::record("max_pool2dBackward", {x4}, {out}, [=](const std::vector<Tensor>& g) {
       if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
-      Tensor gx = Tensor::empty(xs, dt, dev);
+      Tensor gx = empty_like_input(xs, dt);
       backend::backend_for(dev).max_pool2d_backward(g[0].to(dt), indices, gx);
       return std::vector<Tensor>{gx};
     });

@@ -253,6 +253,47 @@ TEST(ChannelsLast, BatchNormMatchesTheRowMajorOpAndFloat64) {
   }
 }
 
+// Max pooling keeps the layout, with the row-major kernel's values, first-maximum ties (the
+// gradient goes to one position), NaN propagation and padded windows.
+TEST(ChannelsLast, MaxPoolMatchesTheRowMajorOp) {
+  struct Case {
+    Pool2dOptions options;
+    int64_t c;
+  };
+  for (const Case& k : {Case{{.kernel_size = {2}, .stride = {2}}, 32},
+                        Case{{.kernel_size = {3}, .stride = {2}, .padding = {1}}, 16},
+                        Case{{.kernel_size = {3}, .stride = {1}}, 5}}) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " c " + std::to_string(k.c));
+      // Values on a coarse grid: ties inside windows.
+      const Shape shape{3, k.c, 9, 8};
+      std::vector<double> v = values(Tensor::uniform(shape, -1, 1, 17));
+      for (double& e : v)
+        e = std::round(e * 4) / 4;
+      v[5] = std::nan("");
+      const Tensor x0 = Tensor::from_vector(v, shape).to(dt);
+      const Tensor xr = param(x0), xc = param(x0.contiguous(kCL));
+      const auto grad_cl = watch_grad_layout(xc);
+      const Tensor yr = max_pool2d(xr, k.options), yc = max_pool2d(xc, k.options);
+      EXPECT_TRUE(yc.is_contiguous(kCL));
+      const std::vector<double> a = values(yc), b = values(yr);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (std::isnan(b[i])) {
+          EXPECT_TRUE(std::isnan(a[i])) << i;
+        } else {
+          EXPECT_EQ(a[i], b[i]) << i;
+        }
+      }
+      const Tensor probe = Tensor::uniform(yr.shape(), -1, 1, 18).to(dt);
+      sum(mul(yr, probe)).backward();
+      sum(mul(yc, probe)).backward();
+      EXPECT_TRUE(*grad_cl);
+      EXPECT_EQ(values(xc.grad()), values(xr.grad()));
+    }
+  }
+}
+
 // A gradient that arrives row-major for a channels-last input (a pooling layer's, say) is
 // converted, not misread.
 TEST(ChannelsLast, BatchNormBackwardTakesAGradientInTheOtherLayout) {

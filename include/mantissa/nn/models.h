@@ -33,7 +33,8 @@ struct ModelConfig {
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::Off;
   // resnet* on the CPU: the layout of its activations. Channels-last (the input converted once;
   // every op of the network keeps the layout) lets oneDNN's convolutions read and write them
-  // without reordering. Other models, and every model on a GPU, run row-major.
+  // without reordering. Other models, and every model on a GPU, run row-major (the cnn measured
+  // no faster channels-last: 92-95 against 88 ms a step, fp32, one thread).
   MemoryFormat memory_format = MemoryFormat::ChannelsLast;
 };
 

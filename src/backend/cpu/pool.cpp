@@ -155,8 +155,73 @@ void max_pool_2x2(const float* in, float* res, int64_t* best_at, int64_t W, int6
 #pragma GCC pop_options
 #endif
 
+namespace {
+
+bool channels_last_only(const Tensor& t) {
+  return t.is_contiguous(MemoryFormat::ChannelsLast) && !t.is_contiguous();
+}
+
+// Max pooling of a channels-last input, one image per task: the image converted once into the
+// compute type, then each output pixel's window, every channel at once (select_max per lane, so
+// the same first-maximum and first-NaN rules as the planes). indices hold positions in the
+// plane (h * W + w), as the row-major kernels', laid out channels-last like out.
+template <typename T, typename C>
+void max_pool_nhwc(const T* xp, T* op, int64_t* idx, const PoolGeometry& g, int64_t n, int64_t c,
+                   const Pool2dParams& p) {
+  const int64_t in_image = g.in_plane() * c, out_row = g.ow * c;
+  MT_ASSERT(g.in_plane() <= std::numeric_limits<int32_t>::max(), "max_pool2d: plane too large");
+  parallel_rows<C>(n, n * in_image, in_image + out_row, [&](int64_t b, C* buf) {
+    const C* in = buf;
+    C* res = buf + in_image;
+    std::vector<int32_t> at32(static_cast<size_t>(c));  // positions, as wide as a float lane
+    int32_t* pos = at32.data();
+    load_contiguous<T, C>(xp + b * in_image, buf, in_image);
+    for (int64_t oh = 0; oh < g.oh; ++oh) {
+      const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
+      int64_t* at = idx + (b * g.oh + oh) * out_row;
+      for (int64_t ow = 0; ow < g.ow; ++ow) {
+        const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
+        C* best = res + ow * c;
+        std::fill(best, best + c, -std::numeric_limits<C>::infinity());
+        std::fill(pos, pos + c, int32_t(wh.begin * g.w + ww.begin));
+        for (int64_t h = wh.begin; h < wh.end; ++h) {
+          for (int64_t w = ww.begin; w < ww.end; ++w) {
+            const C* v = in + (h * g.w + w) * c;
+            const int32_t here = int32_t(h * g.w + w);
+            // select_max's rule (the first maximum; the first NaN wins), as selects the compiler
+            // vectorizes across the channels.
+#pragma omp simd
+            for (int64_t k = 0; k < c; ++k) {
+              const bool take = (v[k] > best[k]) | ((v[k] != v[k]) & (best[k] == best[k]));
+              best[k] = take ? v[k] : best[k];
+              pos[k] = take ? here : pos[k];
+            }
+          }
+        }
+        for (int64_t k = 0; k < c; ++k)
+          at[ow * c + k] = pos[k];
+      }
+      store_contiguous<C, T>(res, op + (b * g.oh + oh) * out_row, out_row);
+    }
+  });
+}
+
+}  // namespace
+
 void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
                             const Pool2dParams& p) {
+  if (channels_last_only(x_in)) {
+    MT_ASSERT(out.is_contiguous(MemoryFormat::ChannelsLast) && indices.strides() == out.strides() &&
+                  indices.dtype() == DType::I64 && indices.shape() == out.shape(),
+              "max_pool2d outputs of a channels-last input");
+    const PoolGeometry g = geometry(x_in, out);
+    dispatch_float(x_in.dtype(), "max_pool2d", [&]<typename T>() {
+      max_pool_nhwc<T, compute_t<T>>(
+          static_cast<const T*>(x_in.data_ptr()), static_cast<T*>(out.data_ptr()),
+          static_cast<int64_t*>(indices.data_ptr()), g, x_in.size(0), x_in.size(1), p);
+    });
+    return;
+  }
   MT_ASSERT(out.is_contiguous() && indices.is_contiguous() && indices.dtype() == DType::I64 &&
                 indices.shape() == out.shape(),
             "max_pool2d outputs");
@@ -222,6 +287,38 @@ void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
 
 void CpuBackend::max_pool2d_backward(const Tensor& grad_out_in, const Tensor& indices_in,
                                      Tensor& grad_x) {
+  if (channels_last_only(grad_x)) {
+    // Channels-last indices (a channels-last forward's); the gradient in their layout.
+    MT_ASSERT(indices_in.is_contiguous(MemoryFormat::ChannelsLast) &&
+                  indices_in.dtype() == DType::I64 && indices_in.shape() == grad_out_in.shape() &&
+                  grad_x.dtype() == grad_out_in.dtype(),
+              "max_pool2d_backward: a channels-last grad_x needs channels-last indices");
+    const Tensor go = grad_out_in.strides() == indices_in.strides()
+                          ? grad_out_in.detach()
+                          : grad_out_in.detach().contiguous(MemoryFormat::ChannelsLast);
+    const PoolGeometry g = geometry(grad_x, go);
+    const int64_t n = grad_x.size(0), c = grad_x.size(1), in_image = g.in_plane() * c,
+                  out_image = g.out_plane() * c;
+    const int64_t* idx = static_cast<const int64_t*>(indices_in.data_ptr());
+    dispatch_float(go.dtype(), "max_pool2d_backward", [&]<typename T>() {
+      using C = compute_t<T>;
+      const T* gp = static_cast<const T*>(go.data_ptr());
+      T* gxp = static_cast<T*>(grad_x.data_ptr());
+      parallel_rows<C>(n, n * in_image, in_image + out_image, [&](int64_t b, C* buf) {
+        C* acc = buf;
+        C* gin = buf + in_image;
+        std::fill(acc, acc + in_image, C(0));
+        load_contiguous<T, C>(gp + b * out_image, gin, out_image);
+        const int64_t* at = idx + b * out_image;
+        for (int64_t o = 0; o < g.out_plane(); ++o) {
+          for (int64_t k = 0; k < c; ++k)
+            acc[at[o * c + k] * c + k] += gin[o * c + k];
+        }
+        store_contiguous<C, T>(acc, gxp + b * in_image, in_image);
+      });
+    });
+    return;
+  }
   MT_ASSERT(grad_x.is_contiguous() && grad_x.dtype() == grad_out_in.dtype() &&
                 indices_in.dtype() == DType::I64 && indices_in.shape() == grad_out_in.shape(),
             "max_pool2d_backward arguments");
