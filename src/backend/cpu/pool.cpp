@@ -162,19 +162,19 @@ bool channels_last_only(const Tensor& t) {
 }
 
 // Max pooling of a channels-last input, one image per task: the image converted once into the
-// compute type, then each output pixel's window, every channel at once (select_max per lane, so
-// the same first-maximum and first-NaN rules as the planes). indices hold positions in the
-// plane (h * W + w), as the row-major kernels', laid out channels-last like out.
-template <typename T, typename C>
+// compute type, then each output pixel's window, every channel at once, with select_max's rule
+// (the first maximum; the first NaN wins). indices hold positions in the plane (h * W + w), as
+// the row-major kernels', laid out channels-last like out. P, the type positions are selected
+// in: int32_t (as wide as a float lane, so the selects vectorize) where the plane allows.
+template <typename T, typename C, typename P>
 void max_pool_nhwc(const T* xp, T* op, int64_t* idx, const PoolGeometry& g, int64_t n, int64_t c,
                    const Pool2dParams& p) {
   const int64_t in_image = g.in_plane() * c, out_row = g.ow * c;
-  MT_ASSERT(g.in_plane() <= std::numeric_limits<int32_t>::max(), "max_pool2d: plane too large");
   parallel_rows<C>(n, n * in_image, in_image + out_row, [&](int64_t b, C* buf) {
     const C* in = buf;
     C* res = buf + in_image;
-    std::vector<int32_t> at32(static_cast<size_t>(c));  // positions, as wide as a float lane
-    int32_t* pos = at32.data();
+    std::vector<P> positions(static_cast<size_t>(c));
+    P* pos = positions.data();
     load_contiguous<T, C>(xp + b * in_image, buf, in_image);
     for (int64_t oh = 0; oh < g.oh; ++oh) {
       const Window wh = window(oh, p.stride[0], p.padding[0], p.kernel[0], g.h);
@@ -183,13 +183,11 @@ void max_pool_nhwc(const T* xp, T* op, int64_t* idx, const PoolGeometry& g, int6
         const Window ww = window(ow, p.stride[1], p.padding[1], p.kernel[1], g.w);
         C* best = res + ow * c;
         std::fill(best, best + c, -std::numeric_limits<C>::infinity());
-        std::fill(pos, pos + c, int32_t(wh.begin * g.w + ww.begin));
+        std::fill(pos, pos + c, P(wh.begin * g.w + ww.begin));
         for (int64_t h = wh.begin; h < wh.end; ++h) {
           for (int64_t w = ww.begin; w < ww.end; ++w) {
             const C* v = in + (h * g.w + w) * c;
-            const int32_t here = int32_t(h * g.w + w);
-            // select_max's rule (the first maximum; the first NaN wins), as selects the compiler
-            // vectorizes across the channels.
+            const P here = P(h * g.w + w);
 #pragma omp simd
             for (int64_t k = 0; k < c; ++k) {
               const bool take = (v[k] > best[k]) | ((v[k] != v[k]) & (best[k] == best[k]));
@@ -215,10 +213,16 @@ void CpuBackend::max_pool2d(const Tensor& x_in, Tensor& out, Tensor& indices,
                   indices.dtype() == DType::I64 && indices.shape() == out.shape(),
               "max_pool2d outputs of a channels-last input");
     const PoolGeometry g = geometry(x_in, out);
+    const bool narrow = g.in_plane() <= std::numeric_limits<int32_t>::max();
     dispatch_float(x_in.dtype(), "max_pool2d", [&]<typename T>() {
-      max_pool_nhwc<T, compute_t<T>>(
-          static_cast<const T*>(x_in.data_ptr()), static_cast<T*>(out.data_ptr()),
-          static_cast<int64_t*>(indices.data_ptr()), g, x_in.size(0), x_in.size(1), p);
+      const T* xp = static_cast<const T*>(x_in.data_ptr());
+      T* op = static_cast<T*>(out.data_ptr());
+      int64_t* ip = static_cast<int64_t*>(indices.data_ptr());
+      if (narrow) {
+        max_pool_nhwc<T, compute_t<T>, int32_t>(xp, op, ip, g, x_in.size(0), x_in.size(1), p);
+      } else {
+        max_pool_nhwc<T, compute_t<T>, int64_t>(xp, op, ip, g, x_in.size(0), x_in.size(1), p);
+      }
     });
     return;
   }
