@@ -469,9 +469,9 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
         for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
           const int64_t i = p * c + k0;
 #pragma omp simd
-          for (int64_t k = 0; k < int64_t(width); ++k) {
-            const int64_t j = k0 + k;
-            dst[i + k] = kc[j] * (gb[i + k] - mgc[j] - (xb[i + k] - m[j]) * qc[j]);
+          for (int64_t lane = 0; lane < int64_t(width); ++lane) {
+            const int64_t j = k0 + lane;
+            dst[i + lane] = kc[j] * (gb[i + lane] - mgc[j] - (xb[i + lane] - m[j]) * qc[j]);
           }
         });
         finish_row<T, C>(dst, gxp + p0 * c, len);
