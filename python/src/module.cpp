@@ -38,6 +38,15 @@ mt::DType dtype_of(const std::string& name) {
   return *d;
 }
 
+// "contiguous" (row-major) or "channels_last" (NHWC strides), PyTorch's torch.memory_format
+// names without the prefix.
+mt::MemoryFormat memory_format_of(const std::string& name) {
+  if (name == "contiguous") return mt::MemoryFormat::Contiguous;
+  MT_CHECK(name == "channels_last", "unknown memory_format '", name,
+           "'; use \"contiguous\" or \"channels_last\"");
+  return mt::MemoryFormat::ChannelsLast;
+}
+
 nb::dlpack::dtype dlpack_dtype(mt::DType d) {
   using C = nb::dlpack::dtype_code;
   auto make = [](C code, int bits) { return nb::dlpack::dtype{uint8_t(code), uint8_t(bits), 1}; };
@@ -277,7 +286,25 @@ NB_MODULE(_mantissa, m) {
       .def("item", [](const mt::Tensor& t) { return t.item(); })
       .def("detach", &mt::Tensor::detach)
       .def("clone", &mt::Tensor::clone)
-      .def("contiguous", &mt::Tensor::contiguous)
+      .def(
+          "contiguous",
+          [](const mt::Tensor& t, const std::string& memory_format) {
+            return t.contiguous(memory_format_of(memory_format));
+          },
+          "memory_format"_a = "contiguous")
+      .def(
+          "is_contiguous",
+          [](const mt::Tensor& t, const std::string& memory_format) {
+            return t.is_contiguous(memory_format_of(memory_format));
+          },
+          "memory_format"_a = "contiguous")
+      .def_prop_ro("strides",
+                   [](const mt::Tensor& t) {
+                     std::vector<int64_t> s;
+                     for (int i = 0; i < t.dim(); ++i)
+                       s.push_back(t.stride(i));
+                     return nb::tuple(nb::cast(s));
+                   })
       .def("to",
            [](const mt::Tensor& t, const std::string& to) {
              if (const auto d = mt::parse_dtype(to)) return t.to(*d);

@@ -62,6 +62,17 @@ def test_strided_views_keep_their_strides():
     np.testing.assert_array_equal(mt.from_numpy(neg).contiguous().numpy(), neg)
 
 
+def test_channels_last():
+    a = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    t = mt.from_numpy(a).contiguous("channels_last")
+    assert t.is_contiguous("channels_last") and not t.is_contiguous()
+    assert t.strides == (60, 1, 15, 3)
+    np.testing.assert_array_equal(t.numpy(), a)  # the same values, NHWC in memory
+    np.testing.assert_array_equal(t.contiguous().numpy(), a)
+    with pytest.raises(mt.Error, match="channels_last"):
+        t.contiguous("nhwc")
+
+
 def test_the_producer_deleted_first_does_not_free_the_memory():
     a = np.arange(1000, dtype=np.float32)
     t = mt.from_numpy(a)
