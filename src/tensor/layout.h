@@ -12,6 +12,9 @@ namespace mantissa::layout {
 // An uninitialized tensor of t's shape: channels-last (t's strides) when t is, else row-major.
 Tensor empty_like(const Tensor& t, DType dtype);
 
+// An uninitialized 4-D (N, C, H, W) tensor with channels-last strides.
+Tensor empty_channels_last(const Shape& shape, DType dtype, Device device);
+
 // The dim order (outermost first) that makes t row-major: t.permute(order).is_contiguous().
 // Empty when t already is row-major, or is not dense.
 std::vector<int64_t> storage_order(const Tensor& t);

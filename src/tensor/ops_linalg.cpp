@@ -9,6 +9,7 @@
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"
+#include "tensor/layout.h"
 #include "tensor/matmul_options.h"
 
 namespace mantissa {
@@ -307,10 +308,10 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& b_arg,
   // convolutions in that layout: the CPU's, with no reorder in or out.
   const bool channels_last =
       batched && x.device().is_cpu() && x.is_contiguous(MemoryFormat::ChannelsLast);
-  auto empty_activation = [=](const Shape& s) {
-    return channels_last ? Tensor::empty_strided(s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, dt,
-                                                 x.device())
-                         : Tensor::empty(s, dt, x.device());
+  const Device device = x.device();  // not x: the backward closure keeps this lambda
+  auto empty_activation = [channels_last, dt, device](const Shape& s) {
+    return channels_last ? layout::empty_channels_last(s, dt, device)
+                         : Tensor::empty(s, dt, device);
   };
   Tensor out;
   {

@@ -117,9 +117,8 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options) {
       x4.device().is_cpu() && x4.is_contiguous(MemoryFormat::ChannelsLast) && !x4.is_contiguous();
   const Device device = x.device();
   auto empty_like_input = [channels_last, device](const Shape& s, DType dt) {
-    return channels_last
-               ? Tensor::empty_strided(s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, dt, device)
-               : Tensor::empty(s, dt, device);
+    return channels_last ? layout::empty_channels_last(s, dt, device)
+                         : Tensor::empty(s, dt, device);
   };
   Tensor out = empty_like_input(out_shape, x.dtype());
   Tensor indices = empty_like_input(out_shape, DType::I64);

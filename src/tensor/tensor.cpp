@@ -246,8 +246,7 @@ Tensor Tensor::contiguous(MemoryFormat format) const {
   MT_CHECK(dim() == 4, "contiguous(ChannelsLast) needs a 4-D (N, C, H, W) tensor, got a ",
            describe());
   if (is_contiguous(format)) return *this;
-  const int64_t c = size(1), h = size(2), w = size(3);
-  Tensor out = empty_strided(shape(), {h * w * c, 1, w * c, c}, dtype(), device());
+  Tensor out = layout::empty_channels_last(shape(), dtype(), device());
   const std::vector<int64_t> nhwc{0, 2, 3, 1};
   Tensor dst = layout::ordered(out, nhwc);
   backend::backend_for(device()).copy(layout::ordered(*this, nhwc), dst);
@@ -257,6 +256,12 @@ Tensor Tensor::contiguous(MemoryFormat format) const {
 }
 
 namespace layout {
+
+Tensor empty_channels_last(const Shape& shape, DType dtype, Device device) {
+  MT_ASSERT(shape.size() == 4, "empty_channels_last: a 4-D shape, got ", shape.str());
+  const int64_t c = shape[1], h = shape[2], w = shape[3];
+  return Tensor::empty_strided(shape, {h * w * c, 1, w * c, c}, dtype, device);
+}
 
 Tensor empty_like(const Tensor& t, DType dtype) {
   // Only channels-last is kept: other dense orders (a transposed matrix) give row-major results,
