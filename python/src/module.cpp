@@ -47,6 +47,14 @@ mt::MemoryFormat memory_format_of(const std::string& name) {
   return mt::MemoryFormat::ChannelsLast;
 }
 
+// A tensor's sizes or strides (`of` per dim) as a Python tuple, as PyTorch's shape and stride().
+nb::tuple dims_tuple(const mt::Tensor& t, int64_t (mt::Tensor::*of)(int64_t) const) {
+  std::vector<int64_t> v;
+  for (int i = 0; i < t.dim(); ++i)
+    v.push_back((t.*of)(i));
+  return nb::tuple(nb::cast(v));
+}
+
 nb::dlpack::dtype dlpack_dtype(mt::DType d) {
   using C = nb::dlpack::dtype_code;
   auto make = [](C code, int bits) { return nb::dlpack::dtype{uint8_t(code), uint8_t(bits), 1}; };
@@ -252,13 +260,7 @@ NB_MODULE(_mantissa, m) {
 
   // ---- Tensor --------------------------------------------------------------------------------
   nb::class_<mt::Tensor>(m, "Tensor")
-      .def_prop_ro("shape",
-                   [](const mt::Tensor& t) {
-                     std::vector<int64_t> s;
-                     for (int i = 0; i < t.dim(); ++i)
-                       s.push_back(t.size(i));
-                     return nb::tuple(nb::cast(s));
-                   })
+      .def_prop_ro("shape", [](const mt::Tensor& t) { return dims_tuple(t, &mt::Tensor::size); })
       .def_prop_ro("dtype",
                    [](const mt::Tensor& t) { return std::string(mt::dtype_name(t.dtype())); })
       .def_prop_ro("device", [](const mt::Tensor& t) { return t.device().str(); })
@@ -299,12 +301,7 @@ NB_MODULE(_mantissa, m) {
           },
           "memory_format"_a = "contiguous")
       .def_prop_ro("strides",
-                   [](const mt::Tensor& t) {
-                     std::vector<int64_t> s;
-                     for (int i = 0; i < t.dim(); ++i)
-                       s.push_back(t.stride(i));
-                     return nb::tuple(nb::cast(s));
-                   })
+                   [](const mt::Tensor& t) { return dims_tuple(t, &mt::Tensor::stride); })
       .def("to",
            [](const mt::Tensor& t, const std::string& to) {
              if (const auto d = mt::parse_dtype(to)) return t.to(*d);

@@ -50,6 +50,13 @@ inline ChannelShape check_batch_norm(const Tensor& x, bool training, bool has_ru
   return cs;
 }
 
+// Whether a 4-D operand is channels-last and not also row-major (one channel, or 1x1 images, are
+// both): the CPU's batch-norm and pooling kernels then run on rows of C channels, one per pixel,
+// on the tensor's own memory.
+inline bool channels_last_only(const Tensor& t) {
+  return t.is_contiguous(MemoryFormat::ChannelsLast) && !t.is_contiguous();
+}
+
 inline Tensor contiguous_input(const Tensor& t) {
   return t.detach().contiguous();
 }

@@ -131,13 +131,6 @@ constexpr int64_t kTile = 64;
 
 namespace {
 
-// Whether a batch-norm operand is channels-last and not also row-major (one channel, or 1x1
-// images, are both): the kernels then run on rows of C channels, one row per pixel, vectorized
-// across the channels, on the tensor's own memory.
-bool channels_last_only(const Tensor& t) {
-  return t.is_contiguous(MemoryFormat::ChannelsLast) && !t.is_contiguous();
-}
-
 // Count, mean and sum of squared deviations from the mean (M2) of a set of values; two sets
 // merge by Chan et al.'s pairwise update. Each part's moments come from values in cache (its
 // mean first, then the deviations from it), so the statistics take one pass over memory and

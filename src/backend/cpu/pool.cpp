@@ -157,10 +157,6 @@ void max_pool_2x2(const float* in, float* res, int64_t* best_at, int64_t W, int6
 
 namespace {
 
-bool channels_last_only(const Tensor& t) {
-  return t.is_contiguous(MemoryFormat::ChannelsLast) && !t.is_contiguous();
-}
-
 // Max pooling of a channels-last input, one image per task: the image converted once into the
 // compute type, then each output pixel's window, every channel at once, with select_max's rule
 // (the first maximum; the first NaN wins). indices hold positions in the plane (h * W + w), as
