@@ -7,6 +7,9 @@
 //                               [--path both|composed|fused]   (one case or path: for a profiler)
 //                               [--dtype f32|bf16|f16]         (q, k, v and the gradient's dtype)
 //                               [--shape B,H,T,D[,causal]]     (this shape instead of the cases)
+//                               [--layout heads|qkv]           (q, k and v contiguous (B, H, T, D),
+//                                                               or the heads of one (B, T, 3, H, D)
+//                                                               projection, as the models read them)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,7 +41,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int threads = 1, reps = 20;
-  std::string only_case, only_path = "both";
+  std::string only_case, only_path = "both", layout = "heads";
   DType dtype = DType::F32;
   std::vector<Case> cases = {
       {"vit (128x4 heads, T 50, d 16)", 128, 4, 50, 16, false},
@@ -72,6 +75,12 @@ int main(int argc, char** argv) {
       shape_name = argv[i + 1];
       c.name = shape_name.c_str();
       cases = {c};
+    } else if (k == "--layout") {
+      layout = argv[i + 1];
+      if (layout != "heads" && layout != "qkv") {
+        std::fprintf(stderr, "bench_attention: --layout %s is not heads or qkv\n", argv[i + 1]);
+        return 2;
+      }
     } else if (k == "--dtype") {
       const std::optional<DType> dt = parse_dtype(argv[i + 1]);
       if (!dt || !is_floating(*dt)) {
@@ -84,7 +93,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "bench_attention: unknown option %s (--threads N, --reps N, --case NAME, "
-                   "--path both|composed|fused, --dtype f32|bf16|f16, --shape B,H,T,D[,causal])\n",
+                   "--path both|composed|fused, --dtype f32|bf16|f16, --shape B,H,T,D[,causal], "
+                   "--layout heads|qkv)\n",
                    k.c_str());
       return 2;
     }
@@ -96,9 +106,20 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (!only_case.empty() && std::string(c.name).rfind(only_case + " ", 0) != 0) continue;
     const Shape s{c.b, c.h, c.t, c.d};
-    Tensor q = Tensor::uniform(s, -1, 1, 1).to(dtype).set_requires_grad();
-    Tensor k = Tensor::uniform(s, -1, 1, 2).to(dtype).set_requires_grad();
-    Tensor v = Tensor::uniform(s, -1, 1, 3).to(dtype).set_requires_grad();
+    // Leaves: q, k and v, or the projection whose heads they are (viewed anew for every call,
+    // as a model does).
+    const bool qkv = layout == "qkv";
+    const Tensor proj =
+        Tensor::uniform({c.b, c.t, 3, c.h, c.d}, -1, 1, 1).to(dtype).set_requires_grad(qkv);
+    Tensor q = Tensor::uniform(s, -1, 1, 1).to(dtype).set_requires_grad(!qkv);
+    Tensor k = Tensor::uniform(s, -1, 1, 2).to(dtype).set_requires_grad(!qkv);
+    Tensor v = Tensor::uniform(s, -1, 1, 3).to(dtype).set_requires_grad(!qkv);
+    auto attend = [&](bool causal) {
+      if (!qkv) return scaled_dot_product_attention(q, k, v, Tensor(), causal);
+      // (3, B, H, T, D), unbound as MultiheadAttention does (one node for the three gradients)
+      const std::vector<Tensor> heads = unbind(proj.permute({2, 0, 3, 1, 4}), 0);
+      return scaled_dot_product_attention(heads[0], heads[1], heads[2], Tensor(), causal);
+    };
     const Tensor g = Tensor::uniform(s, -1, 1, 4).to(dtype);
     for (bool backward : {false, true}) {
       std::vector<double> t[2];
@@ -108,10 +129,10 @@ int main(int argc, char** argv) {
           set_attention_path(path == 0 ? AttentionPath::Composed : AttentionPath::Fused);
           const auto t0 = std::chrono::steady_clock::now();
           if (backward) {
-            scaled_dot_product_attention(q, k, v, Tensor(), c.causal).backward(g);
+            attend(c.causal).backward(g);
           } else {
             const autograd::NoGrad no_grad;
-            scaled_dot_product_attention(q, k, v, Tensor(), c.causal);
+            attend(c.causal);
           }
           const double ms =
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
