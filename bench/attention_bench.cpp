@@ -7,9 +7,9 @@
 //                               [--path both|composed|fused]   (one case or path: for a profiler)
 //                               [--dtype f32|bf16|f16]         (q, k, v and the gradient's dtype)
 //                               [--shape B,H,T,D[,causal]]     (this shape instead of the cases)
-//                               [--layout heads|qkv]           (q, k and v contiguous (B, H, T, D),
-//                                                               or the heads of one (B, T, 3, H, D)
-//                                                               projection, as the models read them)
+//                               [--layout heads|qkv]           (q, k and v contiguous, or the
+//                                                               heads of one (B, T, 3, H, D)
+//                                                               projection, as models read them)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
