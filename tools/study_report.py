@@ -415,6 +415,12 @@ def underflow_plots(results, family, out_dir):
         lines += ["", f"Weight gradients that are zero in the run's own gradients (non-zero in "
                       f"fp32), over all measurements: {100 * zero:.3f}% without loss scaling, "
                       f"{100 * scaled:.3f}% with it."]
+    rows = [(l["name"], l.get("zero_rows", 0)) for l in last.get("layers", [])
+            if l.get("zero_rows", 0)]
+    if rows:
+        lines += ["", f"At step {last['step']} the run's gradients left whole rows at zero where "
+                      "fp32's had values (a row: one output unit; in an LSTM weight, one gate "
+                      "unit): " + ", ".join(f"{k} of `{n}`" for n, k in rows) + "."]
     lines += ["", f"At step {last['step']}, {100 * u['lost_bf16'] / moved:.1f}% of the weight "
                   f"updates would be lost by bf16 weights without an fp32 master "
                   f"({100 * u['lost_fp16'] / moved:.1f}% by fp16): the failure master weights "

@@ -100,18 +100,17 @@ std::string Trainer::summary_json(const TrainResult& result) const {
   }
   const UnderflowStats& u = result.underflow;
   if (u.measurements > 0) {
-    j["underflow"] = {{"measurements", u.measurements},
-                      {"nonzero", u.nonzero},
-                      {"cast_unscaled", u.cast_unscaled},
-                      {"cast_scaled", u.cast_scaled},
-                      {"observed", u.observed}};
+    j["underflow"] = {{"measurements", u.measurements},   {"nonzero", u.nonzero},
+                      {"cast_unscaled", u.cast_unscaled}, {"cast_scaled", u.cast_scaled},
+                      {"observed", u.observed},           {"zero_rows", u.zero_rows}};
     nlohmann::ordered_json worst = nlohmann::ordered_json::array();
     for (const LayerUnderflow& l : u.worst(5)) {
       worst.push_back({{"name", l.name},
                        {"nonzero", l.nonzero},
                        {"cast_unscaled", l.cast_unscaled},
                        {"cast_scaled", l.cast_scaled},
-                       {"observed", l.observed}});
+                       {"observed", l.observed},
+                       {"zero_rows", l.zero_rows}});
     }
     j["underflow"]["worst_layers"] = std::move(worst);
   }

@@ -595,6 +595,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
         j["cast_unscaled"] = u.cast_unscaled;
         j["cast_scaled"] = u.cast_scaled;
         j["observed"] = u.observed;
+        j["zero_rows"] = u.zero_rows;
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
         for (const LayerUnderflow& l : u.layers) {
           if (l.nonzero == 0) continue;
@@ -602,7 +603,8 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
                             {"nonzero", l.nonzero},
                             {"cast_unscaled", l.cast_unscaled},
                             {"cast_scaled", l.cast_scaled},
-                            {"observed", l.observed}});
+                            {"observed", l.observed},
+                            {"zero_rows", l.zero_rows}});
         }
         j["layers"] = std::move(layers);
         // The picture (docs/training.md): log2 histograms of the activation gradients, the

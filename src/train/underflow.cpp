@@ -38,12 +38,24 @@ UnderflowStats Trainer::measure_underflow(const std::vector<Tensor>& reference) 
     l.cast_unscaled = both(nz, eq(r.to(DType::F16), zero16));
     l.cast_scaled = both(nz, eq(mul(r, scale).to(DType::F16), zero16));
     const Tensor own = params[i].second.grad();
-    l.observed = own.defined() ? both(nz, eq(own, Tensor::scalar(0.0, own.dtype(), own.device())))
-                               : both(nz, nz);
+    const Tensor own_zero =
+        own.defined() ? eq(own, Tensor::scalar(0.0, own.dtype(), own.device())) : Tensor();
+    l.observed = own.defined() ? both(nz, own_zero) : both(nz, nz);
+    if (own.defined() && own.dim() >= 2 && own.numel() > 0) {
+      const int64_t rows = own.size(0), cols = own.numel() / rows;
+      auto per_row = [&](const Tensor& mask) {
+        return sum(mask.to(DType::F32).reshape({rows, cols}), {1});
+      };
+      const Tensor all_zero =
+          eq(per_row(own_zero), Tensor::scalar(double(cols), DType::F32, own.device()));
+      const Tensor reference_has = gt(per_row(nz), Tensor::scalar(0.0, DType::F32, own.device()));
+      l.zero_rows = both(all_zero, reference_has);
+    }
     u.nonzero += l.nonzero;
     u.cast_unscaled += l.cast_unscaled;
     u.cast_scaled += l.cast_scaled;
     u.observed += l.observed;
+    u.zero_rows += l.zero_rows;
   }
   return u;
 }
@@ -54,6 +66,7 @@ UnderflowStats& UnderflowStats::operator+=(const UnderflowStats& o) {
   cast_unscaled += o.cast_unscaled;
   cast_scaled += o.cast_scaled;
   observed += o.observed;
+  zero_rows += o.zero_rows;
   if (layers.empty()) {
     layers = o.layers;
   } else {
@@ -63,6 +76,7 @@ UnderflowStats& UnderflowStats::operator+=(const UnderflowStats& o) {
       layers[i].cast_unscaled += o.layers[i].cast_unscaled;
       layers[i].cast_scaled += o.layers[i].cast_scaled;
       layers[i].observed += o.layers[i].observed;
+      layers[i].zero_rows += o.layers[i].zero_rows;
     }
   }
   return *this;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "harness/temp_dir.h"
+#include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/warning.h"
 #include "mantissa/io/safetensors.h"
 #include "mantissa/train/trainer.h"
@@ -468,6 +469,14 @@ TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {
       const LayerUnderflow& l = r.underflow.layers[i];
       EXPECT_EQ(l.name, params[i].first);
       EXPECT_LE(l.observed, l.nonzero);
+      // A row counted has at least one observed zero; 1-D parameters have no rows.
+      EXPECT_LE(l.zero_rows, l.observed);
+      if (params[i].second.dim() < 2) {
+        EXPECT_EQ(l.zero_rows, 0);
+      } else {
+        EXPECT_LE(l.zero_rows, params[i].second.size(0));
+      }
+      total.zero_rows += l.zero_rows;
       total.nonzero += l.nonzero;
       total.cast_unscaled += l.cast_unscaled;
       total.cast_scaled += l.cast_scaled;
@@ -477,6 +486,7 @@ TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {
     EXPECT_EQ(total.cast_unscaled, r.underflow.cast_unscaled);
     EXPECT_EQ(total.cast_scaled, r.underflow.cast_scaled);
     EXPECT_EQ(total.observed, r.underflow.observed);
+    EXPECT_EQ(total.zero_rows, r.underflow.zero_rows);
     // worst(): the largest fractions first.
     const std::vector<LayerUnderflow> worst = r.underflow.worst(3);
     EXPECT_LE(worst.size(), 3u);
@@ -493,6 +503,37 @@ TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {
   EXPECT_LE(scaled.cast_scaled, scaled.cast_unscaled);
   EXPECT_LE(double(scaled.cast_scaled) / double(scaled.nonzero),
             double(plain.cast_scaled) / double(plain.nonzero));
+}
+
+// A hidden unit whose outgoing weights fp16 cannot hold (1e-9, below its smallest subnormal)
+// gets no gradient in an fp16 run, loss scaling or not: the weights are cast, not scaled. fp32's
+// gradient of that unit's incoming row is tiny but not zero, so the probe counts the row whole.
+TEST_F(TrainerTest, UnderflowCountsRowsLeftWithoutGradient) {
+  TrainConfig c = small("mlp");
+  c.dropout = 0;
+  c.epochs = 1;
+  c.max_steps = 1;
+  c.precision = "fp16";
+  c.underflow_every = 1;
+  Trainer t(c);
+  constexpr int64_t kUnits = 3;
+  {
+    NoGrad ng;
+    for (auto& [name, p] : t.model().named_parameters()) {
+      if (name == "4.weight") p.narrow(1, 0, kUnits).fill_(1e-9);  // (128, 256): units' columns
+    }
+  }
+  const TrainResult r = t.fit();
+  ASSERT_EQ(r.underflow.measurements, 1);
+  for (const LayerUnderflow& l : r.underflow.layers) {
+    if (l.name == "1.weight") {
+      EXPECT_EQ(l.zero_rows, kUnits);  // (256, 784): the three units' rows
+      EXPECT_GE(l.observed, kUnits);
+    } else if (l.name == "4.weight" || l.name == "7.weight") {
+      EXPECT_EQ(l.zero_rows, 0) << l.name;
+    }
+  }
+  EXPECT_EQ(r.underflow.zero_rows, kUnits);
 }
 
 TEST(TrainConfigTest, PrecisionFlagsAreCheckedTogether) {

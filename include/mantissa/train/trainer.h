@@ -58,6 +58,10 @@ struct LayerUnderflow {
   int64_t cast_unscaled = 0;
   int64_t cast_scaled = 0;
   int64_t observed = 0;
+  // Rows of a weight's gradient (its first dim: one output unit, one LSTM gate unit) that the
+  // run's gradient leaves all zero while fp32's has a non-zero value in them: a unit that got no
+  // gradient at all, not values that underflowed one by one.
+  int64_t zero_rows = 0;
 };
 
 struct UnderflowStats {
@@ -66,6 +70,7 @@ struct UnderflowStats {
   int64_t cast_unscaled = 0;
   int64_t cast_scaled = 0;
   int64_t observed = 0;
+  int64_t zero_rows = 0;
   std::vector<LayerUnderflow> layers;  // every parameter, in the model's order
   UnderflowStats& operator+=(const UnderflowStats& o);
   // The (at most) n parameters with the largest fraction of their non-zero fp32 gradient values
