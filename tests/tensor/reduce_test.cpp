@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "backend/cpu/vector_isa.h"
 #include "harness/op_harness.h"
 
 namespace mantissa {
@@ -145,8 +146,23 @@ TEST(Reduce, LeadingSumsAreTheSameForAnyThreadCount) {
         EXPECT_EQ(sum(x, {0}).to_vector<float>(), one) << threads << " threads";
         EXPECT_EQ(mean(x, {0}).to_vector<float>(), one_mean) << threads << " threads";
       }
+      // Every vector build (the rows read and widened inside the loop) gives the plain loop's
+      // bits: each column's rows added in order in fp32.
+      for (const backend::cpu::VectorIsa isa :
+           {backend::cpu::VectorIsa::Baseline, backend::cpu::VectorIsa::Avx2,
+            backend::cpu::VectorIsa::Avx512}) {
+        if (!backend::cpu::vector_isa_supported(isa)) continue;
+        backend::cpu::force_vector_isa(isa);
+        EXPECT_EQ(sum(x, {0}).to_vector<float>(), one) << backend::cpu::vector_isa_name(isa);
+      }
+      backend::cpu::force_vector_isa(std::nullopt);
       const auto v = x.to_vector<double>();
       for (int64_t j = 0; j < cols; ++j) {
+        float in_order = 0;
+        for (int64_t r = 0; r < 1000; ++r)
+          in_order += float(v[size_t(r * cols + j)]);
+        const float expected = dtype == DType::F32 ? in_order : float(bfloat16(in_order));
+        ASSERT_EQ(one[size_t(j)], expected) << "column " << j;
         double ref = 0;
         for (int64_t r = 0; r < 1000; ++r)
           ref += v[size_t(r * cols + j)];

@@ -3,6 +3,7 @@
 // first gathered (in its compute type) into row-major order. Sums accumulate in fp32 (f64 for
 // f64) with SIMD partial sums per chunk; results do not depend on the thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -10,9 +11,18 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vector_isa.h"
 
 namespace mantissa::backend::cpu {
 namespace {
+
+#define MT_ISA_LOOPS "backend/cpu/reduce_rows.inc"
+#include "backend/cpu/isa_builds.inc"
+
+template <typename T>
+void add_rows(const T* x, int64_t n, int64_t ld, int64_t nc, float* a) {
+  MT_ISA_CALL(add_rows<T>(x, n, ld, nc, a));
+}
 
 template <typename A, typename C>
 A sum_row(const C* x, int64_t n) {
@@ -99,17 +109,22 @@ void reduce_leading(const T* x, int64_t n_rows, int64_t cols, bool mean, Tensor&
     // went back and forth between the cores once per row (measured 1.7x slower on 2 threads).
     alignas(64) A a[kCols];
     std::fill(a, a + nc, A(0));
-    alignas(64) C row[kCols];
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const T* src = x + r * cols + c0;
-      const C* v = reinterpret_cast<const C*>(src);
-      if constexpr (!std::is_same_v<T, C>) {
-        load_contiguous<T, C>(src, row, nc);
-        v = row;
-      }
+    if constexpr (std::is_same_v<A, float> &&
+                  (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>)) {
+      add_rows<T>(x + c0, n_rows, cols, nc, a);
+    } else {
+      alignas(64) C row[kCols];
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const T* src = x + r * cols + c0;
+        const C* v = reinterpret_cast<const C*>(src);
+        if constexpr (!std::is_same_v<T, C>) {
+          load_contiguous<T, C>(src, row, nc);
+          v = row;
+        }
 #pragma omp simd
-      for (int64_t j = 0; j < nc; ++j)
-        a[j] += A(v[j]);
+        for (int64_t j = 0; j < nc; ++j)
+          a[j] += A(v[j]);
+      }
     }
     if (mean) {
       for (int64_t j = 0; j < nc; ++j)
