@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -346,9 +347,17 @@ TEST(FusedAttention, HeadsOfOneProjectionAreReadInPlace) {
 // the same, rounded, output), rounded to the dtype, bit for bit. This checks the kernels' own
 // conversions of rows, including head dims that are no multiple of the vector width.
 TEST(FusedAttention, HalfDtypesAreTheF32KernelRoundedOnce) {
-  for (bool plain : {false, true}) {
-    if (plain) backend::cpu::force_vector_isa(backend::cpu::VectorIsa::Baseline);
-    SCOPED_TRACE(backend::cpu_fused_attention_vectorized() ? "vectorized kernels" : "plain loops");
+  // The kernels this CPU runs (with avx512_bf16: bf16's scores and dP on bf16 dot products), the
+  // AVX2 kernels (fp32 tiles throughout), and the plain loops.
+  using backend::cpu::VectorIsa;
+  for (const std::optional<VectorIsa> isa :
+       {std::optional<VectorIsa>(), std::optional(VectorIsa::Avx2),
+        std::optional(VectorIsa::Baseline)}) {
+    if (isa && !backend::cpu::vector_isa_supported(*isa)) continue;
+    backend::cpu::force_vector_isa(isa);
+    SCOPED_TRACE(
+        std::string(backend::cpu::vector_isa_name(backend::cpu::vector_isa())) +
+        (backend::cpu_fused_attention_vectorized() ? ", vectorized kernels" : ", plain loops"));
     uint64_t seed = 700;
     for (const Case& c : kCases) {
       if (c.q.size() != 4) continue;

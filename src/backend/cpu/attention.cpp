@@ -16,6 +16,7 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vector_isa.h"
 #include "backend/shapes.h"
+#include "mantissa/core/cpu.h"
 #include "mantissa/core/error.h"
 #include "numerics/x86_lanes.h"
 
@@ -564,6 +565,120 @@ void store_rows(const float* src, int64_t n, int64_t d, int64_t dp, float scale,
     row_from_f32(src + i * dp, scale, dst + i * ld, d);
 }
 
+// ---- bf16 x bf16 block products on vdpbf16ps ------------------------------------------------
+//
+// The scores q.k^T and dP = dO.v^T multiply two bf16 operands, whose products are exact in fp32.
+// vdpbf16ps does two fused multiply-adds per lane, the odd element of a pair first (Intel's
+// definition; on this project's Zen 4 it matched two std::fma in that order bit for bit over 3.2
+// million random lanes), so with each pair's halves swapped it sums the head dim in the order 0,
+// 1, 2, ... as the fp32 tiles do, and gives their values: the bf16 kernels stay the f32 kernel on
+// the same values (FusedAttention.HalfDtypesAreTheF32KernelRoundedOnce fails with the halves
+// unswapped). It treats subnormals as zeros (inputs and sums below 2^-126, which attention's
+// scores do not reach). One instruction does 32 multiply-adds, an fp32 FMA 16; used where the
+// kernels run AVX-512 on a CPU with avx512_bf16 and the head dim is even.
+
+bool bf16_dot_products(int64_t d) {
+  return d % 2 == 0 && cpu_features().avx512_bf16 && vector_isa() == VectorIsa::Avx512;
+}
+
+// The 32-bit pair of bf16 elements (2p, 2p + 1) at p, halves swapped: 2p in the high half, which
+// vdpbf16ps takes first.
+inline __m256i swapped_pairs(const uint16_t* p) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_or_si256(_mm256_slli_epi32(x, 16), _mm256_srli_epi32(x, 16));
+}
+
+inline uint32_t swapped_pair(const uint16_t* p) {
+  return (uint32_t(p[0]) << 16) | uint32_t(p[1]);
+}
+
+// Rows [0, n) of a bf16 (n, d) matrix with rows ld apart as rows of d / 2 swapped pairs, d / 2
+// apart. (T is bfloat16 wherever bf16_dot_products holds; the other instances are never called.)
+template <typename T>
+void pair_rows(const T* src, int64_t ld, int64_t n, int64_t d, uint32_t* dst) {
+  MT_ASSERT((std::is_same_v<T, bfloat16>), "bf16 pairs of a ", sizeof(T), "-byte dtype");
+  const int64_t pairs = d / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto* s = reinterpret_cast<const uint16_t*>(src + i * ld);
+    uint32_t* o = dst + i * pairs;
+    int64_t p = 0;
+    for (; p + 8 <= pairs; p += 8)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + p), swapped_pairs(s + 2 * p));
+    for (; p < pairs; ++p)
+      o[p] = swapped_pair(s + 2 * p);
+  }
+}
+
+// The transpose of pair_rows' (n, d / 2) rows into dst (d / 2, kBlockK), zeros from n up to the
+// 16-key panel; in 8 x 8 blocks of 32-bit lanes where d allows (moves only: any bits pass).
+template <typename T>
+void pair_transposed(const T* src, int64_t ld, int64_t n, int64_t d, uint32_t* rows,
+                     uint32_t* dst) {
+  const int64_t pairs = d / 2;
+  pair_rows(src, ld, n, d, rows);
+  int64_t j = 0;
+  if (pairs % kLanes == 0) {
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int64_t e = 0; e < pairs; e += kLanes) {
+        transpose8(reinterpret_cast<const float*>(rows + j * pairs + e), pairs,
+                   reinterpret_cast<float*>(dst + e * kBlockK + j), kBlockK);
+      }
+    }
+  }
+  for (; j < n; ++j)
+    for (int64_t e = 0; e < pairs; ++e)
+      dst[e * kBlockK + j] = rows[j * pairs + e];
+  for (int64_t e = 0; e < pairs; ++e)
+    std::fill(dst + e * kBlockK + n, dst + e * kBlockK + padded(n), 0u);
+}
+
+// c (rows x 16) = a (rows x pairs) . b (pairs x 16), rows <= 6, in pairs of bf16: a's rows ars
+// apart, b's rows ldb apart, c's ldc apart; as tile<false> (rows past `rows` read the last row).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile_dp(
+    const uint32_t* a, int64_t ars, int rows, const uint32_t* b, int64_t ldb, int64_t pairs,
+    float* c, int64_t ldc) {
+  const int64_t o1 = std::min(1, rows - 1) * ars, o2 = std::min(2, rows - 1) * ars,
+                o3 = std::min(3, rows - 1) * ars, o4 = std::min(4, rows - 1) * ars,
+                o5 = std::min(5, rows - 1) * ars;
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+#define MT_PAIR(x) (__m512bh) _mm512_set1_epi32(int(x))
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512bh bv = (__m512bh)_mm512_loadu_si512(b + p * ldb);
+    const uint32_t* ap = a + p;
+    c0 = _mm512_dpbf16_ps(c0, MT_PAIR(ap[0]), bv);
+    c1 = _mm512_dpbf16_ps(c1, MT_PAIR(ap[o1]), bv);
+    c2 = _mm512_dpbf16_ps(c2, MT_PAIR(ap[o2]), bv);
+    c3 = _mm512_dpbf16_ps(c3, MT_PAIR(ap[o3]), bv);
+    c4 = _mm512_dpbf16_ps(c4, MT_PAIR(ap[o4]), bv);
+    c5 = _mm512_dpbf16_ps(c5, MT_PAIR(ap[o5]), bv);
+  }
+#undef MT_PAIR
+  const __m512 acc[kTileRows] = {c0, c1, c2, c3, c4, c5};
+  for (int r = 0; r < rows; ++r)
+    _mm512_storeu_ps(c + r * ldc, acc[r]);
+}
+
+// The scores (or dP) block: c (m x n) = a (m x pairs) . b (pairs x n) for n a multiple of 16,
+// the tiles a causal mask leaves (Band::ColumnsUpTo, as block_product<false, ColumnsUpTo>).
+void scores_dp(bool causal, int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t ars,
+               const uint32_t* b, int64_t ldb, float* c, int64_t ldc, int64_t off) {
+  for (int64_t j = 0; j < n; j += kPanel) {
+    for (int64_t i = 0; i < m; i += kTileRows) {
+      const int rows = int(std::min<int64_t>(kTileRows, m - i));
+      if (causal && j > i + rows - 1 + off) continue;
+      tile_dp(a + i * ars, ars, rows, b + j, ldb, pairs, c + i * ldc + j, ldc);
+    }
+  }
+}
+
+// The swapped pairs the two bf16 products read, per thread: a block's (or a head's) rows of q
+// and dO, and the transposed pairs of k and v.
+std::vector<uint32_t>& pair_scratch(size_t n) {
+  thread_local std::vector<uint32_t> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
+
 // e^x in 8 lanes: vm::exp's reduction, polynomial and limits (vm::ExpConstants: 0 below -104,
 // inf above ln(FLT_MAX), NaN through), with fused multiply-adds, as everything here on this FMA
 // path.
@@ -669,6 +784,9 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
   // m, l, and eight rows for the transpose's conversions.
   const int64_t scratch =
       2 * kBlockQ * dp + d * kBlockK + kBlockK * dp + kBlockQ * kBlockK + 2 * kBlockQ + kLanes * dp;
+  // bf16 on bf16 dot products: q's and k's swapped pairs (and k's pair rows) instead.
+  const bool dot = std::is_same_v<T, bfloat16> && bf16_dot_products(d);
+  const int64_t pairs = d / 2;
   parallel_rows<float>(
       n.bh * qblocks, n.bh * n.tq * n.tk * d, scratch, [&](int64_t task, float* buf) {
         const int64_t bh = task / qblocks, i0 = (task % qblocks) * kBlockQ;
@@ -681,17 +799,32 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
         float* m = s + kBlockQ * kBlockK;
         float* l = m + kBlockQ;
         float* conv = l + kBlockQ;
-        const Rows qb = padded_rows(qp + lq.row(bh, i0), lq.st, nq, d, dp, qbuf);
+        uint32_t *qpairs = nullptr, *kpairs = nullptr, *prows = nullptr;
+        Rows qb{nullptr, 0};
+        if (dot) {
+          qpairs = pair_scratch(size_t((kBlockQ + 2 * kBlockK) * pairs)).data();
+          kpairs = qpairs + kBlockQ * pairs;
+          prows = kpairs + pairs * kBlockK;
+          pair_rows(qp + lq.row(bh, i0), lq.st, nq, d, qpairs);
+        } else {
+          qb = padded_rows(qp + lq.row(bh, i0), lq.st, nq, d, dp, qbuf);
+        }
         std::fill(ob, ob + nq * dp, 0.0f);
         std::fill(m, m + nq, kNegInf);
         std::fill(l, l + nq, 0.0f);
         const int64_t key_end = p.causal ? std::min(n.tk, i0 + nq) : n.tk;
         for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, n.tk - j0);
-          load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, conv, kt);
+          if (dot) {
+            pair_transposed(kp + lk.row(bh, j0), lk.st, nk, d, prows, kpairs);
+            scores_dp(p.causal, nq, padded(nk), pairs, qpairs, pairs, kpairs, kBlockK, s, kBlockK,
+                      i0 - j0);
+          } else {
+            load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, conv, kt);
+            block_product<false, Band::ColumnsUpTo>(p.causal, nq, padded(nk), d, qb.p, qb.ld, 1, kt,
+                                                    kBlockK, s, kBlockK, i0 - j0);
+          }
           const Rows vb = padded_rows(vp + lv.row(bh, j0), lv.st, nk, d, dp, vbuf);
-          block_product<false, Band::ColumnsUpTo>(p.causal, nq, padded(nk), d, qb.p, qb.ld, 1, kt,
-                                                  kBlockK, s, kBlockK, i0 - j0);
           online_softmax_block(s, nq, nk, p.causal, i0, j0, scale, m, l, ob, dp);
           block_product<true, Band::KUpTo>(p.causal, nq, dp, nk, s, kBlockK, 1, vb.p, vb.ld, ob, dp,
                                            i0 - j0);
@@ -718,6 +851,10 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
   // transposes', and four of O for delta).
   const int64_t scratch =
       3 * tq * dp + tq + 3 * kBlockK * dp + 2 * d * kBlockK + 2 * kBlockQ * kBlockK + kLanes * dp;
+  // bf16 on bf16 dot products: the scores and dP from the swapped pairs of the head's q and dO
+  // and of the block's k and v, not from kt and vt.
+  const bool dot = std::is_same_v<T, bfloat16> && bf16_dot_products(d);
+  const int64_t pairs = d / 2;
   parallel_rows<float>(n.bh, n.bh * tq * n.tk * d, scratch, [&](int64_t bh, float* buf) {
     float* qbuf = buf;
     float* gbuf = qbuf + tq * dp;
@@ -734,6 +871,17 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
     const float* lse = lp + bh * tq;
     const Rows q = padded_rows(qp + lq.row(bh, 0), lq.st, tq, d, dp, qbuf);
     const Rows g = padded_rows(gp + lg.row(bh, 0), lg.st, tq, d, dp, gbuf);
+    uint32_t *qpairs = nullptr, *gpairs = nullptr, *kpairs = nullptr, *vpairs = nullptr,
+             *prows = nullptr;
+    if (dot) {
+      qpairs = pair_scratch(size_t((2 * tq + 3 * kBlockK) * pairs)).data();
+      gpairs = qpairs + tq * pairs;
+      kpairs = gpairs + tq * pairs;
+      vpairs = kpairs + pairs * kBlockK;
+      prows = vpairs + pairs * kBlockK;
+      pair_rows(qp + lq.row(bh, 0), lq.st, tq, d, qpairs);
+      pair_rows(gp + lg.row(bh, 0), lg.st, tq, d, gpairs);
+    }
     std::fill(dq, dq + tq * dp, 0.0f);
     // delta_i = rowsum(dO_i * O_i): the softmax backward's per-row term, summed as the tiles
     // sum dP = dO v^T (fused multiply-adds in e order), so that dP - delta is exactly 0 where
@@ -772,8 +920,13 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
       const int64_t nk = std::min(kBlockK, n.tk - j0), nk16 = padded(nk);
       const int64_t nk8 = whole_vectors(nk);
       const Rows kb = padded_rows(kp + lk.row(bh, j0), lk.st, nk, d, dp, kbuf);
-      load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, conv, kt);
-      load_transposed(vp + lv.row(bh, j0), lv.st, nk, d, conv, vt);
+      if (dot) {
+        pair_transposed(kp + lk.row(bh, j0), lk.st, nk, d, prows, kpairs);
+        pair_transposed(vp + lv.row(bh, j0), lv.st, nk, d, prows, vpairs);
+      } else {
+        load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, conv, kt);
+        load_transposed(vp + lv.row(bh, j0), lv.st, nk, d, conv, vt);
+      }
       std::fill(dk, dk + nk * dp, 0.0f);
       std::fill(dv, dv + nk * dp, 0.0f);
       // Causal: queries before j0 see none of these keys.
@@ -784,10 +937,17 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
         const float* gi = g.p + i0 * g.ld;
         const bool causal = p.causal;
         const int64_t off = i0 - j0;  // query i sees key j where j <= i + off
-        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, qi, q.ld, 1, kt, kBlockK, pb,
-                                                kBlockK, off);  // scores
-        block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, gi, g.ld, 1, vt, kBlockK, ds,
-                                                kBlockK, off);  // dP = dO v^T
+        if (dot) {
+          scores_dp(causal, nq, nk16, pairs, qpairs + i0 * pairs, pairs, kpairs, kBlockK, pb,
+                    kBlockK, off);  // scores
+          scores_dp(causal, nq, nk16, pairs, gpairs + i0 * pairs, pairs, vpairs, kBlockK, ds,
+                    kBlockK, off);  // dP = dO v^T
+        } else {
+          block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, qi, q.ld, 1, kt, kBlockK, pb,
+                                                  kBlockK, off);  // scores
+          block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, gi, g.ld, 1, vt, kBlockK, ds,
+                                                  kBlockK, off);  // dP = dO v^T
+        }
         // p = e^(scale s - lse) (the scaled score rounded as in the forward) and
         // dS = p (dP - delta), zeros where masked; whole vectors, as in the forward.
         const __m256 sc = _mm256_set1_ps(scale);
