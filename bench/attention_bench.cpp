@@ -109,11 +109,17 @@ int main(int argc, char** argv) {
     // Leaves: q, k and v, or the projection whose heads they are (viewed anew for every call,
     // as a model does).
     const bool qkv = layout == "qkv";
-    const Tensor proj =
-        Tensor::uniform({c.b, c.t, 3, c.h, c.d}, -1, 1, 1).to(dtype).set_requires_grad(qkv);
-    Tensor q = Tensor::uniform(s, -1, 1, 1).to(dtype).set_requires_grad(!qkv);
-    Tensor k = Tensor::uniform(s, -1, 1, 2).to(dtype).set_requires_grad(!qkv);
-    Tensor v = Tensor::uniform(s, -1, 1, 3).to(dtype).set_requires_grad(!qkv);
+    auto leaf = [&](const Shape& shape, uint64_t seed) {
+      return Tensor::uniform(shape, -1, 1, seed).to(dtype).set_requires_grad();
+    };
+    Tensor proj, q, k, v;
+    if (qkv) {
+      proj = leaf({c.b, c.t, 3, c.h, c.d}, 1);
+    } else {
+      q = leaf(s, 1);
+      k = leaf(s, 2);
+      v = leaf(s, 3);
+    }
     auto attend = [&](bool causal) {
       if (!qkv) return scaled_dot_product_attention(q, k, v, Tensor(), causal);
       // (3, B, H, T, D), unbound as MultiheadAttention does (one node for the three gradients)
