@@ -1,7 +1,7 @@
 // The reference models' pointwise and row ops at their shapes (batch 128): forward and backward
 // time of each, one thread, the median of --reps runs. tools/bench/ops_compare.py runs it next to
 // the same ops in PyTorch and prints the ratios.
-//   build/bench/bench_ops [--reps 15] [--op NAME] [--json]
+//   build/bench/bench_ops [--reps 15] [--op NAME] [--dtype f32|bf16|f16] [--json]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   int reps = 15;
   bool json = false;
   std::string only;
+  DType dtype = DType::F32;
+  std::string dtype_arg = "f32";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--json") {
@@ -48,14 +50,24 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (k == "--op" && i + 1 < argc) {
       only = argv[++i];
+    } else if (k == "--dtype" && i + 1 < argc) {
+      const std::string d = dtype_arg = argv[++i];
+      if (d != "f32" && d != "bf16" && d != "f16") {
+        std::fprintf(stderr, "bench_ops: --dtype takes f32, bf16 or f16, got %s\n", d.c_str());
+        return 2;
+      }
+      dtype = d == "bf16" ? DType::BF16 : d == "f16" ? DType::F16 : DType::F32;
     } else {
-      std::fprintf(stderr, "bench_ops: unknown argument %s (use --reps N, --op NAME, --json)\n",
+      std::fprintf(stderr,
+                   "bench_ops: unknown argument %s (use --reps N, --op NAME, --dtype D, --json)\n",
                    k.c_str());
       return 2;
     }
   }
   set_num_threads(1);
-  auto u = [](const Shape& s) { return Tensor::uniform(s, -2, 2, 1); };
+  // Inputs and incoming gradients in --dtype; the layer norm and batch norm parameters stay
+  // f32, as the models keep them.
+  auto u = [&](const Shape& s) { return Tensor::uniform(s, -2, 2, 1).to(dtype); };
   const Tensor w64 = Tensor::uniform({64}, 0.5, 1.5, 3), b64 = Tensor::uniform({64}, -1, 1, 4);
   const Tensor w16 = Tensor::uniform({16}, 0.5, 1.5, 3), b16 = Tensor::uniform({16}, -1, 1, 4);
   const Tensor rm = Tensor::zeros({16}), rv = Tensor::ones({16});
@@ -87,11 +99,11 @@ int main(int argc, char** argv) {
       {"sum_rows", "8192x512", [](const Tensor& x) { return sum(x, {0}); }, u({8192, 512})},
   };
   if (!json)
-    std::printf("one thread, median of %d runs, ms\n%-14s %-14s %9s %9s\n", reps, "op", "shape",
-                "forward", "backward");
+    std::printf("one thread, %s, median of %d runs, ms\n%-14s %-14s %9s %9s\n", dtype_arg.c_str(),
+                reps, "op", "shape", "forward", "backward");
   for (const Op& op : ops) {
     if (!only.empty() && only != op.name) continue;
-    const Tensor g = Tensor::uniform(op.fn(op.input).shape(), -1, 1, 7);
+    const Tensor g = Tensor::uniform(op.fn(op.input).shape(), -1, 1, 7).to(dtype);
     std::vector<double> fwd, bwd;
     for (int r = 0; r < reps + 2; ++r) {
       Tensor x = op.input.detach().set_requires_grad();
@@ -108,8 +120,9 @@ int main(int argc, char** argv) {
     }
     if (json) {
       std::printf(
-          "{\"op\": \"%s\", \"shape\": \"%s\", \"forward_ms\": %.4f, \"backward_ms\": %.4f}\n",
-          op.name, op.shape, median(fwd), median(bwd));
+          "{\"op\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", \"forward_ms\": %.4f, "
+          "\"backward_ms\": %.4f}\n",
+          op.name, op.shape, dtype_arg.c_str(), median(fwd), median(bwd));
     } else {
       std::printf("%-14s %-14s %9.3f %9.3f\n", op.name, op.shape, median(fwd), median(bwd));
     }
