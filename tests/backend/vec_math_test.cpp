@@ -2,7 +2,8 @@
 // plus every float of the ranges where the approximations change form), its special values,
 // and the CPU kernels' builds (baseline, AVX2 and AVX-512, cpu/vector_isa.h) giving the same
 // values (to the bit, every NaN taken as one) for every unary and binary op, forward and
-// backward, the LSTM step, and the layer-norm, softmax, log_softmax and cross-entropy rows.
+// backward, the LSTM step, and the layer-norm, softmax, log_softmax and cross-entropy rows; and
+// the loops that read and write bf16 themselves giving the f32 kernels' values rounded once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -396,6 +397,54 @@ TEST(LstmCellKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
       EXPECT_EQ(first_difference(values(dz), rounded(dz32)), "") << "d gates";
       EXPECT_EQ(first_difference(values(dcp), rounded(dcp32)), "") << "d c_prev";
     }
+  }
+}
+
+// Contiguous bf16 operands are read and written inside the unary, derivative and binary loops
+// (no conversion pass into float chunks): the results are the f32 kernels' on the same values,
+// rounded once, and the chunked path's (a strided view takes it), bit for bit, for every op, with
+// NaN, infinities and a subnormal among the inputs, and with the output written over an input.
+TEST(ElementwiseKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
+  Backend& cpu = cpu_backend();
+  const int64_t n = 5000;  // more than two chunks, a ragged tail
+  const Tensor x = probe(n, DType::BF16), g = probe(n, DType::BF16, true);
+  // The same values as strided views of wider tensors: the chunked path.
+  const Tensor xs = stack({x, g}, 1).select(1, 0), gs = stack({g, x}, 1).select(1, 0);
+  ASSERT_FALSE(xs.is_contiguous());
+  auto f32 = [](const Tensor& t) { return t.to(DType::F32); };
+  auto rounded = [](const Tensor& t) { return values(t.to(DType::BF16)); };
+  const Scalars s{2.5, 0.5};
+  for (const UnaryOp u : kUnaryOps) {
+    SCOPED_TRACE(unary_info(u).name);
+    Tensor y = Tensor::empty({n}, DType::BF16), y_chunked = Tensor::empty({n}, DType::BF16);
+    Tensor y32 = Tensor::empty({n}, DType::F32);
+    cpu.unary(u, x, y, s);
+    cpu.unary(u, xs, y_chunked, s);
+    cpu.unary(u, f32(x), y32, s);
+    EXPECT_EQ(first_difference(values(y), rounded(y32)), "") << "forward";
+    EXPECT_EQ(first_difference(values(y), values(y_chunked)), "") << "forward, chunked";
+
+    Tensor gx = Tensor::empty({n}, DType::BF16), gx_chunked = Tensor::empty({n}, DType::BF16);
+    Tensor gx32 = Tensor::empty({n}, DType::F32);
+    cpu.unary_backward(u, g, x, y, gx, s);
+    cpu.unary_backward(u, gs, xs, y_chunked, gx_chunked, s);  // y_chunked: contiguous, y's bits
+    cpu.unary_backward(u, f32(g), f32(x), f32(y), gx32, s);
+    EXPECT_EQ(first_difference(values(gx), rounded(gx32)), "") << "backward";
+    EXPECT_EQ(first_difference(values(gx), values(gx_chunked)), "") << "backward, chunked";
+  }
+  for (const BinaryOp b : kBinaryOps) {
+    if (is_comparison(b)) continue;
+    SCOPED_TRACE(binary_info(b).name);
+    Tensor o = Tensor::empty({n}, DType::BF16), o_chunked = Tensor::empty({n}, DType::BF16);
+    Tensor o32 = Tensor::empty({n}, DType::F32);
+    cpu.binary(b, x, g, o);
+    cpu.binary(b, xs, gs, o_chunked);
+    cpu.binary(b, f32(x), f32(g), o32);
+    EXPECT_EQ(first_difference(values(o), rounded(o32)), "");
+    EXPECT_EQ(first_difference(values(o), values(o_chunked)), "") << "chunked";
+    Tensor in_place = x.clone();
+    cpu.binary(b, in_place, g, in_place);
+    EXPECT_EQ(first_difference(values(in_place), values(o)), "") << "written over its input";
   }
 }
 

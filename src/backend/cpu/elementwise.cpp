@@ -45,6 +45,31 @@ void run_binary(BinaryOp op, C* o, const C* a, const C* b, int64_t n) {
   MT_ISA_CALL(run_binary<C>(op, o, a, b, n));
 }
 
+template <typename S>
+void run_unary_stored(UnaryOp op, S* y, const S* x, int64_t n, Scalars s) {
+  MT_ISA_CALL(run_unary_stored<S>(op, y, x, n, s));
+}
+
+template <typename S>
+void run_unary_backward_stored(UnaryOp op, S* gx, const S* g, const S* v, int64_t n, Scalars s) {
+  MT_ISA_CALL(run_unary_backward_stored<S>(op, gx, g, v, n, s));
+}
+
+template <typename S>
+void run_binary_stored(BinaryOp op, S* o, const S* a, const S* b, int64_t n) {
+  MT_ISA_CALL(run_binary_stored<S>(op, o, a, b, n));
+}
+
+// Whether every tensor is contiguous in out's shape, so that element i of each is element i of
+// the output: bf16 ops then convert inside their loops (run_*_stored), not through chunks.
+template <size_t N>
+bool all_contiguous_as(const Tensor& out, const std::array<const Tensor*, N>& ins) {
+  if (!out.is_contiguous()) return false;
+  for (const Tensor* t : ins)
+    if (t->shape() != out.shape() || !t->is_contiguous()) return false;
+  return true;
+}
+
 template <typename C>
 void run_lstm_cell_row(const C* z, const C* cp, C* acts, C* c, C* h, int64_t n) {
   if (cp != nullptr) {
@@ -335,6 +360,16 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
     if constexpr (std::is_same_v<T, bool>) {
       MT_CHECK(false, "unary ops are not defined on bool tensors");
     } else {
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        if (all_contiguous_as<1>(out, {&x})) {
+          const T* xp = static_cast<const T*>(x.data_ptr());
+          T* yp = static_cast<T*>(out.data_ptr());
+          parallel_chunks(out.numel(), [&](int64_t start, int64_t n) {
+            run_unary_stored<T>(op, yp + start, xp + start, n, s);
+          });
+          return;
+        }
+      }
       elementwise<T, C, T, 1>(out, {&x},
                               [&](C* y, const C* a, int64_t n) { run_unary<C>(op, y, a, n, s); });
     }
@@ -343,14 +378,34 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
 
 void CpuBackend::unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y,
                                 Tensor& gx, Scalars s) {
-  // y is only needed by some ops; pass x in its place when absent.
-  const Tensor& yy = y.defined() ? y : x;
+  // A derivative reads the input or the output (the op list's "needs"), never both: only that
+  // one is loaded, and its chunk stands for both arguments. Loading both (x twice when y was
+  // absent) cost a third more conversions in a bf16 GELU or ReLU backward. y may be absent for
+  // an op that needs its output: x then holds it (what the op layer passes).
+  const UnaryNeeds needs = unary_info(op).needs;
+  const Tensor& v = needs == UnaryNeeds::Output && y.defined() ? y : x;
   dispatch_float(x.dtype(), "a derivative", [&]<typename T>() {
     using C = compute_t<T>;
-    elementwise<T, C, T, 3>(gx, {&grad, &x, &yy},
-                            [&](C* o, const C* g, const C* xv, const C* yv, int64_t n) {
-                              run_unary_backward<C>(op, o, g, xv, yv, n, s);
-                            });
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      if (all_contiguous_as<2>(gx, {&grad, &v})) {
+        const T *gp = static_cast<const T*>(grad.data_ptr()),
+                *vp = static_cast<const T*>(v.data_ptr());
+        T* op_out = static_cast<T*>(gx.data_ptr());
+        parallel_chunks(gx.numel(), [&](int64_t start, int64_t n) {
+          run_unary_backward_stored<T>(op, op_out + start, gp + start, vp + start, n, s);
+        });
+        return;
+      }
+    }
+    if (needs == UnaryNeeds::Nothing) {
+      elementwise<T, C, T, 1>(gx, {&grad}, [&](C* o, const C* g, int64_t n) {
+        run_unary_backward<C>(op, o, g, g, g, n, s);
+      });
+    } else {
+      elementwise<T, C, T, 2>(gx, {&grad, &v}, [&](C* o, const C* g, const C* xy, int64_t n) {
+        run_unary_backward<C>(op, o, g, xy, xy, n, s);
+      });
+    }
   });
 }
 
@@ -366,6 +421,17 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
         run_binary<C>(op, o, x, y, n);
       });
     } else if constexpr (!std::is_same_v<T, bool>) {
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        if (all_contiguous_as<2>(out, {&a, &b})) {
+          const T *ap = static_cast<const T*>(a.data_ptr()),
+                  *bp = static_cast<const T*>(b.data_ptr());
+          T* op_out = static_cast<T*>(out.data_ptr());
+          parallel_chunks(out.numel(), [&](int64_t start, int64_t n) {
+            run_binary_stored<T>(op, op_out + start, ap + start, bp + start, n);
+          });
+          return;
+        }
+      }
       elementwise<T, C, T, 2>(out, {&a, &b}, [&](C* o, const C* x, const C* y, int64_t n) {
         run_binary<C>(op, o, x, y, n);
       });
