@@ -3,7 +3,8 @@
 // and the CPU kernels' builds (baseline, AVX2 and AVX-512, cpu/vector_isa.h) giving the same
 // values (to the bit, every NaN taken as one) for every unary and binary op, forward and
 // backward, the LSTM step, and the layer-norm, softmax, log_softmax and cross-entropy rows; and
-// the loops that read and write bf16 themselves giving the f32 kernels' values rounded once.
+// the loops that read and write bf16 themselves (elementwise ops, batch norm's channels-last
+// blocks) giving the f32 kernels' values rounded once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -445,6 +446,58 @@ TEST(ElementwiseKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
     Tensor in_place = x.clone();
     cpu.binary(b, in_place, g, in_place);
     EXPECT_EQ(first_difference(values(in_place), values(o)), "") << "written over its input";
+  }
+}
+
+// Batch norm on channels-last bf16 reads and writes the storage in its block loops, and f16
+// blocks are converted first: in every build, the output, the input gradient, the weight and bias
+// gradients and the running statistics are the f32 kernel's on the widened values (the output
+// and input gradient rounded once), bit for bit, and the builds agree. 32 channels fill whole
+// vectors, 20 do not; 504 pixels make several blocks.
+TEST(BatchNormKernel, ChannelsLastHalfIsTheF32KernelRoundedOnceInEveryBuild) {
+  std::vector<VectorIsa> isas{VectorIsa::Baseline};
+  for (const VectorIsa isa : {VectorIsa::Avx2, VectorIsa::Avx512}) {
+    if (vector_isa_supported(isa)) isas.push_back(isa);
+  }
+  for (const int64_t ch : {32, 20}) {
+    for (const DType dt : {DType::BF16, DType::F16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", " + std::to_string(ch) + " channels");
+      const Shape shape{8, ch, 9, 7};
+      const Tensor x0 =
+          add(Tensor::normal(shape, 0, 1, 21), 0.5).to(dt).contiguous(MemoryFormat::ChannelsLast);
+      const Tensor g0 =
+          Tensor::uniform(shape, -1, 1, 22).to(dt).contiguous(MemoryFormat::ChannelsLast);
+      const Tensor w0 = Tensor::uniform({ch}, 0.5, 1.5, 23), b0 = Tensor::uniform({ch}, -1, 1, 24);
+      std::vector<std::vector<uint64_t>> first;
+      for (const VectorIsa isa : isas) {
+        SCOPED_TRACE(vector_isa_name(isa));
+        ForcedIsa forced(isa);
+        auto run = [&](DType as) {
+          const Tensor x = x0.to(as).detach().set_requires_grad();
+          const Tensor w = w0.detach().set_requires_grad(), b = b0.detach().set_requires_grad();
+          Tensor rm = Tensor::zeros({ch}), rv = Tensor::ones({ch});
+          const Tensor y = batch_norm(x, w, b, rm, rv, true);
+          EXPECT_TRUE(y.is_contiguous(MemoryFormat::ChannelsLast));
+          y.backward(g0.to(as));
+          return std::vector<Tensor>{y.to(dt), x.grad().to(dt), w.grad(), b.grad(), rm, rv};
+        };
+        const std::vector<Tensor> half = run(dt), f32 = run(DType::F32);
+        const char* names[] = {"output",        "input gradient", "weight gradient",
+                               "bias gradient", "running mean",   "running variance"};
+        std::vector<std::vector<uint64_t>> got;
+        for (size_t i = 0; i < half.size(); ++i) {
+          got.push_back(values(half[i]));
+          EXPECT_EQ(first_difference(got.back(), values(f32[i])), "") << names[i];
+        }
+        if (first.empty()) {
+          first = got;
+        } else {
+          for (size_t i = 0; i < got.size(); ++i)
+            EXPECT_EQ(first_difference(got[i], first[i]), "")
+                << names[i] << " against the baseline";
+        }
+      }
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/stored.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vector_isa.h"
 #include "backend/lstm_math.h"
@@ -443,11 +444,6 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
 
 namespace {
 
-// Storage the LSTM row kernels read and write inside their loops (elementwise_loops.inc); other
-// dtypes go through rows converted to the compute type.
-template <typename T>
-inline constexpr bool kConvertsInLoop = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
-
 // Row r of a (rows, width) tensor with unit stride along its rows (any row stride) in the compute
 // type: the storage itself when the types match, else converted into buf.
 template <typename T, typename C>
@@ -489,7 +485,7 @@ void CpuBackend::lstm_cell(const Tensor& gates, const Tensor& gates_add, const T
   dispatch_float(acts.dtype(), "lstm_cell", [&]<typename T>() {
     using C = compute_t<T>;
     dispatch_float(gates.dtype(), "lstm_cell", [&]<typename G>() {
-      if constexpr (kConvertsInLoop<T> && kConvertsInLoop<G>) {
+      if constexpr (kStoredInLoop<T> && kStoredInLoop<G>) {
         const G* z = static_cast<const G*>(gates.data_ptr());
         const float* za = gates_add.defined() ? gates_add.data<float>() : nullptr;
         const T* cp = c_prev.defined() ? static_cast<const T*>(c_prev.data_ptr()) : nullptr;
@@ -531,7 +527,7 @@ void CpuBackend::lstm_cell_backward(const Tensor& acts, const Tensor& c, const T
   dispatch_float(acts.dtype(), "lstm_cell_backward", [&]<typename T>() {
     using C = compute_t<T>;
     dispatch_float(dgates.dtype(), "lstm_cell_backward", [&]<typename G>() {
-      if constexpr (kConvertsInLoop<T> && kConvertsInLoop<G>) {
+      if constexpr (kStoredInLoop<T> && kStoredInLoop<G>) {
         if (dh.defined() && dc.defined()) {
           auto in = [](const Tensor& t) {
             return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;

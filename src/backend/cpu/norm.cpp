@@ -26,6 +26,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/stored.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vector_isa.h"
 #include "backend/shapes.h"
@@ -125,6 +126,41 @@ std::vector<A> channel_totals(const std::vector<A>& partial, const ChannelShape&
 // Columns handled together when the softmax dim is not the innermost one.
 constexpr int64_t kTile = 64;
 
+// The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): on AVX2 the
+// softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops, and
+// layer norm's backward 1.6-2.6x faster than its former scalar sums (bench_ops); every build
+// gives the same values to the bit. Batch norm's channels-last blocks too: they ran on the
+// baseline's 4-wide loops after a conversion pass per block and array.
+#define MT_ISA_LOOPS "backend/cpu/norm_rows.inc"
+#include "backend/cpu/isa_builds.inc"
+
+// Whether batch norm's block kernels read storage T in their loops (stored.h), or a block
+// converted into compute type C first (f16 and the fp8 types).
+template <typename T, typename C>
+inline constexpr bool kBlockReadsStorage = kStoredInLoop<T> || std::is_same_v<T, C>;
+
+template <typename S, typename C>
+void bn_block_moments(const S* x, int64_t np, int64_t c, C* mean, C* ss) {
+  MT_ISA_CALL(bn_block_moments<S, C>(x, np, c, mean, ss));
+}
+
+template <typename S, typename C>
+void bn_block_forward(const S* x, S* out, int64_t np, int64_t c, const C* mean, const C* scale,
+                      const C* shift) {
+  MT_ISA_CALL(bn_block_forward<S, C>(x, out, np, c, mean, scale, shift));
+}
+
+template <typename S, typename C>
+void bn_block_grad_sums(const S* x, const S* g, int64_t np, int64_t c, const C* mean, C* a, C* d) {
+  MT_ISA_CALL(bn_block_grad_sums<S, C>(x, g, np, c, mean, a, d));
+}
+
+template <typename S, typename C>
+void bn_block_backward(const S* x, const S* g, S* gx, int64_t np, int64_t c, const C* mean,
+                       const C* k, const C* mg, const C* q) {
+  MT_ISA_CALL(bn_block_backward<S, C>(x, g, gx, np, c, mean, k, mg, q));
+}
+
 }  // namespace
 
 // ---- batch norm ------------------------------------------------------------------------------
@@ -193,51 +229,19 @@ void pixel_blocks(int64_t pixels, int64_t c, int64_t scratch_per_pixel, int64_t 
                    });
 }
 
-// for_pixels(np, c, f) calls f(p, k0, width) for each pixel p < np and each piece [k0, k0 +
-// width) of its c channels: 16 at a time (a fixed count the compiler makes one AVX-512 register
-// of floats, with no remainder loop) when c is a multiple of 16, else all c at once.
-template <typename F>
-inline void for_pixels(int64_t np, int64_t c, F f) {
-  auto run = [&](auto width) {
-    for (int64_t p = 0; p < np; ++p) {
-      for (int64_t k0 = 0; k0 < c; k0 += width)
-        f(p, k0, width);
-    }
-  };
-  if (c % 16 == 0) {
-    run(std::integral_constant<int64_t, 16>{});
-  } else {
-    run(c);
-  }
-}
-
 // Per-channel moments of a channels-last input: each pixel block's, merged in block order.
 template <typename T, typename C>
 std::vector<Moments> moments_nhwc(const T* xp, int64_t pixels, int64_t c) {
   const int64_t blocks = pixel_block_count(pixels, c);
   std::vector<Moments> part(static_cast<size_t>(blocks * c));
   pixel_blocks<C>(pixels, c, c, 2 * c, [&](int64_t b, int64_t p0, int64_t np, C* buf) {
-    const C* x = row_as<T, C>(xp + p0 * c, np * c, buf);
     C* mean = buf + pixel_block_size(c) * c;  // past the block's values
     C* ss = mean + c;
-    std::fill(mean, mean + 2 * c, C(0));
-    for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
-      const C* row = x + p * c + k0;
-      C* m = mean + k0;
-#pragma omp simd
-      for (int64_t k = 0; k < int64_t(width); ++k)
-        m[k] += row[k];
-    });
-    for (int64_t k = 0; k < c; ++k)
-      mean[k] /= C(np);
-    for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
-      const C* row = x + p * c + k0;
-      const C* m = mean + k0;
-      C* q = ss + k0;
-#pragma omp simd
-      for (int64_t k = 0; k < int64_t(width); ++k)
-        q[k] += (row[k] - m[k]) * (row[k] - m[k]);
-    });
+    if constexpr (kBlockReadsStorage<T, C>) {
+      bn_block_moments<T, C>(xp + p0 * c, np, c, mean, ss);
+    } else {
+      bn_block_moments<C, C>(row_as<T, C>(xp + p0 * c, np * c, buf), np, c, mean, ss);
+    }
     for (int64_t k = 0; k < c; ++k)
       part[size_t(b * c + k)] = {double(np), double(mean[k]), double(ss[k])};
   });
@@ -313,15 +317,14 @@ void CpuBackend::batch_norm(const Tensor& x_in, const Tensor* weight, const Tens
       const int64_t c = cs.c;
       const C *m = mean.data(), *sc = scale.data(), *sh = b.data();
       pixel_blocks<C>(pixels, c, c, 0, [&](int64_t, int64_t p0, int64_t np, C* buf) {
-        const C* xb = row_as<T, C>(xp + p0 * c, np * c, buf);
-        C* dst = out_row<T, C>(op + p0 * c, buf);  // may be xb: element i reads only xb[i]
-        for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
-          const int64_t i = p * c + k0;
-#pragma omp simd
-          for (int64_t k = 0; k < int64_t(width); ++k)
-            dst[i + k] = (xb[i + k] - m[k0 + k]) * sc[k0 + k] + sh[k0 + k];
-        });
-        finish_row<T, C>(dst, op + p0 * c, np * c);
+        if constexpr (kBlockReadsStorage<T, C>) {
+          bn_block_forward<T, C>(xp + p0 * c, op + p0 * c, np, c, m, sc, sh);
+        } else {
+          C* xb = buf;  // converted, then normalized in place
+          load_contiguous<T, C>(xp + p0 * c, xb, np * c);
+          bn_block_forward<C, C>(xb, xb, np, c, m, sc, sh);
+          store_contiguous<C, T>(xb, op + p0 * c, np * c);
+        }
       });
       return;
     }
@@ -352,19 +355,15 @@ void grad_sums_nhwc(const T* xp, const T* gp, int64_t pixels, int64_t c, const C
   const int64_t blocks = pixel_block_count(pixels, c);
   std::vector<C> pg(static_cast<size_t>(blocks * c)), pgd(static_cast<size_t>(blocks * c));
   pixel_blocks<C>(pixels, c, 2 * c, 0, [&](int64_t b, int64_t p0, int64_t np, C* buf) {
-    const int64_t len = np * c;
-    const C* xb = row_as<T, C>(xp + p0 * c, len, buf);
-    const C* gb = row_as<T, C>(gp + p0 * c, len, buf + len);
     C* a = pg.data() + b * c;
     C* d = pgd.data() + b * c;
-    for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
-      const int64_t i = p * c + k0;
-#pragma omp simd
-      for (int64_t k = 0; k < int64_t(width); ++k) {
-        a[k0 + k] += gb[i + k];
-        d[k0 + k] += gb[i + k] * (xb[i + k] - mean[k0 + k]);
-      }
-    });
+    if constexpr (kBlockReadsStorage<T, C>) {
+      bn_block_grad_sums<T, C>(xp + p0 * c, gp + p0 * c, np, c, mean, a, d);
+    } else {
+      const int64_t len = np * c;
+      bn_block_grad_sums<C, C>(row_as<T, C>(xp + p0 * c, len, buf),
+                               row_as<T, C>(gp + p0 * c, len, buf + len), np, c, mean, a, d);
+    }
   });
   for (int64_t b = 0; b < blocks; ++b) {
     for (int64_t k = 0; k < c; ++k) {
@@ -455,19 +454,16 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
       const int64_t c = cs.c;
       const C *m = mean.data(), *kc = k.data(), *mgc = mg.data(), *qc = q.data();
       pixel_blocks<C>(pixels, c, 2 * c, 0, [&](int64_t, int64_t p0, int64_t np, C* buf) {
-        const int64_t len = np * c;
-        const C* xb = row_as<T, C>(xp + p0 * c, len, buf);
-        const C* gb = row_as<T, C>(gp + p0 * c, len, buf + len);
-        C* dst = out_row<T, C>(gxp + p0 * c, buf);  // may be xb: element i reads only xb[i]
-        for_pixels(np, c, [&](int64_t p, int64_t k0, auto width) {
-          const int64_t i = p * c + k0;
-#pragma omp simd
-          for (int64_t lane = 0; lane < int64_t(width); ++lane) {
-            const int64_t j = k0 + lane;
-            dst[i + lane] = kc[j] * (gb[i + lane] - mgc[j] - (xb[i + lane] - m[j]) * qc[j]);
-          }
-        });
-        finish_row<T, C>(dst, gxp + p0 * c, len);
+        if constexpr (kBlockReadsStorage<T, C>) {
+          bn_block_backward<T, C>(xp + p0 * c, gp + p0 * c, gxp + p0 * c, np, c, m, kc, mgc, qc);
+        } else {
+          const int64_t len = np * c;
+          C *xb = buf, *gb = buf + len;  // converted; the result is written over xb
+          load_contiguous<T, C>(xp + p0 * c, xb, len);
+          load_contiguous<T, C>(gp + p0 * c, gb, len);
+          bn_block_backward<C, C>(xb, gb, xb, np, c, m, kc, mgc, qc);
+          store_contiguous<C, T>(xb, gxp + p0 * c, len);
+        }
       });
       return;
     }
@@ -493,13 +489,6 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x_in,
 // ---- layer norm ------------------------------------------------------------------------------
 
 namespace {
-
-// The row kernels, compiled once for the baseline, AVX2 and AVX-512 (vector_isa.h): on AVX2 the
-// softmax and cross-entropy forward run 1.5-1.6x faster than on the baseline's 4-wide loops, and
-// layer norm's backward 1.6-2.6x faster than its former scalar sums (bench_ops); every build
-// gives the same values to the bit.
-#define MT_ISA_LOOPS "backend/cpu/norm_rows.inc"
-#include "backend/cpu/isa_builds.inc"
 
 template <typename C>
 void layer_norm_row(const C* row, const C* w, const C* b, C* dst, int64_t n, C eps, C& mu, C& rs) {
