@@ -679,9 +679,8 @@ std::vector<uint32_t>& pair_scratch(size_t n) {
   return buf;
 }
 
-// e^x in 8 lanes: vm::exp's reduction, polynomial and limits (vm::ExpConstants: 0 below -104,
-// inf above ln(FLT_MAX), NaN through), with fused multiply-adds, as everything here on this FMA
-// path.
+// e^x in 8 lanes: vm::exp's operations, fused multiply-adds included, so its values
+// (vm::ExpConstants: 0 below -104, inf above ln(FLT_MAX), NaN through).
 inline __m256 exp8(__m256 x) {
   using E = vm::ExpConstants;
   const __m256 lo = _mm256_cmp_ps(x, _mm256_set1_ps(E::kLow), _CMP_LT_OQ);

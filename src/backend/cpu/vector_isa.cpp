@@ -28,7 +28,9 @@ bool vector_isa_supported(VectorIsa isa) {
   if (isa == VectorIsa::Baseline) return true;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (isa == VectorIsa::Avx2) return __builtin_cpu_supports("avx2");
+  // The AVX2 build also uses FMA (vec_math.h's fma); every AVX2 CPU made has it.
+  if (isa == VectorIsa::Avx2)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #else

@@ -3,8 +3,8 @@
 // (8 floats) and AVX-512 (16 floats), and pick one at run time by what the CPU has. All give the
 // same values to the bit (only a NaN's sign may differ: which NaN an operation on two keeps
 // follows the operand order the compiler picks): the loops use only IEEE operations and
-// cpu/vec_math.h, and the library is built with -ffp-contract=off (no fused multiply-add in any
-// build).
+// cpu/vec_math.h, and the library is built with -ffp-contract=off (no multiply and add fused
+// unless written as vec_math.h's fma, which rounds once in every build).
 #pragma once
 
 #include <optional>
