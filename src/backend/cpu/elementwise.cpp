@@ -61,13 +61,21 @@ void run_binary_stored(BinaryOp op, S* o, const S* a, const S* b, int64_t n) {
   MT_ISA_CALL(run_binary_stored<S>(op, o, a, b, n));
 }
 
-// Whether every tensor is contiguous in out's shape, so that element i of each is element i of
-// the output: bf16 ops then convert inside their loops (run_*_stored), not through chunks.
-template <size_t N>
-bool all_contiguous_as(const Tensor& out, const std::array<const Tensor*, N>& ins) {
+// f(out + start, in_0 + start, ..., n) over out's chunks, when every operand is contiguous in
+// out's shape (element i of each is element i of the output), so that a bf16 op converts inside
+// its loop (run_*_stored) rather than through float chunks; false, doing nothing, otherwise.
+template <typename T, size_t N, typename F>
+bool run_contiguous(Tensor& out, const std::array<const Tensor*, N>& ins, F f) {
   if (!out.is_contiguous()) return false;
-  for (const Tensor* t : ins)
-    if (t->shape() != out.shape() || !t->is_contiguous()) return false;
+  std::array<const T*, N> in;
+  for (size_t k = 0; k < N; ++k) {
+    if (ins[k]->shape() != out.shape() || !ins[k]->is_contiguous()) return false;
+    in[k] = static_cast<const T*>(ins[k]->data_ptr());
+  }
+  T* o = static_cast<T*>(out.data_ptr());
+  parallel_chunks(out.numel(), [&](int64_t start, int64_t n) {
+    std::apply([&](auto... p) { f(o + start, (p + start)..., n); }, in);
+  });
   return true;
 }
 
@@ -362,12 +370,9 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, Scalars s) {
       MT_CHECK(false, "unary ops are not defined on bool tensors");
     } else {
       if constexpr (std::is_same_v<T, bfloat16>) {
-        if (all_contiguous_as<1>(out, {&x})) {
-          const T* xp = static_cast<const T*>(x.data_ptr());
-          T* yp = static_cast<T*>(out.data_ptr());
-          parallel_chunks(out.numel(), [&](int64_t start, int64_t n) {
-            run_unary_stored<T>(op, yp + start, xp + start, n, s);
-          });
+        if (run_contiguous<T, 1>(out, {&x}, [&](T* y, const T* a, int64_t n) {
+              run_unary_stored<T>(op, y, a, n, s);
+            })) {
           return;
         }
       }
@@ -388,13 +393,9 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x,
   dispatch_float(x.dtype(), "a derivative", [&]<typename T>() {
     using C = compute_t<T>;
     if constexpr (std::is_same_v<T, bfloat16>) {
-      if (all_contiguous_as<2>(gx, {&grad, &v})) {
-        const T *gp = static_cast<const T*>(grad.data_ptr()),
-                *vp = static_cast<const T*>(v.data_ptr());
-        T* op_out = static_cast<T*>(gx.data_ptr());
-        parallel_chunks(gx.numel(), [&](int64_t start, int64_t n) {
-          run_unary_backward_stored<T>(op, op_out + start, gp + start, vp + start, n, s);
-        });
+      if (run_contiguous<T, 2>(gx, {&grad, &v}, [&](T* o, const T* g, const T* xy, int64_t n) {
+            run_unary_backward_stored<T>(op, o, g, xy, n, s);
+          })) {
         return;
       }
     }
@@ -423,13 +424,9 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
       });
     } else if constexpr (!std::is_same_v<T, bool>) {
       if constexpr (std::is_same_v<T, bfloat16>) {
-        if (all_contiguous_as<2>(out, {&a, &b})) {
-          const T *ap = static_cast<const T*>(a.data_ptr()),
-                  *bp = static_cast<const T*>(b.data_ptr());
-          T* op_out = static_cast<T*>(out.data_ptr());
-          parallel_chunks(out.numel(), [&](int64_t start, int64_t n) {
-            run_binary_stored<T>(op, op_out + start, ap + start, bp + start, n);
-          });
+        if (run_contiguous<T, 2>(out, {&a, &b}, [&](T* o, const T* x, const T* y, int64_t n) {
+              run_binary_stored<T>(op, o, x, y, n);
+            })) {
           return;
         }
       }

@@ -8,8 +8,9 @@
 // statistics take one pass over memory: each row's (or pixel block's) mean and squared
 // deviations, merged per channel by Chan et al.'s update in float64.
 //
-// The layer-norm, softmax, log_softmax and cross-entropy rows are compiled once per vector
-// instruction set (norm_rows.inc), giving the same values on each.
+// The layer-norm, softmax, log_softmax and cross-entropy rows and batch norm's channels-last
+// pixel blocks are compiled once per vector instruction set (norm_rows.inc), giving the same
+// values on each; the blocks read and write f32 and bf16 storage in their loops (stored.h).
 //
 // Layouts: every input is made contiguous first (a no-op for the op layer's tensors); outputs
 // arrive contiguous. Batch norm also runs channels-last inputs as they are (rows of C channels),
