@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cstdint>
+#include <vector>
+
 #include "harness/op_harness.h"
 
 namespace mantissa {
@@ -206,6 +210,50 @@ TEST(Dropout, SeededMaskScaleAndGradient) {
   const auto g = w.grad().to_vector<float>(), o = out.to_vector<float>();
   for (size_t i = 0; i < g.size(); ++i)
     EXPECT_EQ(g[i], o[i] == 0.0f ? 0.0f : 2.0f);
+}
+
+// index_select's gradient (an embedding's) adds grad_out's rows into the selected rows in index
+// order: with repeated indices, in f32, the sums equal a plain loop in that order bit for bit,
+// for any thread count and for row widths that are and are not multiples of the kernel's
+// blocks, along dim 0 (an embedding) and dim 1 (outer > 1).
+TEST(ShapeOps, IndexSelectGradientAddsRowsInIndexOrder) {
+  const int before = get_num_threads();
+  struct Case {
+    Shape x;
+    int dim;
+  };
+  for (const Case& c : {Case{{7, 130}, 0}, Case{{7, 16}, 0}, Case{{3, 7, 37}, 1}}) {
+    const int64_t n = c.x[c.dim], m = 4000;
+    std::vector<int64_t> idx(static_cast<size_t>(m));
+    for (int64_t j = 0; j < m; ++j)
+      idx[size_t(j)] = (j * 5 + j / 3) % n;  // every row, many times, in no sorted order
+    const Tensor index = Tensor::from_vector(idx, {m}, DType::I64);
+    const Tensor x = Tensor::uniform(c.x, -1, 1, 31);
+    Shape gshape = c.x;
+    gshape[c.dim] = m;
+    const Tensor g = Tensor::uniform(gshape, -1, 1, 32);
+    const int64_t outer = c.dim == 0 ? 1 : c.x[0], inner = c.x[c.x.size() - 1];
+    // The plain loop: for each output element, its contributions in index order.
+    std::vector<float> want(size_t(x.numel()), 0.0f);
+    const std::vector<float> gv = g.to_vector<float>();
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t i = 0; i < inner; ++i)
+          want[size_t((o * n + idx[size_t(j)]) * inner + i)] += gv[size_t((o * m + j) * inner + i)];
+    for (const int threads : {1, 2, 3}) {
+      SCOPED_TRACE(c.x.str() + " dim " + std::to_string(c.dim) + ", " + std::to_string(threads) +
+                   " threads");
+      set_num_threads(threads);
+      const Tensor xr = x.detach().set_requires_grad();
+      index_select(xr, c.dim, index).backward(g);
+      const std::vector<float> got = xr.grad().to_vector<float>();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[k]), std::bit_cast<uint32_t>(want[k]))
+            << "element " << k;
+    }
+  }
+  set_num_threads(before);
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 // CPU indexing kernels: index_select / index_add (embedding and its gradient) and
 // gather / scatter_add. Inputs arrive contiguous; each is viewed as (outer, dim, inner).
+#include <omp.h>
+
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -44,19 +48,34 @@ void CpuBackend::index_add(Tensor& grad_x, int dim, const Tensor& index, const T
   const int64_t m = index.numel();
   for (int64_t j = 0; j < m; ++j)
     check_index(idx[j], sx.n, grad_x, dim);
+  // Tasks are (outer, block of the inner dimension); each adds grad_out's rows in index order,
+  // a block of each row at a time. Every element of grad_x thus receives its contributions in
+  // index order from one thread, whatever the thread count or the blocks. (Walking grad_out a
+  // column at a time, as before, read it with a stride of a whole row: an LSTM LM's embedding
+  // gradient, 8192 x 128 floats, took 4 ms.)
+  const bool parallel = sx.outer * m * sx.inner >= kParallelGrain;
+  const int64_t threads = parallel ? std::max(1, omp_get_max_threads()) : 1;
+  const int64_t block = std::max<int64_t>(16, (sx.inner + threads - 1) / threads);
+  const int64_t blocks = (sx.inner + block - 1) / block;
   dispatch_dtype(grad_x.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
     T* gx = static_cast<T*>(grad_x.data_ptr());
     const T* go = static_cast<const T*>(grad_out.data_ptr());
-    // Parallel over the inner dimension only: rows hit by repeated indices are summed in index
-    // order by one thread each, so the result does not depend on the thread count.
-#pragma omp parallel for schedule(static) if (sx.outer * m * sx.inner >= kParallelGrain)
-    for (int64_t i = 0; i < sx.inner; ++i) {
-      for (int64_t o = 0; o < sx.outer; ++o) {
-        for (int64_t j = 0; j < m; ++j) {
-          T& dst = gx[(o * sx.n + idx[j]) * sx.inner + i];
-          const C v = load_one<T, C>(&dst) + load_one<T, C>(go + (o * m + j) * sx.inner + i);
-          store_contiguous<C, T>(&v, &dst, 1);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t task = 0; task < sx.outer * blocks; ++task) {
+      const int64_t o = task / blocks, i0 = task % blocks * block;
+      const int64_t w = std::min(block, sx.inner - i0);
+      for (int64_t j = 0; j < m; ++j) {
+        T* dst = gx + (o * sx.n + idx[j]) * sx.inner + i0;
+        const T* src = go + (o * m + j) * sx.inner + i0;
+        if constexpr (std::is_same_v<T, C>) {
+          for (int64_t i = 0; i < w; ++i)
+            dst[i] += src[i];
+        } else {
+          for (int64_t i = 0; i < w; ++i) {
+            const C v = load_one<T, C>(dst + i) + load_one<T, C>(src + i);
+            store_contiguous<C, T>(&v, dst + i, 1);
+          }
         }
       }
     }
