@@ -3,7 +3,6 @@
 // first gathered (in its compute type) into row-major order. Sums accumulate in fp32 (f64 for
 // f64) with SIMD partial sums per chunk; results do not depend on the thread count.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -11,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/stored.h"
 #include "backend/cpu/vector_isa.h"
 
 namespace mantissa::backend::cpu {
@@ -109,8 +109,7 @@ void reduce_leading(const T* x, int64_t n_rows, int64_t cols, bool mean, Tensor&
     // went back and forth between the cores once per row (measured 1.7x slower on 2 threads).
     alignas(64) A a[kCols];
     std::fill(a, a + nc, A(0));
-    if constexpr (std::is_same_v<A, float> &&
-                  (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>)) {
+    if constexpr (std::is_same_v<A, float> && kStoredInLoop<T>) {
       add_rows<T>(x + c0, n_rows, cols, nc, a);
     } else {
       alignas(64) C row[kCols];
