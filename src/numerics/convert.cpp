@@ -80,35 +80,13 @@ void decode_fp8(const T* src, float* dst, size_t n) {
     dst[i] = kTable[src[i].bits];
 }
 
-// Round to nearest even with saturation into an fp8 format (fp8 training's quantization),
-// branch-free so the loop vectorizes; the same bits as encode_bits (tested over a sweep of all
-// floats). Normal results: the mantissa rounded with the carry trick, the exponent rebiased;
-// subnormal results: |x| times the inverse of the smallest subnormal (exact, a power of two)
-// rounded to an integer by adding and subtracting 2^23; then saturation, then NaN.
+// Round to nearest even with saturation into an fp8 format (fp8 training's quantization); the
+// element function (round.h) is branch-free, so the loop vectorizes.
 template <Format F, typename Out>
 void encode_fp8_saturating(const float* src, Out* dst, size_t n) {
-  constexpr FormatSpec t = format_spec(F);
-  constexpr int m = t.mantissa_bits;
-  constexpr int drop = 23 - m;
-  constexpr uint32_t kRebias = uint32_t(127 - t.bias()) << m;
-  constexpr uint32_t kMinNormal = uint32_t(t.emin() + 127) << 23;
-  constexpr float kSubScale = float(uint64_t(1) << (m - t.emin()));
-  constexpr uint32_t kMax = t.max_finite_bits();
   uint8_t* out = reinterpret_cast<uint8_t*>(dst);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t x = std::bit_cast<uint32_t>(src[i]);
-    const uint32_t sign = (x >> 31) << 7;
-    const uint32_t a = x & 0x7fffffffu;
-    const uint32_t normal = ((a + ((1u << (drop - 1)) - 1) + ((a >> drop) & 1)) >> drop) - kRebias;
-    const float sv = std::bit_cast<float>(a) * kSubScale;
-    const uint32_t sub = uint32_t((sv + 8388608.0f) - 8388608.0f);
-    uint32_t code = a < kMinNormal ? sub : normal;
-    code = code > kMax ? kMax : code;
-    const uint32_t nan =
-        t.has_inf() ? t.quiet_nan_bits() | ((a >> drop) & t.mantissa_mask()) : t.quiet_nan_bits();
-    code = a > 0x7f800000u ? nan : code;
-    out[i] = uint8_t(sign | code);
-  }
+  for (size_t i = 0; i < n; ++i)
+    out[i] = uint8_t(detail::encode_fp8_saturating<F>(std::bit_cast<uint32_t>(src[i])));
 }
 
 }  // namespace

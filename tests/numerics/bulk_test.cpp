@@ -194,5 +194,18 @@ TEST(BulkPublic, SaturatingFp8MatchesScalarEncodeOverASweep) {
   }
 }
 
+// The branch-free fp8 decoder the CPU's quantization loops use (round.h) against the generic
+// decode, on every code: zeros, subnormals, normals, the largest, inf and the NaNs.
+TEST(BulkPublic, Fp8DecoderIsTheGenericDecodeOnEveryCode) {
+  for (uint32_t code = 0; code < 256; ++code) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(detail::decode_fp8<Format::FP8_E4M3>(code)),
+              std::bit_cast<uint32_t>(decode(Format::FP8_E4M3, code)))
+        << "e4m3 code " << code;
+    ASSERT_EQ(std::bit_cast<uint32_t>(detail::decode_fp8<Format::FP8_E5M2>(code)),
+              std::bit_cast<uint32_t>(decode(Format::FP8_E5M2, code)))
+        << "e5m2 code " << code;
+  }
+}
+
 }  // namespace
 }  // namespace mantissa

@@ -147,6 +147,75 @@ constexpr float decode_bits(uint32_t b, FormatSpec t) {
   return std::bit_cast<float>(sign | (uint32_t(e + 127) << 23) | (mant << (23 - m)));
 }
 
+// fp8 training's quantization of one float (given as bits): round to nearest even into fp8
+// format F with saturation (finite values beyond the largest, and infinities, become the
+// largest), NaN to a quiet NaN. The same bits as encode_bits with Overflow::Saturate (tested over
+// a sweep of all floats), branch-free so that a loop over it vectorizes: normal results round the
+// mantissa with the carry trick and rebias the exponent; subnormal results are |x| times the
+// inverse of the smallest subnormal (a power of two, exact) rounded to an integer by adding and
+// subtracting 2^23. Always inlined, so a loop compiled for a wider instruction set keeps it in
+// its own instructions.
+template <Format F>
+constexpr inline __attribute__((always_inline)) uint32_t encode_fp8_saturating(uint32_t x) {
+  constexpr FormatSpec t = format_spec(F);
+  constexpr int m = t.mantissa_bits;
+  constexpr int drop = 23 - m;
+  constexpr uint32_t kRebias = uint32_t(127 - t.bias()) << m;
+  constexpr uint32_t kMinNormal = uint32_t(t.emin() + 127) << 23;
+  constexpr float kSubScale = float(uint64_t(1) << (m - t.emin()));
+  constexpr uint32_t kMax = t.max_finite_bits();
+  const uint32_t sign = (x >> 31) << 7;
+  const uint32_t a = x & 0x7fffffffu;
+  const uint32_t normal = ((a + ((1u << (drop - 1)) - 1) + ((a >> drop) & 1)) >> drop) - kRebias;
+  // |x| capped at the smallest normal, so that the conversion to an integer stays in range.
+  const float sv = std::bit_cast<float>(a < kMinNormal ? a : kMinNormal) * kSubScale;
+  const uint32_t sub = uint32_t(int32_t((sv + 8388608.0f) - 8388608.0f));
+  // Selected by a mask, not a condition: GCC would move the float operations above under the
+  // condition, and it does not if-convert float operations there (they may trap), which kept
+  // the loop scalar.
+  const uint32_t is_sub = 0u - uint32_t(a < kMinNormal);
+  uint32_t code = (sub & is_sub) | (normal & ~is_sub);
+  code = code > kMax ? kMax : code;
+  const uint32_t nan =
+      t.has_inf() ? t.quiet_nan_bits() | ((a >> drop) & t.mantissa_mask()) : t.quiet_nan_bits();
+  const uint32_t is_nan = 0u - uint32_t(a > 0x7f800000u);
+  code = (nan & is_nan) | (code & ~is_nan);
+  return sign | code;
+}
+
+// The float value of an fp8 code of format F, as decode_bits gives it (tested on all 256
+// codes), in integer operations only, so that a loop over it vectorizes (GCC will not if-convert
+// float operations that it moves under a condition): normal codes rebias the exponent; a
+// subnormal code's mantissa is normalized by its leading bit, found by comparisons; then inf and
+// NaN.
+template <Format F>
+constexpr inline __attribute__((always_inline)) float decode_fp8(uint32_t code) {
+  constexpr FormatSpec t = format_spec(F);
+  constexpr int m = t.mantissa_bits;
+  constexpr int drop = 23 - m;
+  constexpr uint32_t kRebias = uint32_t(127 - t.bias()) << 23;
+  const uint32_t sign = (code & 0x80u) << 24;
+  const uint32_t mag = code & 0x7fu;
+  const uint32_t e_field = mag >> m, mant = mag & t.mantissa_mask();
+  // A subnormal is mant * 2^(emin - m) = 1.f * 2^(emin - m + lead), lead = floor(log2(mant)).
+  uint32_t lead = 0;
+  for (int k = 1; k < m; ++k)
+    lead += uint32_t(mant >= (1u << k));
+  uint32_t frac = 0;
+  for (int k = 0; k < m; ++k)
+    frac = lead == uint32_t(k) ? (mant << (23 - k)) & 0x7fffffu : frac;
+  const uint32_t sub = mant == 0 ? 0u : ((uint32_t(t.emin() - m + 127) + lead) << 23) | frac;
+  const uint32_t normal = (mag << drop) + kRebias;
+  uint32_t bits = e_field == 0 ? sub : normal;
+  if constexpr (t.has_inf()) {
+    const uint32_t special = 0x7f800000u | (uint32_t(mant != 0) << 22) | (mant << drop);
+    bits = e_field == t.exponent_mask() ? special : bits;
+  } else {
+    bits = mag == 0x7fu ? 0x7fc00000u : bits;
+  }
+  return std::bit_cast<float>(sign | bits);
+}
+
 }  // namespace detail
 
 // Rounds x into format f; returns the format's bits, right-aligned (tf32: 19 bits).

@@ -3,82 +3,78 @@
 // vectorized saturating converters of numerics/convert.h. Rows are spread over the threads; a
 // per-tensor amax is reduced over them.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/stored.h"
+#include "backend/cpu/vector_isa.h"
 #include "backend/fp8_math.h"
 #include "mantissa/numerics/format.h"
+#include "mantissa/numerics/round.h"
 
 namespace mantissa::backend::cpu {
 namespace {
 
-// max |p[i]|, NaN if any p[i] is NaN (a block holding one reports a non-finite amax). Branch-free,
-// so it vectorizes.
-inline float block_amax(const float* p, int64_t n) {
-  float m = 0.0f;
-  int nan = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(p[i]);
-    m = a > m ? a : m;
-    nan |= a != a;
-  }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
-}
+#define MT_ISA_LOOPS "backend/cpu/fp8_rows.inc"
+#include "backend/cpu/isa_builds.inc"
 
 // max of two amaxes, NaN winning.
 inline float amax_max(float a, float b) {
   return a != a || b != b ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b);
 }
 
-// One row: codes = saturate(round(x * scale of its column block)); inf and NaN to NaN. With
-// `values`, also the codes' values in bf16, times scale_inv when `scaled`.
-template <typename O>
-void quantize_row(float* buf, int64_t C, int64_t bc, const float* scale, O* out, bfloat16* values,
-                  const float* scale_inv, bool scaled) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t c0 = 0, cb = 0; c0 < C; c0 += bc, ++cb) {
-    const float s = scale[cb];
-    const int64_t end = std::min(C, c0 + bc);
-    for (int64_t c = c0; c < end; ++c) {
-      const float v = buf[c];
-      buf[c] = v - v == 0.0f ? v * s : nan;  // finite values saturate below
-    }
+// Calls f with row r of x as f32 or bf16 storage: in place, or (f16) widened into buf.
+template <typename T, typename Fn>
+void with_row(const T* x, int64_t r, int64_t C, float* buf, Fn f) {
+  if constexpr (kStoredInLoop<T>) {
+    f(x + r * C);
+  } else {
+    load_contiguous<T, float>(x + r * C, buf, C);
+    f(static_cast<const float*>(buf));
   }
-  RoundingOptions sat;
-  sat.overflow = Overflow::Saturate;
-  convert(buf, out, size_t(C), sat);
-  if (!values) return;
-  convert(out, buf, size_t(C));  // exact: the table of fp8 values
-  if (scaled) {
-    for (int64_t c0 = 0, cb = 0; c0 < C; c0 += bc, ++cb) {
-      const float si = scale_inv[cb];
-      for (int64_t c = c0; c < std::min(C, c0 + bc); ++c)
-        buf[c] *= si;
-    }
-  }
-  convert(buf, values, size_t(C));
 }
 
-template <typename T, typename O>
-void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float fp8_max, O* out,
-              float* scale_inv, float* amax, bfloat16* values) {
+template <typename S>
+void amax_of_row(const S* x, int64_t C, int64_t bc, float* amax) {
+  MT_ISA_CALL(row_amax<S>(x, C, bc, amax));
+}
+
+// One row's codes (and, with `values`, their values) with the column blocks' scales.
+template <Format F, typename S>
+void quantize_row(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t* codes,
+                  bfloat16* values, const float* scale_inv, bool scaled) {
+  if (!values) {
+    MT_ISA_CALL(row_quantize<S, F, false, false>(x, C, bc, scale, codes, values, scale_inv));
+  } else if (scaled) {
+    MT_ISA_CALL(row_quantize<S, F, true, true>(x, C, bc, scale, codes, values, scale_inv));
+  } else {
+    MT_ISA_CALL(row_quantize<S, F, true, false>(x, C, bc, scale, codes, values, scale_inv));
+  }
+}
+
+template <typename T, Format F>
+void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float fp8_max,
+              uint8_t* out, float* scale_inv, float* amax, bfloat16* values) {
   const bool scaled = p.rule == Fp8ScaleRule::AmaxPow2;
   const int64_t br = p.block_rows == 0 ? R : p.block_rows;
   const int64_t bc = p.block_cols == 0 ? C : p.block_cols;
   const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
   const int64_t nblocks = nbr * nbc;
+  auto row_values = [&](int64_t r) { return values ? values + r * C : nullptr; };
   if (p.rule == Fp8ScaleRule::Given) {
-    // The scale is known: one pass quantizes and measures the amax (for the history).
+    // The scale is known: each row is measured (for the history) and quantized while it is in
+    // the cache.
     std::vector<float> row_amax(static_cast<size_t>(R));
     const float given_inv = 1.0f / p.scale;
-    parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
-      load_contiguous<T, float>(x + r * C, buf, C);
-      row_amax[size_t(r)] = block_amax(buf, C);
-      quantize_row(buf, C, C, &p.scale, out + r * C, values ? values + r * C : nullptr, &given_inv,
-                   false);
+    parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
+      with_row(x, r, C, buf, [&]<typename S>(const S* row) {
+        amax_of_row(row, C, C, &row_amax[size_t(r)]);
+        quantize_row<F>(row, C, C, &p.scale, out + r * C, row_values(r), &given_inv, false);
+      });
     });
     float m = 0.0f;
     for (float a : row_amax)
@@ -87,13 +83,32 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
     scale_inv[0] = given_inv;
     return;
   }
-  // Amaxes per row and column block, then reduced over each block's rows; the scales; then the
-  // rows quantized.
+  if (br == 1) {
+    // Blocks within a row (MXFP8's 1 x 32, the 1 x 128 tiles): each row is measured, scaled and
+    // quantized while it is in the cache.
+    const int64_t scratch = (kStoredInLoop<T> ? 0 : C) + nbc;
+    parallel_rows<float>(R, R * C, scratch, [&](int64_t r, float* buf) {
+      float* scale = buf + (kStoredInLoop<T> ? 0 : C);
+      float* ra = amax + r * nbc;
+      float* rs = scale_inv + r * nbc;
+      with_row(x, r, C, buf, [&]<typename S>(const S* row) {
+        amax_of_row(row, C, bc, ra);
+        for (int64_t cb = 0; cb < nbc; ++cb) {
+          scale[cb] = fp8_block_scale(ra[cb], fp8_max, p.rule, p.scale);
+          rs[cb] = 1.0f / scale[cb];
+        }
+        quantize_row<F>(row, C, bc, scale, out + r * C, row_values(r), rs, scaled);
+      });
+    });
+    return;
+  }
+  // Blocks of several rows: amaxes per row and column block, then reduced over each block's
+  // rows; the scales; then the rows quantized.
   std::vector<float> row_amax(static_cast<size_t>(R * nbc));
-  parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
-    load_contiguous<T, float>(x + r * C, buf, C);
-    for (int64_t cb = 0; cb < nbc; ++cb)
-      row_amax[size_t(r * nbc + cb)] = block_amax(buf + cb * bc, std::min(bc, C - cb * bc));
+  parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
+    with_row(x, r, C, buf, [&]<typename S>(const S* row) {
+      amax_of_row(row, C, bc, &row_amax[size_t(r * nbc)]);
+    });
   });
   std::vector<float> scale(static_cast<size_t>(nblocks));
   for (int64_t b = 0; b < nblocks; ++b) {
@@ -105,10 +120,11 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
     scale[size_t(b)] = fp8_block_scale(m, fp8_max, p.rule, p.scale);
     scale_inv[b] = 1.0f / scale[size_t(b)];
   }
-  parallel_rows<float>(R, R * C, C, [&](int64_t r, float* buf) {
-    load_contiguous<T, float>(x + r * C, buf, C);
-    quantize_row(buf, C, bc, scale.data() + (r / br) * nbc, out + r * C,
-                 values ? values + r * C : nullptr, scale_inv + (r / br) * nbc, scaled);
+  parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
+    with_row(x, r, C, buf, [&]<typename S>(const S* row) {
+      quantize_row<F>(row, C, bc, scale.data() + (r / br) * nbc, out + r * C, row_values(r),
+                      scale_inv + (r / br) * nbc, scaled);
+    });
   });
 }
 
@@ -138,18 +154,19 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
     if constexpr (std::is_same_v<T, double>) {
       MT_CHECK(false, "fp8_quantize takes f32, bf16 or f16 values, got f64");
     } else {
-      auto run = [&]<typename O>() {
-        quantize<T, O>(static_cast<const T*>(x.data_ptr()), R, C, p, fp8_max,
-                       static_cast<O*>(codes.data_ptr()), static_cast<float*>(scale_inv.data_ptr()),
+      auto run = [&]<Format F>() {
+        quantize<T, F>(static_cast<const T*>(x.data_ptr()), R, C, p, fp8_max,
+                       static_cast<uint8_t*>(codes.data_ptr()),
+                       static_cast<float*>(scale_inv.data_ptr()),
                        static_cast<float*>(amax.data_ptr()),
                        values ? static_cast<bfloat16*>(values->data_ptr()) : nullptr);
       };
       if (codes.dtype() == DType::FP8_E4M3) {
-        run.template operator()<float8_e4m3>();
+        run.template operator()<Format::FP8_E4M3>();
       } else {
         MT_ASSERT(codes.dtype() == DType::FP8_E5M2, "fp8_quantize writes fp8 codes, got ",
                   dtype_name(codes.dtype()));
-        run.template operator()<float8_e5m2>();
+        run.template operator()<Format::FP8_E5M2>();
       }
     }
   });
@@ -160,24 +177,16 @@ void CpuBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tens
   check_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out);
   const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
   if (out.numel() == 0) return;
-  // The codes as bf16 (exact), one GEMM with fp32 sums, then the scales' product (in fp32)
-  // applied to each sum and the one rounding into out's dtype.
-  Tensor acc = out.dtype() == DType::F32 ? out : Tensor::empty({M, N}, DType::F32);
-  if (K == 0) {
-    fill(acc, 0.0);
-  } else {
-    Tensor ab = Tensor::empty({M, K}, DType::BF16), bb = Tensor::empty({N, K}, DType::BF16);
-    copy(a, ab);
-    copy(b, bb);
-    Tensor acc3 = acc.view({1, M, N});
-    matmul(ab.unsqueeze(0), bb.t().unsqueeze(0), nullptr, acc3, MatmulOptions{});
-  }
-  const float factor = *static_cast<const float*>(a_scale_inv.data_ptr()) *
-                       *static_cast<const float*>(b_scale_inv.data_ptr());
-  float* p = static_cast<float*>(acc.data_ptr());
-  for (int64_t i = 0; i < M * N; ++i)
-    p[i] *= factor;
-  if (!acc.is_same(out)) copy(acc, out);
+  // The codes as bf16 (exact), one GEMM with fp32 sums scaled by the scales' product (in fp32)
+  // in its epilogue, rounded once into out's dtype.
+  Tensor ab = Tensor::empty({M, K}, DType::BF16), bb = Tensor::empty({N, K}, DType::BF16);
+  copy(a, ab);
+  copy(b, bb);
+  MatmulOptions scaled;
+  scaled.output_scale = *static_cast<const float*>(a_scale_inv.data_ptr()) *
+                        *static_cast<const float*>(b_scale_inv.data_ptr());
+  Tensor out3 = out.view({1, M, N});
+  matmul(ab.unsqueeze(0), bb.t().unsqueeze(0), nullptr, out3, scaled);
 }
 
 }  // namespace mantissa::backend::cpu
