@@ -94,6 +94,13 @@ Tensor gemm_f32(const Tensor& a, const Tensor& b) {
   return out.view({a.size(0), b.size(0)});
 }
 
+// The one value of a per-tensor scale on the CPU.
+float scalar_of(const Tensor& t) {
+  MT_ASSERT(t.numel() == 1 && t.dtype() == DType::F32 && t.device().is_cpu(),
+            "fp8: a per-tensor scale is one f32 value on the CPU, got ", t.describe());
+  return *static_cast<const float*>(t.data_ptr());
+}
+
 // Records one quantization of `role` into the layer's state (amaxes into the history only while
 // training: evaluation must not move the scales).
 void observe(Fp8LinearState& st, Fp8Role role, const Fp8Tensor& q, const Fp8Options& o,
@@ -318,6 +325,25 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
         .fp8_gemm(k_inner(a.codes), a.scale_inv, k_inner(b.codes), b.scale_inv, out);
     return bias.defined() ? add(out, bias.to(DType::F32)).to(out_dtype) : out;
   }
+  if (a.codes.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K) {
+    // Per-tensor scales on the CPU: one GEMM of the codes' values (exact in bf16) with fp32 sums,
+    // the scales' product applied to them and the bias added in fp32, then one rounding into
+    // out_dtype, all in oneDNN's epilogue (MatmulOptions::output_scale) instead of passes of
+    // their own.
+    // (Power-of-two scales' values are already scaled: their codes are taken instead.)
+    auto code_values = [](const Fp8Tensor& t) {
+      return t.values.defined() && !t.power_of_two_scales ? t.values : codes_bf16(t.codes);
+    };
+    const Tensor av = code_values(a), bv = code_values(b);
+    backend::MatmulOptions scaled;
+    scaled.output_scale = scalar_of(a.scale_inv) * scalar_of(b.scale_inv);
+    const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
+    Tensor out = Tensor::empty({1, M, N}, out_dtype, a.codes.device());
+    backend::backend_for(out.device())
+        .matmul(av.unsqueeze(0), bv.t().unsqueeze(0), bias.defined() ? &bias_f32 : nullptr, out,
+                scaled);
+    return out.view({M, N});
+  }
   if (a.power_of_two_scales && b.power_of_two_scales) {
     // Power-of-two scales (MXFP8): code * 2^e is exact in bf16 (unless a block's amax is below
     // 2^-118, where it would be a bf16 subnormal), so the scaled operands go through one GEMM
@@ -438,7 +464,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
                           Tensor(), w_dtype);
           }
         }
-        if (gb) db = sum(g2.to(DType::F32), {0}).to(b_dtype);
+        if (gb) {
+          // fp32 sums rounded once into the bias's dtype; a bf16 gradient is read as it is.
+          db = g2.dtype() == b_dtype ? sum(g2, {0}) : sum(g2.to(DType::F32), {0}).to(b_dtype);
+        }
         return {gx ? dx.reshape(x_shape) : Tensor(), dw, db};
       });
   return y;

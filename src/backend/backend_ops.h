@@ -91,7 +91,8 @@
     int64_t correction),                                                                          \
     (op, x, dims, out, indices, correction))                                                      \
   /* ---- linear algebra ---------------------------------------------------------------------- */\
-  /* out(B, M, N) = a(B, M, K) @ b(B, K, N) [+ bias(N)]; any strides; B may be 1. */              \
+  /* out(B, M, N) = a(B, M, K) @ b(B, K, N) [+ bias(N)]; any strides; B may be 1; the CPU    */ \
+  /* takes an output scale (MatmulOptions). */                                                    \
   _(Linalg, void, matmul,                                                                         \
     (const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out, const MatmulOptions&      \
     options),                                                                                     \

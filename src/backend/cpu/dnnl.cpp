@@ -424,34 +424,39 @@ bool is_reference_impl(const dnnl::primitive_desc& pd) {
   return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
 }
 
-// dst(B, M, N) = a @ b [+ bias], all in oneDNN-native dtypes; dst contiguous.
-void dnnl_matmul(CpuBackend& be, const Tensor& a, const Tensor& b, const Tensor* bias,
-                 Tensor& dst) {
+// dst(B, M, N) = scale * (a @ b) [+ bias], all in oneDNN-native dtypes; dst contiguous; bias f32
+// when scale is not 1. oneDNN 2.6 adds its bias argument before the output scale, so a scaled
+// product takes its bias as a binary post-op, which runs after the scale (both in fp32 before the
+// one rounding into dst; checked against a separate add by Fp8Gemm's tests).
+void dnnl_matmul(CpuBackend& be, const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& dst,
+                 const float& scale) {
   memory::dims ad, as, bd, bs;
   const bool a_plain = plain_layout(a, ad, as), b_plain = plain_layout(b, bd, bs);
   if (!a_plain || !b_plain) {
     const Tensor ac = a_plain ? a : converted(be, a, a.dtype());
     const Tensor bc = b_plain ? b : converted(be, b, b.dtype());
-    dnnl_matmul(be, ac, bc, bias, dst);
+    dnnl_matmul(be, ac, bc, bias, dst, scale);
     return;
   }
   const int64_t k = ad[2];
   if (aliased_along_k(as[2], k, a.dtype())) {  // a column-major (B, M, K): K lines of M
     const Tensor lines = padded_lines(a, ad[0], as[0], k, as[2], ad[1]);
-    dnnl_matmul(be, lines.narrow(2, 0, ad[1]).transpose(1, 2), b, bias, dst);
+    dnnl_matmul(be, lines.narrow(2, 0, ad[1]).transpose(1, 2), b, bias, dst, scale);
     return;
   }
   if (aliased_along_k(bs[1], k, b.dtype())) {  // b row-major (B, K, N): K lines of N
     const Tensor lines = padded_lines(b, bd[0], bs[0], k, bs[1], bd[2]);
-    dnnl_matmul(be, a, lines.narrow(2, 0, bd[2]), bias, dst);
+    dnnl_matmul(be, a, lines.narrow(2, 0, bd[2]), bias, dst, scale);
     return;
   }
+  const bool scaled = scale != 1.0f;
+  MT_ASSERT(!scaled || !bias || bias->dtype() == DType::F32, "a scaled matmul takes an f32 bias");
   const memory::dims dd = {dst.size(0), dst.size(1), dst.size(2)};
   const int64_t n = dd[2];
   Key key;
   key.add('M').add(ad).add(as).add(bd).add(bs).add(dd);
   key.add(int64_t(a.dtype())).add(int64_t(b.dtype())).add(int64_t(dst.dtype()));
-  key.add(bias ? int64_t(bias->dtype()) : -1);
+  key.add(bias ? int64_t(bias->dtype()) : -1).add(int64_t(scaled));
   const bool copies_help = !(a.is_contiguous() && b.is_contiguous());
   auto entry = cached(key, [&] {
     Entry e;
@@ -460,9 +465,21 @@ void dnnl_matmul(CpuBackend& be, const Tensor& a, const Tensor& b, const Tensor*
     const memory::desc bias_md =
         bias ? memory::desc({1, 1, n}, dnnl_type(bias->dtype()), memory::dims{n, n, 1})
              : memory::desc();
-    const dnnl::matmul::desc desc =
-        bias ? dnnl::matmul::desc(a_md, b_md, bias_md, d_md) : dnnl::matmul::desc(a_md, b_md, d_md);
-    const dnnl::matmul::primitive_desc pd(desc, user_scratchpad(), engine(), true);
+    const memory::desc scale_md({1}, mdt::f32, memory::dims{1});
+    constexpr int kBiasPostOp = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1;
+    dnnl::primitive_attr attr = user_scratchpad();
+    if (scaled) {
+      attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+      if (bias) {
+        dnnl::post_ops po;
+        po.append_binary(dnnl::algorithm::binary_add, bias_md);
+        attr.set_post_ops(po);
+      }
+    }
+    const bool bias_arg = bias && !scaled;
+    const dnnl::matmul::desc desc = bias_arg ? dnnl::matmul::desc(a_md, b_md, bias_md, d_md)
+                                             : dnnl::matmul::desc(a_md, b_md, d_md);
+    const dnnl::matmul::primitive_desc pd(desc, attr, engine(), true);
     if (!pd || (copies_help && is_reference_impl(pd))) {
       e.rejected = true;
       return e;
@@ -471,18 +488,27 @@ void dnnl_matmul(CpuBackend& be, const Tensor& a, const Tensor& b, const Tensor*
     e.scratch_md = pd.scratchpad_desc();
     e.args.push_back(plan_arg(DNNL_ARG_SRC, false, a_md, a_md));
     e.args.push_back(plan_arg(DNNL_ARG_WEIGHTS, false, b_md, b_md));
-    if (bias) e.args.push_back(plan_arg(DNNL_ARG_BIAS, false, bias_md, bias_md));
+    if (bias) {
+      const int arg = bias_arg ? DNNL_ARG_BIAS : kBiasPostOp;
+      e.args.push_back(plan_arg(arg, false, bias_md, bias_md));
+    }
+    if (scaled) e.args.push_back(plan_arg(DNNL_ARG_ATTR_OUTPUT_SCALES, false, scale_md, scale_md));
     e.args.push_back(plan_arg(DNNL_ARG_DST, true, d_md, d_md));
     finish_entry(e);
     return e;
   });
   if (entry->rejected) {
     MT_ASSERT(copies_help, "oneDNN has no matmul for ", a.describe(), " @ ", b.describe());
-    dnnl_matmul(be, converted(be, a, a.dtype()), converted(be, b, b.dtype()), bias, dst);
+    dnnl_matmul(be, converted(be, a, a.dtype()), converted(be, b, b.dtype()), bias, dst, scale);
     return;
   }
-  if (bias) {
-    execute(*entry, {a.data_ptr(), b.data_ptr(), bias->data_ptr(), dst.data_ptr()});
+  const void* bias_ptr = bias ? bias->data_ptr() : nullptr;
+  if (bias && scaled) {
+    execute(*entry, {a.data_ptr(), b.data_ptr(), bias_ptr, &scale, dst.data_ptr()});
+  } else if (bias) {
+    execute(*entry, {a.data_ptr(), b.data_ptr(), bias_ptr, dst.data_ptr()});
+  } else if (scaled) {
+    execute(*entry, {a.data_ptr(), b.data_ptr(), &scale, dst.data_ptr()});
   } else {
     execute(*entry, {a.data_ptr(), b.data_ptr(), dst.data_ptr()});
   }
@@ -973,7 +999,9 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor* bi
     copy(one, out);
     return;
   }
+  const bool scaled = options.output_scale != 1.0f;
   if (a.dtype() == DType::F64 || b.dtype() == DType::F64) {
+    MT_ASSERT(!scaled, "matmul: an output scale is for f32/bf16/f16 operands, got f64");
     matmul_f64(*this, a, b, bias, out);
     return;
   }
@@ -982,16 +1010,20 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor* bi
   const Tensor bk = prepare(*this, b, kd, options.input_rounding);
   Tensor bias_k;
   if (bias) {
-    const bool ok = bias->is_contiguous() && (bias->dtype() == DType::F32 || bias->dtype() == kd);
+    const bool ok =
+        bias->is_contiguous() && (bias->dtype() == DType::F32 || (bias->dtype() == kd && !scaled));
     bias_k = ok ? *bias : converted(*this, *bias, DType::F32);
   }
   Tensor dst = native_output(out.dtype(), kd) ? out : Tensor::empty(out.shape(), DType::F32);
-  with_dnnl("matmul", [&] { dnnl_matmul(*this, ak, bk, bias ? &bias_k : nullptr, dst); });
+  with_dnnl("matmul", [&] {
+    dnnl_matmul(*this, ak, bk, bias ? &bias_k : nullptr, dst, options.output_scale);
+  });
   if (!dst.is_same(out)) copy(dst, out);  // the one rounding into f16 / fp8
 }
 
 void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
                         const Conv2dParams& p, const MatmulOptions& options) {
+  MT_ASSERT(options.output_scale == 1.0f, "conv2d takes no output scale");
   MT_ASSERT(x.dim() == 4 && w.dim() == 4 && out.dim() == 4 &&
                 (out.is_contiguous() || is_channels_last(out)),
             "conv2d wants NCHW tensors, got ", x.describe(), ", ", w.describe(), " -> ",
@@ -1022,6 +1054,7 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Te
 void CpuBackend::conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& w,
                                  Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias,
                                  const Conv2dParams& p, const MatmulOptions& options) {
+  MT_ASSERT(options.output_scale == 1.0f, "conv2d_backward takes no output scale");
   MT_ASSERT(grad_out.dim() == 4 && x.dim() == 4 && w.dim() == 4, "conv2d_backward shapes");
   for (Tensor* g : {grad_x, grad_w, grad_bias}) {
     MT_ASSERT(!g || g->is_contiguous() || is_channels_last(*g),

@@ -447,6 +447,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor* bias, T
                          const MatmulOptions& options) {
   DeviceGuard guard(device_);
   check_shapes(a, b, bias, out);
+  MT_ASSERT(options.output_scale == 1.0f, "matmul: an output scale is not wired on CUDA");
   if (out.numel() == 0) return;
   if (a.size(2) == 0) {  // an empty sum: the bias alone
     if (bias) {
