@@ -196,6 +196,7 @@ int64_t Tensor::stride(int64_t d) const {
 bool Tensor::is_contiguous() const {
   const Shape& sh = shape();
   const Shape& st = strides();
+  if (sh.numel() == 0) return true;  // no element to be out of place (as in PyTorch)
   int64_t expected = 1;
   for (int i = sh.size() - 1; i >= 0; --i) {
     if (sh[i] == 1) continue;

@@ -110,6 +110,40 @@ TEST(Tensor, LargeStridedCopiesAreTheSameForAnyThreadCount) {
   set_num_threads(saved);
 }
 
+// A transposed view made contiguous (fp8's block recipes quantize transposed gradients) takes
+// the tiled transpose: every element size, ragged against its 32 x 32 tiles, batched, any thread
+// count, and an empty one; the values are those of the element-by-element path (a permuted view
+// that is not a plain transpose).
+TEST(Tensor, ContiguousCopiesOfTransposesAreTheTranspose) {
+  const int saved = get_num_threads();
+  for (const DType dtype : {DType::U8, DType::BF16, DType::F32, DType::F64}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    for (const Shape& shape : {Shape{70, 45}, Shape{3, 33, 130}, Shape{1, 200}, Shape{0, 5}}) {
+      const int64_t n = shape.numel();
+      std::vector<double> vals(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        vals[size_t(i)] = dtype == DType::U8 ? double(i % 251) : double(i) - 97.5;
+      const Tensor base = Tensor::from_vector(vals, shape).to(dtype);
+      const Tensor view = base.transpose(-1, -2);
+      // The reference: element (.., r, c) of the view is base's (.., c, r).
+      std::vector<double> want;
+      const std::vector<double> b = base.to_vector<double>();
+      const int64_t R = shape[shape.size() - 1], C = shape[shape.size() - 2];
+      for (int64_t batch = 0; batch < (R * C == 0 ? 0 : n / (R * C)); ++batch)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t c = 0; c < C; ++c)
+            want.push_back(b[size_t(batch * R * C + c * R + r)]);
+      for (const int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        const Tensor got = view.contiguous();
+        EXPECT_TRUE(got.is_contiguous());
+        EXPECT_EQ(got.to_vector<double>(), want) << shape.str() << ", " << threads << " threads";
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
 TEST(Tensor, CastsRoundToNearestEven) {
   const Tensor x = Tensor::from_vector(
       std::vector<double>{1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), 70000}, {3});

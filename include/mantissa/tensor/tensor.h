@@ -100,7 +100,7 @@ class Tensor {
   Device device() const;
   size_t element_size() const { return dtype_size(dtype()); }
   size_t nbytes() const { return size_t(numel()) * element_size(); }
-  bool is_contiguous() const;
+  bool is_contiguous() const;  // row-major strides (size-1 dims aside); true when empty
   // Contiguous: is_contiguous(). ChannelsLast: 4-D with exactly NHWC's strides, stride(1) == 1
   // included, so that a channels-last tensor with one channel is told apart from a row-major
   // one (other dims of size 1 may have any stride).
