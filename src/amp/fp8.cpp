@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include <omp.h>
 
 #include "backend/backend.h"
 #include "mantissa/amp/autocast.h"
@@ -92,6 +95,63 @@ Tensor gemm_f32(const Tensor& a, const Tensor& b) {
   backend::backend_for(a.device())
       .matmul(a.unsqueeze(0), b.t().unsqueeze(0), nullptr, out, backend::MatmulOptions{});
   return out.view({a.size(0), b.size(0)});
+}
+
+// out (M, N) in out_dtype = scale * (a (M, K) @ b (N, K)^T) + bias, bf16 operands, in one CPU
+// GEMM: fp32 sums, scaled and rounded to fp32, the bias added in fp32, one rounding into
+// out_dtype, all in oneDNN's epilogue (MatmulOptions::output_scale) instead of passes of their
+// own.
+Tensor gemm_epilogue(const Tensor& a, const Tensor& b, const Tensor& bias, DType out_dtype,
+                     float scale) {
+  backend::MatmulOptions options;
+  options.output_scale = scale;
+  const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
+  Tensor out = Tensor::empty({1, a.size(0), b.size(0)}, out_dtype, a.device());
+  backend::backend_for(out.device())
+      .matmul(a.unsqueeze(0), b.t().unsqueeze(0), bias.defined() ? &bias_f32 : nullptr, out,
+              options);
+  return out.view({a.size(0), b.size(0)});
+}
+
+// The scale_inv of each of t's n rows in K slice k, as a vector (CPU).
+std::vector<float> block_scales(const Fp8Tensor& t, int64_t k, int64_t n) {
+  const Tensor s = t.scale_inv.contiguous();  // (row blocks, K blocks), or its transposed view
+  const int64_t nbc = s.size(1);
+  const float* p = s.data<float>();
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r)
+    out[size_t(r)] = p[(r / t.block_rows) * nbc + k];
+  return out;
+}
+
+// One K slice of a block-scaled GEMM on the CPU, in one pass over its fp32 sums part (M, N):
+// acc = (first ? 0 : acc) + part * (sa[m] * sb[n]), each product and sum rounded to fp32 in that
+// order (the tensor ops' arithmetic), and with `bias` (the last slice) + bias[n] after. This was
+// five passes of tensor ops per slice (the scales' outer product, its broadcast copies, a
+// product and a sum), about a sixth of a blockwise step.
+void accumulate_slice(const Tensor& part, const std::vector<float>& sa,
+                      const std::vector<float>& sb, Tensor& acc, bool first, const float* bias) {
+  const int64_t M = acc.size(0), N = acc.size(1);
+  const float* pp = part.data<float>();
+  float* ap = acc.data<float>();
+  const float* sbp = sb.data();
+#pragma omp parallel for schedule(static) if (M * N >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t m = 0; m < M; ++m) {
+    const float fa = sa[size_t(m)];
+    const float* pr = pp + m * N;
+    float* ar = ap + m * N;
+    if (first) {
+      for (int64_t n = 0; n < N; ++n)
+        ar[n] = pr[n] * (fa * sbp[n]);
+    } else {
+      for (int64_t n = 0; n < N; ++n)
+        ar[n] = ar[n] + pr[n] * (fa * sbp[n]);
+    }
+    if (bias) {
+      for (int64_t n = 0; n < N; ++n)
+        ar[n] = ar[n] + bias[n];
+    }
+  }
 }
 
 // The one value of a per-tensor scale on the CPU.
@@ -298,6 +358,17 @@ Fp8Tensor fp8_quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s) {
   return q;
 }
 
+Fp8Tensor fp8_quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& s) {
+  MT_CHECK(x.defined() && x.dim() == 2, "fp8_quantize_transposed: x must be a 2-D matrix, got ",
+           x.defined() ? x.describe() : std::string("an undefined tensor"));
+  if (!x.device().is_cpu()) return fp8_quantize(x.t(), dtype, s);
+  // A block of x^T (br rows, bc columns) is a block of x (bc rows, br columns); 0 still means
+  // the whole dimension.
+  Fp8Scaling swapped = s;
+  std::swap(swapped.block_rows, swapped.block_cols);
+  return transposed(fp8_quantize(x, dtype, swapped));
+}
+
 Tensor fp8_dequantize(const Fp8Tensor& t) {
   NoGrad ng;
   const int64_t R = t.codes.size(0), C = t.codes.size(1);
@@ -326,23 +397,14 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     return bias.defined() ? add(out, bias.to(DType::F32)).to(out_dtype) : out;
   }
   if (a.codes.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K) {
-    // Per-tensor scales on the CPU: one GEMM of the codes' values (exact in bf16) with fp32 sums,
-    // the scales' product applied to them and the bias added in fp32, then one rounding into
-    // out_dtype, all in oneDNN's epilogue (MatmulOptions::output_scale) instead of passes of
-    // their own.
-    // (Power-of-two scales' values are already scaled: their codes are taken instead.)
+    // Per-tensor scales on the CPU: one GEMM of the codes' values (exact in bf16) scaled by the
+    // scales' product in its epilogue. (Power-of-two scales' values are already scaled: their
+    // codes are taken instead.)
     auto code_values = [](const Fp8Tensor& t) {
       return t.values.defined() && !t.power_of_two_scales ? t.values : codes_bf16(t.codes);
     };
-    const Tensor av = code_values(a), bv = code_values(b);
-    backend::MatmulOptions scaled;
-    scaled.output_scale = scalar_of(a.scale_inv) * scalar_of(b.scale_inv);
-    const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
-    Tensor out = Tensor::empty({1, M, N}, out_dtype, a.codes.device());
-    backend::backend_for(out.device())
-        .matmul(av.unsqueeze(0), bv.t().unsqueeze(0), bias.defined() ? &bias_f32 : nullptr, out,
-                scaled);
-    return out.view({M, N});
+    return gemm_epilogue(code_values(a), code_values(b), bias, out_dtype,
+                         scalar_of(a.scale_inv) * scalar_of(b.scale_inv));
   }
   if (a.power_of_two_scales && b.power_of_two_scales) {
     // Power-of-two scales (MXFP8): code * 2^e is exact in bf16 (unless a block's amax is below
@@ -351,6 +413,9 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     auto scaled_bf16 = [](const Fp8Tensor& t) {
       return t.values.defined() ? t.values : fp8_dequantize(t).to(DType::BF16);
     };
+    if (a.codes.device().is_cpu()) {
+      return gemm_epilogue(scaled_bf16(a), scaled_bf16(b), bias, out_dtype, 1.0f);
+    }
     acc = gemm_f32(scaled_bf16(a), scaled_bf16(b));
   } else {
     // The codes (exact in bf16) through one GEMM per K slice; each slice's fp32 sums times its
@@ -359,6 +424,18 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     const bool vb = b.values.defined() && !b.power_of_two_scales;
     const Tensor ab = va ? a.values : codes_bf16(a.codes), bb = vb ? b.values : codes_bf16(b.codes);
     const int64_t slices = (K + bka - 1) / bka;
+    if (a.codes.device().is_cpu() && slices > 0) {
+      acc = Tensor::empty({M, N}, DType::F32);
+      const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
+      for (int64_t k = 0; k < slices; ++k) {
+        const int64_t k0 = k * bka, kl = std::min(bka, K - k0);
+        const Tensor part = gemm_f32(ab.narrow(1, k0, kl), bb.narrow(1, k0, kl));
+        const bool last = k + 1 == slices;
+        accumulate_slice(part, block_scales(a, k, M), block_scales(b, k, N), acc, k == 0,
+                         last && bias.defined() ? bias_f32.data<float>() : nullptr);
+      }
+      return acc.to(out_dtype);
+    }
     for (int64_t k = 0; k < slices; ++k) {
       const int64_t k0 = k * bka, kl = std::min(bka, K - k0);
       const Tensor part = gemm_f32(ab.narrow(1, k0, kl), bb.narrow(1, k0, kl));
@@ -457,11 +534,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
           const Fp8Scaling sg = scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]);
           const Fp8Scaling sx = scaling_for(o, Fp8Role::Input, (*st)[Fp8Role::Input]);
           if (gx) {  // dx (M, in) = g (M, out) . w^T (in, out): reduction along out
-            dx = fp8_gemm(qg, fp8_quantize(wv.t(), fwd_dtype, sw), Tensor(), x_dtype);
+            dx = fp8_gemm(qg, fp8_quantize_transposed(wv, fwd_dtype, sw), Tensor(), x_dtype);
           }
           if (gw) {  // dw (out, in) = g^T (out, M) . x^T (in, M): reduction along M
-            dw = fp8_gemm(fp8_quantize(g2.t(), grad_dtype, sg), fp8_quantize(xv.t(), fwd_dtype, sx),
-                          Tensor(), w_dtype);
+            dw = fp8_gemm(fp8_quantize_transposed(g2, grad_dtype, sg),
+                          fp8_quantize_transposed(xv, fwd_dtype, sx), Tensor(), w_dtype);
           }
         }
         if (gb) {

@@ -102,17 +102,25 @@ TEST(Fp8Gemm, EqualsFloat64FromTheSameRoundedInputsToFp32Rounding) {
   }
 }
 
+// In every recipe's GEMM (each fuses its epilogue differently on the CPU).
 TEST(Fp8Gemm, BiasIsAddedInFp32AndTheOutputRoundedOnce) {
-  const Tensor a = randn({8, 64}, 3), b = randn({16, 64}, 4), bias = randn({16}, 5);
-  const Fp8Scaling s{0, 0, Fp8ScaleRule::Amax, 1};
-  const Fp8Tensor qa = fp8_quantize(a, DType::FP8_E4M3, s),
-                  qb = fp8_quantize(b, DType::FP8_E4M3, s);
-  const Tensor f32 = fp8_gemm(qa, qb, bias, DType::F32);
-  const Tensor bf = fp8_gemm(qa, qb, bias, DType::BF16);
-  EXPECT_EQ(bf.dtype(), DType::BF16);
-  EXPECT_EQ(as_f64(bf), as_f64(f32.to(DType::BF16)));  // one rounding from the fp32 result
-  const Tensor nobias = fp8_gemm(qa, qb, Tensor(), DType::F32);
-  EXPECT_EQ(as_f64(f32), as_f64(add(nobias, bias)));
+  const Tensor a = randn({40, 300}, 3), b = randn({136, 300}, 4), bias = randn({136}, 5);
+  const GemmCase cases[] = {
+      {"per tensor", {0, 0, Fp8ScaleRule::Amax, 1}, {0, 0, Fp8ScaleRule::Amax, 1}},
+      {"mxfp8", {1, 32, Fp8ScaleRule::AmaxPow2, 1}, {1, 32, Fp8ScaleRule::AmaxPow2, 1}},
+      {"blockwise", {1, 128, Fp8ScaleRule::Amax, 1}, {128, 128, Fp8ScaleRule::Amax, 1}},
+  };
+  for (const GemmCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Fp8Tensor qa = fp8_quantize(a, DType::FP8_E4M3, c.sa),
+                    qb = fp8_quantize(b, DType::FP8_E4M3, c.sb);
+    const Tensor f32 = fp8_gemm(qa, qb, bias, DType::F32);
+    const Tensor bf = fp8_gemm(qa, qb, bias, DType::BF16);
+    EXPECT_EQ(bf.dtype(), DType::BF16);
+    EXPECT_EQ(as_f64(bf), as_f64(f32.to(DType::BF16)));  // one rounding from the fp32 result
+    const Tensor nobias = fp8_gemm(qa, qb, Tensor(), DType::F32);
+    EXPECT_EQ(as_f64(f32), as_f64(add(nobias, bias)));
+  }
 }
 
 TEST(Fp8Gemm, RefusesBlocksThatDoNotMeetAlongK) {
@@ -147,6 +155,35 @@ TEST(Fp8Quantize, ValuesAreTheCodesOrTheirExactDequantization) {
         s.rule == Fp8ScaleRule::AmaxPow2 ? fp8_dequantize(q) : q.codes.to(DType::F32);
     EXPECT_EQ(as_f64(q.values), as_f64(want)) << int(s.rule);
     EXPECT_EQ(as_f64(want.to(DType::BF16)), as_f64(want)) << "exact in bf16";
+  }
+}
+
+// Backward's quantization of a transposed operand (block scales along the other dimension)
+// without the transposed copy: the same codes, values, scales and amaxes as quantizing the copy.
+TEST(Fp8Quantize, TransposedIsTheQuantizationOfTheTranspose) {
+  Tensor x = randn({150, 70}, 21, 4.0);  // ragged against 32 and 128 both ways
+  x = x * exp(Tensor::arange(70, DType::F64).to(DType::F32) * 0.2 - 3.0);  // columns' ranges
+  for (const DType input : {DType::F32, DType::BF16}) {
+    const Tensor xi = x.to(input);
+    for (const Fp8Scaling s :
+         {Fp8Scaling{0, 0, Fp8ScaleRule::Given, 12.0f}, Fp8Scaling{0, 0, Fp8ScaleRule::Amax, 1},
+          Fp8Scaling{1, 32, Fp8ScaleRule::AmaxPow2, 1}, Fp8Scaling{1, 128, Fp8ScaleRule::Amax, 1},
+          Fp8Scaling{128, 128, Fp8ScaleRule::Amax, 1}}) {
+      for (const DType dt : {DType::FP8_E4M3, DType::FP8_E5M2}) {
+        SCOPED_TRACE(std::to_string(s.block_rows) + "x" + std::to_string(s.block_cols) + " " +
+                     std::string(dtype_name(dt)) + " from " + std::string(dtype_name(input)));
+        const Fp8Tensor got = fp8_quantize_transposed(xi, dt, s);
+        const Fp8Tensor want = fp8_quantize(xi.t().contiguous(), dt, s);
+        ASSERT_EQ(got.codes.shape(), want.codes.shape());
+        EXPECT_EQ(got.block_rows, want.block_rows);
+        EXPECT_EQ(got.block_cols, want.block_cols);
+        EXPECT_EQ(got.power_of_two_scales, want.power_of_two_scales);
+        EXPECT_EQ(as_f64(got.codes.to(DType::F32)), as_f64(want.codes.to(DType::F32)));
+        EXPECT_EQ(as_f64(got.values), as_f64(want.values));
+        EXPECT_EQ(as_f64(got.scale_inv), as_f64(want.scale_inv));
+        EXPECT_EQ(as_f64(got.amax), as_f64(want.amax));
+      }
+    }
   }
 }
 

@@ -173,6 +173,9 @@ TEST(Fp8QuantizeKernel, EveryBuildMatchesTheScalarDefinition) {
       {"mxfp8 1x32", {1, 32, Fp8ScaleRule::AmaxPow2, 1}},
       {"blockwise 1x128", {1, 128, Fp8ScaleRule::Amax, 1}},
       {"blockwise 128x128", {128, 128, Fp8ScaleRule::Amax, 1}},
+      // A transposed operand's blocks (fp8_quantize_transposed): a column wide, rows tall.
+      {"mxfp8 32x1", {32, 1, Fp8ScaleRule::AmaxPow2, 1}},
+      {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, 1}},
   };
   Backend& cpu = cpu_backend();
   for (const DType in : {DType::F32, DType::BF16, DType::F16}) {

@@ -180,6 +180,10 @@ struct Fp8Tensor {
 // x (R, C), any float dtype, to fp8 `dtype` (FP8_E4M3 or FP8_E5M2): codes = x * scale rounded to
 // nearest even, finite overflow saturated, inf and NaN to NaN.
 Fp8Tensor fp8_quantize(const Tensor& x, DType dtype, const Fp8Scaling& scaling);
+// fp8_quantize(x.t(), dtype, scaling), the same codes, values and scales: on the CPU x is
+// quantized in the transposed blocks and the result viewed transposed, without the transposed
+// copy (what backward needs for block scales along the other dimension).
+Fp8Tensor fp8_quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& scaling);
 // The values an Fp8Tensor stands for, in f32 (codes * scale_inv, rounded to f32).
 Tensor fp8_dequantize(const Fp8Tensor& t);
 

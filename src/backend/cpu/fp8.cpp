@@ -56,6 +56,23 @@ void quantize_row(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t
   }
 }
 
+template <typename S>
+void amax_of_columns(const S* x, int64_t C, uint32_t* amax_bits) {
+  MT_ISA_CALL(column_amax<S>(x, C, amax_bits));
+}
+
+template <Format F, typename S>
+void quantize_columns(const S* x, int64_t C, const float* scale, uint8_t* codes, bfloat16* values,
+                      const float* scale_inv, bool scaled) {
+  if (!values) {
+    MT_ISA_CALL(column_quantize<S, F, false, false>(x, C, scale, codes, values, scale_inv));
+  } else if (scaled) {
+    MT_ISA_CALL(column_quantize<S, F, true, true>(x, C, scale, codes, values, scale_inv));
+  } else {
+    MT_ISA_CALL(column_quantize<S, F, true, false>(x, C, scale, codes, values, scale_inv));
+  }
+}
+
 template <typename T, Format F>
 void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float fp8_max,
               uint8_t* out, float* scale_inv, float* amax, bfloat16* values) {
@@ -102,8 +119,36 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
     });
     return;
   }
-  // Blocks of several rows: amaxes per row and column block, then reduced over each block's
-  // rows; the scales; then the rows quantized.
+  if (bc == 1 && br > 1) {
+    // Blocks a column wide (a transposed operand's row blocks: fp8_quantize_transposed): each
+    // block of rows gathers its columns' amaxes a row at a time, then quantizes its rows with a
+    // scale per column. Row blocks are spread over the threads.
+    const int64_t scratch = (kStoredInLoop<T> ? 0 : C) + C;
+    parallel_rows<float>(nbr, R * C, scratch, [&](int64_t rb, float* buf) {
+      float* scale = buf + (kStoredInLoop<T> ? 0 : C);
+      std::vector<uint32_t> bits(static_cast<size_t>(C), 0u);
+      const int64_t r0 = rb * br, r1 = std::min(R, r0 + br);
+      for (int64_t r = r0; r < r1; ++r)
+        with_row(x, r, C, buf,
+                 [&]<typename S>(const S* row) { amax_of_columns(row, C, bits.data()); });
+      float* ba = amax + rb * C;
+      float* bs = scale_inv + rb * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const uint32_t m = bits[size_t(c)];
+        ba[c] = m > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(m);
+        scale[c] = fp8_block_scale(ba[c], fp8_max, p.rule, p.scale);
+        bs[c] = 1.0f / scale[c];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        with_row(x, r, C, buf, [&]<typename S>(const S* row) {
+          quantize_columns<F>(row, C, scale, out + r * C, row_values(r), bs, scaled);
+        });
+      }
+    });
+    return;
+  }
+  // Blocks of several rows and columns: amaxes per row and column block, then reduced over each
+  // block's rows; the scales; then the rows quantized.
   std::vector<float> row_amax(static_cast<size_t>(R * nbc));
   parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
     with_row(x, r, C, buf, [&]<typename S>(const S* row) {
