@@ -1,7 +1,7 @@
 // CPU fp8 quantization (the contract is in backend_ops.h): per block, the amax of |x|, the scale
-// (backend/fp8_math.h, shared with the CUDA backend), then x * scale rounded to fp8 through the
-// vectorized saturating converters of numerics/convert.h. Rows are spread over the threads; a
-// per-tensor amax is reduced over them.
+// (backend/fp8_math.h, shared with the CUDA backend), then x * scale rounded to fp8 by the row
+// loops of cpu/fp8_rows.inc (one build per vector ISA), which read f32 and bf16 in place. Rows,
+// or blocks of rows, are spread over the threads; a per-tensor amax is reduced over them.
 #include <algorithm>
 #include <bit>
 #include <cmath>
