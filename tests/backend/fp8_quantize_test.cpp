@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/vector_isa.h"
+#include "backend/forced_isa.h"
 #include "backend/fp8_math.h"
 #include "mantissa/numerics/format.h"
 #include "mantissa/numerics/round.h"
@@ -120,14 +121,6 @@ int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
     if (a[i] != b[i]) return int64_t(i);
   return -1;
 }
-
-class ForcedIsa {
- public:
-  explicit ForcedIsa(VectorIsa isa) { force_vector_isa(isa); }
-  ~ForcedIsa() { force_vector_isa(std::nullopt); }
-  ForcedIsa(const ForcedIsa&) = delete;
-  ForcedIsa& operator=(const ForcedIsa&) = delete;
-};
 
 // MXFP8's power-of-two scale against its definition, searched in float64: 2^-e with e the
 // smallest integer in [-127, 127] with amax <= fp8_max * 2^e, over a sweep of positive floats

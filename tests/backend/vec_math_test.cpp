@@ -20,6 +20,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vector_isa.h"
+#include "backend/forced_isa.h"
 #include "backend/op_tables.h"
 #include "mantissa/tensor/ops.h"
 #include "mantissa/tensor/tensor.h"
@@ -205,14 +206,6 @@ std::string first_difference(const std::vector<uint64_t>& a, const std::vector<u
   }
   return a.size() == b.size() ? "" : "different sizes";
 }
-
-class ForcedIsa {
- public:
-  explicit ForcedIsa(VectorIsa isa) { force_vector_isa(isa); }
-  ~ForcedIsa() { force_vector_isa(std::nullopt); }
-  ForcedIsa(const ForcedIsa&) = delete;
-  ForcedIsa& operator=(const ForcedIsa&) = delete;
-};
 
 // Every build of the loops this CPU runs (AVX2, AVX-512) against the baseline's, bit for bit.
 TEST(VectorIsa, EveryBuildGivesTheBaselinesValues) {
