@@ -542,8 +542,9 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
           }
         }
         if (gb) {
-          // fp32 sums rounded once into the bias's dtype; a bf16 gradient is read as it is.
-          db = g2.dtype() == b_dtype ? sum(g2, {0}) : sum(g2.to(DType::F32), {0}).to(b_dtype);
+          // fp32 sums rounded once into the bias's dtype; a gradient in that dtype is read as it
+          // is (and should autocast widen the sum, the result is cast back).
+          db = (g2.dtype() == b_dtype ? sum(g2, {0}) : sum(g2.to(DType::F32), {0})).to(b_dtype);
         }
         return {gx ? dx.reshape(x_shape) : Tensor(), dw, db};
       });
