@@ -105,11 +105,10 @@ Tensor gemm_epilogue(const Tensor& a, const Tensor& b, const Tensor& bias, DType
                      float scale) {
   backend::MatmulOptions options;
   options.output_scale = scale;
-  const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
   Tensor out = Tensor::empty({1, a.size(0), b.size(0)}, out_dtype, a.device());
+  // (The backend widens a bias to f32 where the epilogue needs it.)
   backend::backend_for(out.device())
-      .matmul(a.unsqueeze(0), b.t().unsqueeze(0), bias.defined() ? &bias_f32 : nullptr, out,
-              options);
+      .matmul(a.unsqueeze(0), b.t().unsqueeze(0), bias.defined() ? &bias : nullptr, out, options);
   return out.view({a.size(0), b.size(0)});
 }
 

@@ -196,14 +196,17 @@ int64_t Tensor::stride(int64_t d) const {
 bool Tensor::is_contiguous() const {
   const Shape& sh = shape();
   const Shape& st = strides();
-  if (sh.numel() == 0) return true;  // no element to be out of place (as in PyTorch)
+  // One pass: a mismatch decides only once no dim is empty (an empty tensor has no element to be
+  // out of place, as in PyTorch).
+  bool ok = true;
   int64_t expected = 1;
   for (int i = sh.size() - 1; i >= 0; --i) {
+    if (sh[i] == 0) return true;
     if (sh[i] == 1) continue;
-    if (st[i] != expected) return false;
+    ok = ok && st[i] == expected;
     expected *= sh[i];
   }
-  return true;
+  return ok;
 }
 
 namespace {
