@@ -27,8 +27,9 @@ void check_device(Device device) {
            " CUDA device(s); use cuda:0 .. cuda:", cuda::device_count() - 1);
 }
 
-// Queues host -> device copies of a (pinned) batch on the current stream, without waiting.
-Batch copy_to(const Batch& host, Device device) {
+// Host -> device copies of a batch on the current stream: queued without waiting when
+// non_blocking (the batch pinned), else waited for.
+Batch copy_to(const Batch& host, Device device, bool non_blocking) {
   Batch out;
   out.index = host.index;
   out.epoch = host.epoch;
@@ -38,18 +39,25 @@ Batch copy_to(const Batch& host, Device device) {
     size_t span = 0;
     for (const Tensor& f : host.fields)
       span = std::max(span, end_byte(f));
-    const Tensor bytes =
-        tensor_on(block, {int64_t(span)}, 0, DType::U8).to(device, /*non_blocking=*/true);
+    const Tensor bytes = tensor_on(block, {int64_t(span)}, 0, DType::U8).to(device, non_blocking);
     for (const Tensor& f : host.fields)
       out.fields.push_back(rebase(f, bytes.storage()));
   } else {
     for (const Tensor& f : host.fields)
-      out.fields.push_back(f.to(device, /*non_blocking=*/true));
+      out.fields.push_back(f.to(device, non_blocking));
   }
   return out;
 }
 
 }  // namespace
+
+Transfer transfer_from_name(const std::string& name) {
+  if (name == "prefetch") return Transfer::Prefetch;
+  if (name == "pinned") return Transfer::Pinned;
+  MT_CHECK(name == "pageable", "unknown input pipeline '", name,
+           "'; use prefetch, pinned or pageable");
+  return Transfer::Pageable;
+}
 
 // What the loader loads on the host, with which options, and what is left to the device.
 struct DevicePrefetcher::Plan {
@@ -82,14 +90,16 @@ struct DevicePrefetcher::Cuda {
 };
 
 DevicePrefetcher::Plan DevicePrefetcher::make_plan(std::shared_ptr<const Dataset> dataset,
-                                                   LoaderOptions options, Device device) {
+                                                   LoaderOptions options, Device device,
+                                                   Transfer transfer) {
   MT_CHECK(dataset != nullptr, "DevicePrefetcher: needs a dataset (got a null pointer)");
   Plan p;
   if (device.is_cuda()) {
     check_device(device);
-    options.pin_memory = true;
+    options.pin_memory = transfer != Transfer::Pageable;
     // A collate or transform expects the dataset's own samples and batches: those cross as made.
-    if (!options.collate && !options.transform) {
+    // The simpler transfers finish every batch on the host.
+    if (!options.collate && !options.transform && transfer == Transfer::Prefetch) {
       if (std::optional<DeviceSplit> split = dataset->split_for_device(device)) {
         MT_ASSERT(split->host != nullptr && split->finish,
                   "a DeviceSplit needs both a host dataset and a finish step");
@@ -104,11 +114,12 @@ DevicePrefetcher::Plan DevicePrefetcher::make_plan(std::shared_ptr<const Dataset
 }
 
 DevicePrefetcher::DevicePrefetcher(std::shared_ptr<const Dataset> dataset, LoaderOptions options,
-                                   Device device)
-    : DevicePrefetcher(make_plan(std::move(dataset), std::move(options), device), device) {}
+                                   Device device, Transfer transfer)
+    : DevicePrefetcher(make_plan(std::move(dataset), std::move(options), device, transfer), device,
+                       transfer) {}
 
-DevicePrefetcher::DevicePrefetcher(Plan p, Device device)
-    : loader_(std::move(p.dataset), std::move(p.options)), device_(device) {
+DevicePrefetcher::DevicePrefetcher(Plan p, Device device, Transfer transfer)
+    : loader_(std::move(p.dataset), std::move(p.options)), device_(device), transfer_(transfer) {
   if (!device_.is_cuda()) return;
   cuda_ = std::make_unique<Cuda>();
   cuda_->side = cuda::Stream::create(device_.index);
@@ -167,7 +178,7 @@ void DevicePrefetcher::fetch_ahead() {
     }
     NoGrad ng;
     cuda::StreamGuard on_side(c.side);
-    Batch batch = copy_to(*host, device_);
+    Batch batch = copy_to(*host, device_, /*non_blocking=*/true);
     if (c.finish) c.finish(batch);
     cuda::Event ready;
     ready.record(c.side);
@@ -179,8 +190,18 @@ void DevicePrefetcher::fetch_ahead() {
   }
 }
 
+std::optional<Batch> DevicePrefetcher::next_on_current_stream() {
+  std::optional<Batch> host = loader_.next();
+  if (!host) return std::nullopt;
+  NoGrad ng;
+  // A queued copy's page-locked source is not reused before the copy has run: the copy tells
+  // the pinned cache which stream reads it (copy_across_devices).
+  return copy_to(*host, device_, /*non_blocking=*/transfer_ == Transfer::Pinned);
+}
+
 std::optional<Batch> DevicePrefetcher::next() {
   if (!cuda_) return loader_.next();
+  if (transfer_ != Transfer::Prefetch) return next_on_current_stream();
   Cuda& c = *cuda_;
   if (!c.ahead && !c.ahead_is_end && !c.error) fetch_ahead();
   if (c.error) {

@@ -66,6 +66,8 @@ namespace mantissa::train {
   _(seed)                         \
   _(threads)                      \
   _(workers)                      \
+  _(zero_grad)                    \
+  _(input_pipeline)               \
   _(metrics_path)                 \
   _(tensorboard_dir)              \
   _(histogram_every)              \
@@ -198,6 +200,14 @@ void TrainConfig::validate() const {
   }
   MT_CHECK(threads >= 0, "--threads must be 0 (all cores) or positive, got ", threads);
   MT_CHECK(workers >= 0, "--workers must be non-negative, got ", workers);
+  MT_CHECK(zero_grad == "none" || zero_grad == "zeros", "unknown --zero-grad '", zero_grad,
+           "'; use none (drop the gradients before each step, set_to_none) or zeros (keep them "
+           "and fill them with zeros)");
+  MT_CHECK(
+      input_pipeline == "prefetch" || input_pipeline == "pinned" || input_pipeline == "pageable",
+      "unknown --input-pipeline '", input_pipeline,
+      "'; use prefetch (side-stream copies, normalized on the device), pinned (page-locked "
+      "batches, non_blocking copies) or pageable (blocking copies)");
   MT_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
   MT_CHECK(histogram_every >= 0,
            "--histogram-every must be 0 (at each evaluation) or positive, got ", histogram_every);

@@ -175,6 +175,9 @@ GanResult train_gan(const TrainConfig& config_in,
   MT_CHECK(c.checkpoint_path.empty() && c.resume_path.empty() && c.checkpoint_every == 0,
            "the GAN writes no checkpoints yet; drop --checkpoint/--resume");
   MT_CHECK(c.clip_grad_norm == 0, "the GAN takes no --clip-grad-norm");
+  MT_CHECK(c.zero_grad == "none" && c.input_pipeline == "prefetch",
+           "the GAN takes neither --zero-grad zeros nor --input-pipeline pinned/pageable (the "
+           "Trainer's, for the study's time/memory ladder); drop them");
   const Device device = require_device(c.device);
   set_num_threads(c.threads > 0 ? c.threads
                                 : int(std::max(1u, std::thread::hardware_concurrency())));

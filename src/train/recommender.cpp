@@ -221,6 +221,8 @@ void check_supported(const TrainConfig& c) {
   refuse(c.detect_anomaly, "--detect-anomaly");
   refuse(c.on_divergence != "stop", "--on-divergence skip or rollback");
   refuse(c.checkpoint_activations, "--checkpoint-activations");
+  refuse(c.zero_grad != "none", "--zero-grad zeros");
+  refuse(c.input_pipeline != "prefetch", "--input-pipeline pinned or pageable");
 }
 
 }  // namespace

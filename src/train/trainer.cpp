@@ -374,7 +374,8 @@ void Trainer::build() {
     lo.sampler = std::make_shared<data::DistributedSampler>(lo.sampler, rank(), world_size(),
                                                             data::Remainder::Drop);
   }
-  loader_ = std::make_unique<data::DevicePrefetcher>(train_data_, lo, device_);
+  loader_ = std::make_unique<data::DevicePrefetcher>(
+      train_data_, lo, device_, data::transfer_from_name(config_.input_pipeline));
 
   optim::ScheduleOptions so;
   so.lr = config_.lr;
@@ -564,7 +565,7 @@ Tensor Trainer::train_step(const data::Batch& batch, Tensor* correct, bool* skip
     for (size_t g = 0; g < optimizer_->num_groups(); ++g)
       optimizer_->set_lr(g, optimizer_->lr(g) * state_.lr_scale);
   }
-  optimizer_->zero_grad(true);
+  optimizer_->zero_grad(config_.zero_grad == "none");
   if (ddp_) ddp_->broadcast_buffers();  // rank 0's batch-norm statistics, as PyTorch's DDP
   amp::GradScaler& sc = scaler();
   const Tensor& x = batch.x();
@@ -788,7 +789,8 @@ EvalResult Trainer::evaluate() {
     const int64_t n = std::min(eval_data_->size(), config_.eval_batches * eval_batch);
     lo.sampler = std::make_shared<data::SequentialSampler>(n);
   }
-  data::DevicePrefetcher loader(eval_data_, lo, device_);
+  data::DevicePrefetcher loader(eval_data_, lo, device_,
+                                data::transfer_from_name(config_.input_pipeline));
   // The per-batch losses and the count stay on the device until the end: one host read.
   std::vector<Tensor> losses;
   Tensor correct_acc;
@@ -993,6 +995,7 @@ TrainResult Trainer::fit(int64_t max_epochs) {
         j["loss"] = double(losses.back());
         j["lr"] = optimizer_->lr();
         j[language_model_ ? "tokens_per_s" : "samples_per_s"] = st.samples_per_s;
+        j["train_seconds"] = state_.train_seconds + elapsed;  // the run's so far, no evaluation
         j["loss_scale"] = scaler().get_scale();
         j["skipped"] = last_skipped;
         j["skipped_steps"] = result.skipped_steps;

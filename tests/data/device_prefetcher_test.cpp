@@ -101,6 +101,30 @@ TEST(DevicePrefetcherTest, CpuIsAPassThroughOfTheLoader) {
   }
 }
 
+TEST(DevicePrefetcherTest, EveryTransferIsAPassThroughOnTheCpu) {
+  for (Transfer t : {Transfer::Prefetch, Transfer::Pinned, Transfer::Pageable}) {
+    SCOPED_TRACE(int(t));
+    const DataLoader reference(small_set(), small_options());
+    DevicePrefetcher p(small_set(), small_options(), Device::cpu(), t);
+    EXPECT_EQ(p.transfer(), t);
+    EXPECT_EQ(pixels_of(p.loader()), Pixels::Normalized);
+    EXPECT_FALSE(p.loader().options().pin_memory);
+    expect_loader_batches(p, reference);
+  }
+}
+
+TEST(DevicePrefetcherTest, TransferNamesAreTheConfigsAndAMistakeSaysWhatThereIs) {
+  EXPECT_EQ(transfer_from_name("prefetch"), Transfer::Prefetch);
+  EXPECT_EQ(transfer_from_name("pinned"), Transfer::Pinned);
+  EXPECT_EQ(transfer_from_name("pageable"), Transfer::Pageable);
+  try {
+    (void)transfer_from_name("async");
+    FAIL() << "an unknown name";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("prefetch, pinned or pageable"), std::string::npos) << e.message();
+  }
+}
+
 TEST(DevicePrefetcherTest, RawPixelsThroughThePixelTableAreTheNormalizedBatch) {
   // What the prefetcher does on the GPU, run here: U8 batches looked up in pixel_table() give
   // the normalized batch bit for bit, in every dtype.
@@ -208,6 +232,40 @@ TEST(DevicePrefetcherCudaTest, DeviceBatchesEqualTheLoaders) {
     EXPECT_TRUE(p.loader().options().pin_memory);
     expect_loader_batches(p, reference);
   }
+}
+
+TEST(DevicePrefetcherCudaTest, PinnedAndPageableBatchesAreFinishedOnTheHostAndEqualTheLoaders) {
+  MT_REQUIRE_CUDA();
+  for (Transfer t : {Transfer::Pinned, Transfer::Pageable}) {
+    SCOPED_TRACE(t == Transfer::Pinned ? "pinned" : "pageable");
+    const DataLoader reference(small_set(), small_options());
+    DevicePrefetcher p(small_set(), small_options(), Device::cuda(0), t);
+    EXPECT_EQ(pixels_of(p.loader()), Pixels::Normalized) << "no pixel table on the device";
+    EXPECT_EQ(p.loader().options().pin_memory, t == Transfer::Pinned);
+    expect_loader_batches(p, reference);
+  }
+}
+
+TEST(DevicePrefetcherCudaTest, PinnedCopiesOnTheConsumersStreamAreCompleteBeforeItsWork) {
+  MT_REQUIRE_CUDA();
+  // non_blocking copies queued on the consumer's own stream, many batches through the pinned
+  // cache: every batch's sum is the loader's (no source reused while its copy was queued).
+  const cuda::Stream main = cuda::Stream::create(0);
+  cuda::StreamGuard guard(main);
+  const DataLoader reference(small_set(200), small_options());
+  DevicePrefetcher p(small_set(200), small_options(), Device::cuda(0), Transfer::Pinned);
+  std::vector<Tensor> sums;
+  std::vector<double> want;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (auto& b : p) {
+      sums.push_back(sum(b.x().to(DType::F64)));
+      want.push_back(sum(reference.make_batch(b.epoch, b.index).x().to(DType::F64)).item());
+    }
+  }
+  main.synchronize();
+  ASSERT_EQ(sums.size(), want.size());
+  for (size_t i = 0; i < sums.size(); ++i)
+    EXPECT_EQ(sums[i].item(), want[i]) << "batch " << i;
 }
 
 TEST(DevicePrefetcherCudaTest, WithATransformNormalizedBatchesCross) {

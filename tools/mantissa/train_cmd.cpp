@@ -393,6 +393,15 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "Compute threads (0: every core)")->capture_default_str();
   cmd->add_option("--workers", c.workers, "Data-loader threads")->capture_default_str();
+  cmd->add_option("--zero-grad", c.zero_grad,
+                  "How gradients are reset before each step: none (dropped, set_to_none) or "
+                  "zeros (kept, filled with zeros)")
+      ->capture_default_str();
+  cmd->add_option("--input-pipeline", c.input_pipeline,
+                  "How batches reach a GPU: prefetch (side-stream copies one batch ahead, "
+                  "normalized on the device), pinned (page-locked batches, non_blocking copies) "
+                  "or pageable (blocking copies); the same on the CPU")
+      ->capture_default_str();
   cmd->add_option("--metrics", c.metrics_path,
                   "Append JSON-lines metrics to FILE (its first record of a launch: the whole "
                   "configuration)");
@@ -500,6 +509,8 @@ Command add_train_command(CLI::App& app) {
       if (cmd->count("--threads")) merged.threads = config.threads;
       if (cmd->count("--device")) merged.device = config.device;
       if (cmd->count("--workers")) merged.workers = config.workers;
+      if (cmd->count("--zero-grad")) merged.zero_grad = config.zero_grad;
+      if (cmd->count("--input-pipeline")) merged.input_pipeline = config.input_pipeline;
       if (cmd->count("--data-dir")) merged.data_dir = config.data_dir;
       if (cmd->count("--data-path")) merged.data_path = config.data_path;
       if (cmd->count("--val-path")) merged.val_path = config.val_path;

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -164,21 +165,37 @@ class DataLoader {
 // Batches, order, values and epochs are those of the DataLoader over the dataset as given.
 //
 // One consumer thread; the current stream at each next() is the one the batch is handed to.
+//
+// `transfer` chooses the simpler ways a training loop may move its batches instead (the precision
+// study's time/memory ladder measures what each step buys; the batches are the same values):
+// - Pinned: the loader finishes each batch on the host (no DeviceSplit) in page-locked memory;
+//   next() queues its copy on the current stream (non_blocking) and returns without waiting.
+// - Pageable: the loader finishes each batch on the host in ordinary memory; next() copies it
+//   and waits for the copy.
+// On the CPU all three are the pass-through.
+enum class Transfer { Prefetch, Pinned, Pageable };
+
+// "prefetch", "pinned", "pageable" (TrainConfig::input_pipeline).
+Transfer transfer_from_name(const std::string& name);
+
 class DevicePrefetcher {
  public:
   // Throws a mantissa::Error when `device` is CUDA and there is none.
-  DevicePrefetcher(std::shared_ptr<const Dataset> dataset, LoaderOptions options, Device device);
+  DevicePrefetcher(std::shared_ptr<const Dataset> dataset, LoaderOptions options, Device device,
+                   Transfer transfer = Transfer::Prefetch);
   template <DatasetValue D>
-  DevicePrefetcher(D&& dataset, LoaderOptions options, Device device)
+  DevicePrefetcher(D&& dataset, LoaderOptions options, Device device,
+                   Transfer transfer = Transfer::Prefetch)
       : DevicePrefetcher(
             std::shared_ptr<const Dataset>(
                 std::make_shared<const std::remove_cvref_t<D>>(std::forward<D>(dataset))),
-            std::move(options), device) {}
+            std::move(options), device, transfer) {}
   ~DevicePrefetcher();
   DevicePrefetcher(const DevicePrefetcher&) = delete;
   DevicePrefetcher& operator=(const DevicePrefetcher&) = delete;
 
   Device device() const { return device_; }
+  Transfer transfer() const { return transfer_; }
   // The loader that makes the host batches (over the split's host dataset on a GPU).
   const DataLoader& loader() const { return loader_; }
   int64_t num_batches() const { return loader_.num_batches(); }
@@ -200,13 +217,15 @@ class DevicePrefetcher {
   struct Plan;  // what the loader loads and what is left to the device
   struct Cuda;  // side stream, the batch in flight
   static Plan make_plan(std::shared_ptr<const Dataset> dataset, LoaderOptions options,
-                        Device device);
-  DevicePrefetcher(Plan p, Device device);
+                        Device device, Transfer transfer);
+  DevicePrefetcher(Plan p, Device device, Transfer transfer);
   void fetch_ahead();
   void drop_ahead();
+  std::optional<Batch> next_on_current_stream();  // Pinned, Pageable
 
   DataLoader loader_;
   Device device_;
+  Transfer transfer_;
   std::unique_ptr<Cuda> cuda_;  // null on the CPU
 };
 

@@ -113,6 +113,17 @@ struct TrainConfig {
   uint64_t seed = 0;
   int threads = 0;  // 0: every core
   int workers = 2;  // data-loader threads
+  // How gradients are reset before each step: none (dropped, PyTorch's
+  // zero_grad(set_to_none=True); the default) | zeros (kept and filled with zeros: their memory
+  // stays allocated through the forward pass, and every parameter gets a fill each step).
+  std::string zero_grad = "none";
+  // How batches reach a GPU (docs/training.md, "Device"): prefetch (the default: the loader's
+  // workers pin raw pixels, a side stream copies the next batch while this one trains, the
+  // normalization runs on the device) | pinned (batches finished on the host in page-locked
+  // memory, copied non_blocking on the compute stream) | pageable (finished on the host in
+  // ordinary memory, one blocking copy per batch). On the CPU nothing is copied: the three are
+  // the same.
+  std::string input_pipeline = "prefetch";
   // Data parallel (`mpirun -n N mantissa train ... --distributed`, docs/distributed.md): every
   // rank trains on its shard of each epoch with batch_size examples a step (N * batch_size in
   // all), gradients averaged over the ranks in buckets of bucket_mb that travel in grad_comm

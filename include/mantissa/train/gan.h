@@ -48,7 +48,8 @@ inline constexpr int64_t kGanMsSsimPairs = 100;
 //   the same G(z). z ~ N(0, I) from Philox, seeded by config.seed and the step.
 // - seed (models, data order, z), epochs or max_steps (> 0: stop after that many iterations,
 //   across epochs), log_every, eval_every (> 0: every that many iterations; 0: at each epoch's
-//   end; always at the end), metrics_path, tensorboard_dir, threads, workers, device.
+//   end; always at the end), metrics_path, tensorboard_dir, threads, workers, device. zero_grad
+//   zeros and input_pipeline other than prefetch are refused.
 // - Records (the Trainer's conventions, to the metrics file, TensorBoard and on_record alike):
 //   config; train every log_every iterations {step, epoch, loss_d, loss_g, loss = loss_d +
 //   loss_g, d_real, d_fake (mean sigmoid outputs), loss_scale (D's), loss_scale_g,

@@ -49,7 +49,8 @@ struct RecommenderResult {
 // eval_every, eval_batch_size, log_every, metrics_path, tensorboard_dir, threads, workers,
 // device, hash_buckets, embedding_update and progress. Options it does not take (checkpoints,
 // resume, distributed, grad_accum, fp8, underflow_every, anomaly detection, clipping with lazy
-// tables, on_divergence other than stop) are refused with a mantissa::Error.
+// tables, on_divergence other than stop, zero_grad zeros, input_pipeline other than prefetch)
+// are refused with a mantissa::Error.
 //
 // Records (the metrics file, TensorBoard and `on_record` get the same JSON): "config" first;
 // "train" every log_every steps (step, epoch, loss, lr, samples_per_s, loss_scale, skipped,
