@@ -430,6 +430,105 @@ def underflow_plots(results, family, out_dir):
     return "\n".join(lines) + "\n", figs
 
 
+def ladder_rows(ladder):
+    """Per rung: ms/step and peak memory, and both over the fp32 rung's and the rung before's."""
+    rungs = ladder.get("rungs", [])
+    base = next((r for r in rungs if r.get("rung_index") == 0 and r.get("status") == "ok"), None)
+    rows, before = [], None
+    for r in rungs:
+        ms, mem = r.get("ms_per_step"), r.get("peak_memory_bytes")
+        ok = r.get("status") == "ok" and ms is not None
+
+        def over(key, ref):
+            v = r.get(key)
+            return v / ref[key] if ok and ref is not None and v and ref.get(key) else None
+
+        rows.append({
+            "rung": r["rung"],
+            "description": r.get("description", ""),
+            "recipe": r.get("recipe"),
+            "ms": ms if ok else None,
+            "memory_mib": mem / 2**20 if ok and mem is not None else None,
+            "speedup": (base["ms_per_step"] / ms) if ok and base and ms else None,
+            "step_gain": (before["ms_per_step"] / ms) if ok and before and ms else None,
+            "memory_ratio": over("peak_memory_bytes", base),
+            "status": r.get("status", "?"),
+            "message": r.get("message"),
+        })
+        if ok:
+            before = r
+    return rows
+
+
+def ladder_markdown(rows):
+    lines = ["| rung | what it adds | ms / step | speed-up over fp32 | over the rung before "
+             "| peak memory (MiB) | memory / fp32 | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        status = r["status"]
+        if r["message"] and status != "ok":
+            status += ": " + r["message"].split("\n")[0][:120].replace("|", "/")
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["rung"], r["description"].replace("|", "/"), fmt_or_dash(r["ms"], ".3f"),
+            fmt_or_dash(r["speedup"], ".2f"), fmt_or_dash(r["step_gain"], ".2f"),
+            fmt_or_dash(r["memory_mib"], ".1f"), fmt_or_dash(r["memory_ratio"], ".2f"), status))
+    return "\n".join(lines)
+
+
+def ladder_plot(ladder, rows, path):
+    shown_rows = [r for r in rows if r["ms"] is not None]
+    names = [r["rung"] for r in shown_rows]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.2))
+    y = np.arange(len(shown_rows))[::-1]
+    ax_t.barh(y, [r["ms"] for r in shown_rows], color="tab:blue")
+    ax_m.barh(y, [r["memory_mib"] or 0 for r in shown_rows], color="tab:orange")
+    for ax in (ax_t, ax_m):
+        ax.set_yticks(y)
+        ax.set_yticklabels(names)
+        ax.grid(axis="x", alpha=0.3)
+    ax_t.set_xlim(0, 1.15 * max(r["ms"] for r in shown_rows))
+    for yi, r in zip(y, shown_rows):
+        if r["speedup"] is not None:
+            ax_t.text(r["ms"], yi, f" {r['speedup']:.2f}x", va="center", fontsize=9)
+    ax_t.set_xlabel("milliseconds per training step (after warm-up)")
+    ax_m.set_xlabel("peak tensor memory (MiB)")
+    ax_t.set_title(f"{ladder['model']} on {ladder['device']}: time per step")
+    ax_m.set_title(f"{ladder['model']} on {ladder['device']}: peak memory")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ladder_section(results, out_dir):
+    """The time/memory ladder's markdown and its figure (None when there is none)."""
+    ladder = results.get("ladder")
+    if not ladder:
+        return [], []
+    md = ["## The time/memory ladder", ""]
+    if ladder.get("skipped"):
+        return md + [f"Not run: {ladder['skipped']}.", ""], []
+    rows = ladder_rows(ladder)
+    steps = {r.get("timed_steps") for r in ladder.get("rungs", []) if r.get("timed_steps")}
+    md.append(f"`{ladder['model']}` on {ladder['device']} ({ladder.get('device_name', '?')}), "
+              "trained the same steps once per rung; each rung adds one thing to the one "
+              "before. "
+              "Time per step is measured from the first logged step to the last (the first "
+              "steps' kernel selection and allocations left out"
+              + (f"; {', '.join(str(s) for s in sorted(steps))} steps timed" if steps else "")
+              + "); memory is the run's peak tensor memory on the device (on the CPU it "
+              "includes the dataset's tensors).")
+    md.append("")
+    md.append(ladder_markdown(rows))
+    md.append("")
+    figures = []
+    if any(r["ms"] is not None for r in rows):
+        path = os.path.join(out_dir, "ladder.png")
+        ladder_plot(ladder, rows, path)
+        figures.append(path)
+        md += ["![ladder](ladder.png)", ""]
+    return md, figures
+
+
 def report(results, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     study = results["study"]
@@ -451,6 +550,10 @@ def report(results, out_dir):
     elif counts:
         md.append(f"Seeds: {counts[0]} per cell.")
     md.append("")
+    if not results["families"]:
+        # The ladder alone (--models none).
+        ladder_md, figures = ladder_section(results, out_dir)
+        return write_report(out_dir, md + ladder_md), figures
     md.append("Every cell trains the same model from the same seed on the same data order with the "
               "same hyper-parameters; only the precision recipe differs. The metric is the last "
               "evaluation's, mean ± sample standard deviation over seeds. Δ, time and memory "
@@ -506,10 +609,15 @@ def report(results, out_dir):
                   "(orange) and normal numbers (green).")
         md.append("")
         md += under
+    ladder_md, ladder_figures = ladder_section(results, out_dir)
+    return write_report(out_dir, md + ladder_md), figures + ladder_figures
+
+
+def write_report(out_dir, md):
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(md) + "\n")
-    return path, figures
+    return path
 
 
 def main():

@@ -16,6 +16,8 @@
 
 #include "io/atomic_file.h"
 #include "mantissa/core/cpu.h"
+#include "mantissa/core/cuda.h"
+#include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/text_corpus.h"
 #include "mantissa/data/tokenizer.h"
@@ -227,6 +229,80 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
   return c;
 }
 
+const std::vector<LadderRung>& ladder_rungs() {
+  static const std::vector<LadderRung> rungs = {
+      {"fp32",
+       "fp32; gradients zeroed in place; batches finished on the host in pageable memory, "
+       "each copied with a wait",
+       false},
+      {"amp", "+ autocast (bf16 where the device has it, else fp16 with loss scaling)", false},
+      {"set_to_none", "+ zero_grad(set_to_none): gradients dropped, not zeroed", false},
+      {"pinned", "+ pinned memory and non_blocking copies on the compute stream", true},
+      {"prefetcher",
+       "+ the side-stream prefetcher: raw pixels copied one batch ahead, normalized on the "
+       "device",
+       true},
+  };
+  return rungs;
+}
+
+std::string ladder_device(const StudyConfig& s) {
+  if (s.ladder == "off") return "";
+  if (s.ladder == "auto") {
+    if (parse_device(s.device).is_cuda()) return s.device;
+    return cuda::is_available() ? "cuda:0" : "";
+  }
+  Device d;
+  try {
+    d = parse_device(s.ladder);
+  } catch (const Error& e) {
+    MT_CHECK(false, "--ladder takes auto, off or a device (cpu, cuda, cuda:N): ", e.message());
+  }
+  if (d.is_cuda()) {
+    MT_CHECK(cuda::is_available(), "--ladder ", s.ladder, ": no CUDA device (", cuda_info().status,
+             "); use --ladder cpu or --ladder off");
+    MT_CHECK(d.index < cuda::device_count(), "--ladder ", s.ladder, ": this machine has ",
+             cuda::device_count(), " CUDA device(s)");
+  }
+  return s.ladder;
+}
+
+TrainConfig ladder_cell_config(const StudyConfig& s, size_t rung, const std::string& device) {
+  MT_CHECK(rung < ladder_rungs().size(), "the ladder has ", ladder_rungs().size(), " rungs, not ",
+           rung + 1);
+  const std::string& model = s.ladder_model;
+  MT_CHECK(model == "mlp" || model == "cnn" || model == "resnet", "--ladder-model ", model,
+           ": the ladder measures the image pipeline (pixels normalized on the device), so it "
+           "takes mlp, cnn or resnet");
+  MT_CHECK(s.ladder_steps >= 0, "--ladder-steps must be 0 (one epoch) or positive, not ",
+           s.ladder_steps);
+  // Autocast's type: bf16 on a GPU (every one since Ampere has it at fp16's speed) and on a CPU
+  // with native bf16 dot products; else fp16 with dynamic loss scaling.
+  const bool bf16 = parse_device(device).is_cuda() || cpu_features().avx512_bf16;
+  TrainConfig c = study_cell_config(s, model,
+                                    rung == 0 ? "fp32"
+                                    : bf16    ? "bf16-O1"
+                                              : "fp16-O1",
+                                    /*seed=*/0);
+  c.device = device;
+  c.zero_grad = rung < 2 ? "zeros" : "none";
+  c.input_pipeline = rung < 3 ? "pageable" : rung == 3 ? "pinned" : "prefetch";
+  if (s.ladder_steps > 0 || s.quick) {
+    c.max_steps = s.ladder_steps > 0 ? s.ladder_steps : 30;
+    c.log_every = std::max<int64_t>(1, c.max_steps / 10);
+  } else {
+    c.epochs = 1;
+    c.max_steps = 0;
+    c.log_every = 25;
+  }
+  // The ladder times training: one evaluation batch at the end (its peak stays below
+  // training's: no gradients, no saved activations).
+  c.eval_every = 0;
+  c.eval_batches = 1;
+  c.eval_batch_size = c.batch_size;
+  return c;
+}
+
 namespace {
 
 std::string cpu_name() {
@@ -365,6 +441,83 @@ Json run_cell(const TrainConfig& config, const std::string& family, const std::s
   return cell;
 }
 
+// The rung's time per step once warmed up (from its first train record to its last, by the
+// records' train_seconds: the first steps' kernel selection and allocations left out), or the
+// whole run's mean when it logged fewer than two records; its peak memory.
+void add_ladder_figures(Json& cell) {
+  const Json& train = cell["train"];
+  const Json& summary = cell["summary"];
+  int64_t first = -1, last = -1;
+  for (size_t i = 0; i < train.size(); ++i) {
+    if (!train[i].contains("train_seconds")) continue;
+    if (first < 0) first = int64_t(i);
+    last = int64_t(i);
+  }
+  if (first >= 0 && last > first) {
+    const Json &a = train[size_t(first)], &b = train[size_t(last)];
+    const int64_t steps = b["step"].get<int64_t>() - a["step"].get<int64_t>();
+    cell["timed_steps"] = steps;
+    cell["ms_per_step"] =
+        1e3 * (b["train_seconds"].get<double>() - a["train_seconds"].get<double>()) / double(steps);
+  } else if (summary.contains("train_seconds") && summary.value("steps", int64_t(0)) > 0) {
+    cell["timed_steps"] = summary["steps"];
+    cell["ms_per_step"] =
+        1e3 * summary["train_seconds"].get<double>() / double(summary["steps"].get<int64_t>());
+  }
+  if (summary.contains("peak_memory_bytes"))
+    cell["peak_memory_bytes"] = summary["peak_memory_bytes"];
+}
+
+// The ladder's rungs on `device`: run (or taken from out_dir/cells/ladder when finished with
+// the same configuration) one after another.
+Json run_ladder(const StudyConfig& s, const std::string& device,
+                const std::function<void(const std::string&)>& say) {
+  const Device d = parse_device(device);
+  Json ladder;
+  ladder["model"] = s.ladder_model;
+  ladder["device"] = device;
+  ladder["device_name"] = d.is_cuda() ? cuda_info().devices.at(size_t(d.index)) : cpu_name();
+  std::string tag = device;
+  tag.erase(std::remove(tag.begin(), tag.end(), ':'), tag.end());
+  const fs::path dir = fs::path(s.out_dir) / "cells" / "ladder" / (s.ladder_model + "-" + tag);
+  Json rungs = Json::array();
+  const auto& all = ladder_rungs();
+  for (size_t k = 0; k < all.size(); ++k) {
+    const LadderRung& rung = all[k];
+    const TrainConfig config = ladder_cell_config(s, k, device);
+    const std::string recipe = config.precision == "fp32" ? "fp32" : config.precision + "-O1";
+    const std::string name = fmt::format("[ladder {}/{}] {} {} on {}", k + 1, all.size(),
+                                         s.ladder_model, rung.name, device);
+    Json cell;
+    if (rung.copies && !d.is_cuda()) {
+      cell["model"] = s.ladder_model;
+      cell["recipe"] = recipe;
+      cell["status"] = "not_applicable";
+      cell["message"] = "on the CPU batches are not copied to a device";
+    } else {
+      const std::string path = (dir / fmt::format("{}-{}.json", k + 1, rung.name)).string();
+      const Json config_json = Json::parse(config.to_json());
+      if (std::optional<Json> old = finished_cell(path, config_json)) {
+        cell = std::move(*old);
+      } else {
+        if (say) say(name + " ...");
+        cell = run_cell(config, s.ladder_model, recipe, 0, false);
+        write_json(path, cell);
+        if (say)
+          say(fmt::format("{}: {} in {:.1f} s", name, cell["status"].get<std::string>(),
+                          cell["wall_seconds"].get<double>()));
+      }
+      add_ladder_figures(cell);
+    }
+    cell["rung"] = rung.name;
+    cell["rung_index"] = k;
+    cell["description"] = rung.description;
+    rungs.push_back(std::move(cell));
+  }
+  ladder["rungs"] = std::move(rungs);
+  return ladder;
+}
+
 }  // namespace
 
 std::string run_study(const StudyConfig& s, const std::function<void(const std::string&)>& say) {
@@ -372,8 +525,11 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
   MT_CHECK(s.steps >= 0, "--steps must be 0 (each model's default) or positive, not ", s.steps);
   MT_CHECK(s.underflow_points >= 1, "--underflow-points must be at least 1, not ",
            s.underflow_points);
-  std::vector<std::string> families = s.models, recipes = s.recipes;
-  if (families.empty())
+  // --models none: the ladder alone.
+  const bool no_matrix = s.models.size() == 1 && s.models[0] == "none";
+  std::vector<std::string> families = no_matrix ? std::vector<std::string>() : s.models;
+  std::vector<std::string> recipes = s.recipes;
+  if (families.empty() && !no_matrix)
     for (const StudyFamily& f : study_families())
       families.push_back(f.name);
   if (recipes.empty() && s.quick) recipes = quick_recipes();
@@ -384,6 +540,13 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
     (void)family_of(f);
   for (const std::string& r : recipes)
     (void)recipe_of(r);
+  // The ladder's settings are checked before anything runs.
+  const std::string ladder_on = ladder_device(s);
+  if (!ladder_on.empty()) (void)ladder_cell_config(s, 0, ladder_on);
+  MT_CHECK(!no_matrix || !ladder_on.empty(), "--models none runs the time/memory ladder alone, ",
+           s.ladder == "off" ? std::string("and --ladder is off")
+                             : "and this machine has no GPU for --ladder auto",
+           "; give --ladder cpu (or cuda) or some --models");
   std::vector<std::string> probes;
   if (s.underflow_models.empty()) {
     // --quick: the picture of the first family only.
@@ -472,6 +635,18 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
                     "results",
                     extra));
 
+  Json ladder;
+  if (!ladder_on.empty()) {
+    ladder = run_ladder(s, ladder_on, say);
+  } else {
+    ladder["skipped"] = s.ladder == "off" ? std::string("--ladder off")
+                                          : "no GPU (" + cuda_info().status +
+                                                "); --ladder cpu runs the rungs that apply on "
+                                                "the CPU";
+    if (say && s.ladder == "auto")
+      say("the time/memory ladder: " + ladder["skipped"].get<std::string>());
+  }
+
   Json results;
   Json study;
   study["command"] = s.command;
@@ -502,6 +677,7 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
   }
   results["recipes"] = std::move(recs);
   results["cells"] = std::move(cells);
+  results["ladder"] = std::move(ladder);
   const std::string path = (fs::path(s.out_dir) / "results.json").string();
   write_json(path, results);
   return path;

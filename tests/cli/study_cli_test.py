@@ -62,7 +62,8 @@ check(rc == 2 and "--seeds" in err, f"--seeds 0 is refused: rc {rc}, {err!r}")
 
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "study")
-    args = ["study", "--quick", "--out", out, "--threads", "1"]
+    # The time/memory ladder on the CPU: its three rungs that apply there (30 steps each).
+    args = ["study", "--quick", "--out", out, "--threads", "1", "--ladder", "cpu"]
     if MODELS:
         args += ["--models", ",".join(MODELS)]
     t0 = time.time()
@@ -120,8 +121,33 @@ with tempfile.TemporaryDirectory() as tmp:
         if p["recipe"] == "fp16-noscale" and recs:
             check(all(r["loss_scale"] == 1 for r in recs), "no-scale runs at scale 1")
 
+    # The ladder: fp32 -> +AMP -> +set_to_none ran, each changing one setting; the two rungs
+    # that copy batches to a GPU do not apply on the CPU.
+    ladder = results["ladder"]
+    rungs = ladder["rungs"]
+    check([r["rung"] for r in rungs] == ["fp32", "amp", "set_to_none", "pinned", "prefetcher"],
+          f"the ladder's rungs: {[r['rung'] for r in rungs]}")
+    check([r["status"] for r in rungs] == ["ok"] * 3 + ["not_applicable"] * 2,
+          f"the ladder's statuses: {[(r['rung'], r['status'], r.get('message')) for r in rungs]}")
+    for r in rungs[:3]:
+        check(r.get("ms_per_step", 0) > 0 and r.get("peak_memory_bytes", 0) > 0 and
+              r.get("timed_steps", 0) >= 20, f"ladder {r['rung']}: timed: {r.get('ms_per_step')} "
+              f"ms over {r.get('timed_steps')} steps, peak {r.get('peak_memory_bytes')}")
+    settings = [(r["config"]["precision"], r["config"]["zero_grad"],
+                 r["config"]["input_pipeline"]) for r in rungs[:3]]
+    check(settings[0] == ("fp32", "zeros", "pageable") and settings[1][1:] == settings[0][1:]
+          and settings[1][0] != "fp32" and settings[2] == (settings[1][0], "none", "pageable"),
+          f"each rung adds one setting: {settings}")
+
     # The report: its tables are results.json's numbers, its plots real PNGs.
     report = open(os.path.join(out, "report.md")).read()
+    section = report.split("## The time/memory ladder")[1].split("\n## ")[0]
+    shown = dict(re.findall(r"^\| ([a-z_0-9]+) \| [^|]+ \| ([0-9.]+|—) \|", section, re.M))
+    for r in rungs:
+        want = f"{r['ms_per_step']:.3f}" if r["status"] == "ok" else "—"
+        check(shown.get(r["rung"]) == want,
+              f"ladder {r['rung']}: report {shown.get(r['rung'])}, results.json {want}")
+    check("ladder.png" in section, "the ladder's figure is shown")
     for fam in families:
         section = report.split(f"## {fam['name']} (")[1].split("\n## ")[0]
         rows = re.findall(r"^\| ([A-Za-z0-9-]+) \| ([0-9.]+)", section, re.M)
@@ -133,7 +159,7 @@ with tempfile.TemporaryDirectory() as tmp:
             check(shown == want, f"{fam['name']} {recipe}: report {shown}, results.json {want}")
         check(f"curves-{fam['name']}.png" in section, f"{fam['name']}: its curves are shown")
     images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", report)
-    check(len(images) >= len(families) + 3, f"{len(images)} plots in the report")
+    check(len(images) >= len(families) + 4, f"{len(images)} plots in the report")
     for img in images:
         size = png_size(os.path.join(out, img))
         check(size is not None and size[0] >= 600 and size[1] >= 300, f"{img}: a PNG, {size}")

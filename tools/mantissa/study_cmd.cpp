@@ -131,8 +131,9 @@ Command add_study_command(CLI::App& app) {
     models += (models.empty() ? "" : ",") + f.name;
   for (const train::StudyRecipe& r : train::study_recipes())
     recipes += (recipes.empty() ? "" : ",") + r.name;
-  cmd->add_option("--models", a->models,
-                  "Comma-separated model families (default: " + models + ")");
+  cmd->add_option(
+      "--models", a->models,
+      "Comma-separated model families (default: " + models + "; none: the ladder alone)");
   cmd->add_option("--recipes", a->recipes,
                   "Comma-separated precision recipes (default: " + recipes + ")");
   cmd->add_option("--steps", a->config.steps,
@@ -159,6 +160,17 @@ Command add_study_command(CLI::App& app) {
   cmd->add_option("--threads", a->config.threads, "Compute threads (0: every core)")
       ->capture_default_str();
   cmd->add_option("--device", a->config.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--ladder", a->config.ladder,
+                  "The time/memory ladder (fp32, +AMP, +set_to_none, +pinned non_blocking "
+                  "copies, +side-stream prefetcher): auto (on a GPU when there is one), off, or "
+                  "the device to run it on (cpu runs the rungs that apply there)")
+      ->capture_default_str();
+  cmd->add_option("--ladder-model", a->config.ladder_model,
+                  "The ladder's model: mlp, cnn or resnet")
+      ->capture_default_str();
+  cmd->add_option("--ladder-steps", a->config.ladder_steps,
+                  "Steps of each ladder rung (0: one epoch; --quick: 30)")
+      ->capture_default_str();
   cmd->add_flag("--no-report", a->no_report, "Write results.json only, not the report");
   return [a, &app]() {
     (void)app;

@@ -39,7 +39,7 @@ struct StudyFamily {
 const std::vector<StudyFamily>& study_families();
 
 struct StudyConfig {
-  std::vector<std::string> models;  // empty: every family
+  std::vector<std::string> models;  // empty: every family; {"none"}: the ladder alone
   // Empty: every recipe (--quick: fp32, bf16-O1, bf16-O2-trunc, fp16-O1, fp16-noscale).
   std::vector<std::string> recipes;
   int64_t steps = 0;  // optimizer steps per cell; 0: each family's own default
@@ -59,6 +59,12 @@ struct StudyConfig {
   int underflow_points = 8;
   int threads = 0;  // 0: every core
   std::string device = "cpu";
+  // The time/memory ladder (ladder_rungs()): auto (on a GPU when there is one: the study's
+  // device when it is CUDA, else cuda:0; none without a GPU), off, or the device to run it on
+  // (cpu, cuda, cuda:N; on the CPU the rungs that copy batches to a device do not apply).
+  std::string ladder = "auto";
+  std::string ladder_model = "cnn";  // an image family: mlp, cnn or resnet
+  int64_t ladder_steps = 0;          // steps of each rung; 0: one epoch (--quick: 30)
   // Written into results.json: how the study was run and by which build.
   std::string command, version;
 };
@@ -68,13 +74,34 @@ struct StudyConfig {
 TrainConfig study_cell_config(const StudyConfig& study, const std::string& family,
                               const std::string& recipe, int seed, bool probe = false);
 
+// The time/memory ladder: one model trained the same steps five times, each rung adding one
+// thing to the one before, so that its time and peak memory show what that thing buys:
+// fp32 (gradients zeroed in place, batches finished on the host in pageable memory and copied
+// with a wait) -> +AMP (autocast, bf16 where the device has it, else fp16 with loss scaling) ->
+// +zero_grad(set_to_none) -> +pinned memory and non_blocking copies -> +the side-stream
+// prefetcher with on-device normalization (TrainConfig::zero_grad, input_pipeline).
+struct LadderRung {
+  std::string name;         // "fp32", "amp", "set_to_none", "pinned", "prefetcher"
+  std::string description;  // what it adds
+  bool copies = false;      // measures the host-to-device copy: not applicable on the CPU
+};
+const std::vector<LadderRung>& ladder_rungs();
+
+// The device the ladder runs on ("" when it does not run: off, or auto without a GPU). Throws a
+// mantissa::Error for a device that is not there.
+std::string ladder_device(const StudyConfig& study);
+
+// The TrainConfig of rung `rung` (an index of ladder_rungs()) on `device`.
+TrainConfig ladder_cell_config(const StudyConfig& study, size_t rung, const std::string& device);
+
 // Runs every cell of the matrix not already finished in out_dir/cells (a finished cell whose
 // configuration is the same is not rerun), then writes out_dir/results.json: these cells, and
 // the cells of further seeds (consecutive from `seeds`) that an earlier run with the same
 // settings finished. `say` gets one line
 // per cell as it starts and ends. Returns the path of results.json. A cell that fails (diverges,
 // or the recipe does not apply to the model) is recorded with its status and message; the study
-// goes on.
+// goes on. Then the ladder (ladder_device()), its rungs kept in out_dir/cells/ladder the same
+// way, in results.json's "ladder".
 std::string run_study(const StudyConfig& study, const std::function<void(const std::string&)>& say);
 
 }  // namespace mantissa::train

@@ -1,0 +1,111 @@
+#include "mantissa/train/study.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "mantissa/core/cpu.h"
+#include "mantissa/core/cuda.h"
+#include "mantissa/core/error.h"
+
+namespace mantissa::train {
+namespace {
+
+// The keys whose values differ between two configurations.
+std::set<std::string> changed(const TrainConfig& a, const TrainConfig& b) {
+  const nlohmann::json ja = nlohmann::json::parse(a.to_json());
+  const nlohmann::json jb = nlohmann::json::parse(b.to_json());
+  std::set<std::string> out;
+  for (auto it = ja.begin(); it != ja.end(); ++it)
+    if (jb.at(it.key()) != it.value()) out.insert(it.key());
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+// Each rung of the time/memory ladder changes exactly what it names and nothing else, so that
+// the difference between two rungs' times is that thing's.
+TEST(StudyLadderTest, EachRungAddsOneThingToTheOneBefore) {
+  for (const char* device : {"cpu", "cuda:0"}) {
+    SCOPED_TRACE(device);
+    StudyConfig s;
+    s.ladder_steps = 120;
+    const auto& rungs = ladder_rungs();
+    ASSERT_EQ(rungs.size(), 5u);
+    std::vector<TrainConfig> c;
+    for (size_t k = 0; k < rungs.size(); ++k) {
+      c.push_back(ladder_cell_config(s, k, device));
+      c.back().validate();
+      EXPECT_EQ(c.back().model, "cnn");
+      EXPECT_EQ(c.back().device, device);
+      EXPECT_EQ(c.back().max_steps, 120);
+    }
+    EXPECT_EQ(c[0].precision, "fp32");
+    EXPECT_EQ(c[0].zero_grad, "zeros");
+    EXPECT_EQ(c[0].input_pipeline, "pageable");
+    // +AMP: bf16 on a GPU, and on a CPU with native bf16 dot products; fp16 O1 elsewhere.
+    const bool bf16 = std::string(device) != "cpu" || cpu_features().avx512_bf16;
+    EXPECT_EQ(c[1].precision, bf16 ? "bf16" : "fp16");
+    EXPECT_EQ(c[1].opt_level, "O1");
+    EXPECT_EQ(changed(c[0], c[1]), (std::set<std::string>{"precision", "opt_level"}));
+    EXPECT_EQ(changed(c[1], c[2]), std::set<std::string>{"zero_grad"});
+    EXPECT_EQ(c[2].zero_grad, "none");
+    EXPECT_EQ(changed(c[2], c[3]), std::set<std::string>{"input_pipeline"});
+    EXPECT_EQ(c[3].input_pipeline, "pinned");
+    EXPECT_EQ(changed(c[3], c[4]), std::set<std::string>{"input_pipeline"});
+    EXPECT_EQ(c[4].input_pipeline, "prefetch");
+    for (size_t k = 0; k < rungs.size(); ++k)
+      EXPECT_EQ(rungs[k].copies, k >= 3) << rungs[k].name;
+  }
+}
+
+TEST(StudyLadderTest, StepsDefaultToOneEpochAndQuickToThirty) {
+  StudyConfig s;
+  s.ladder_model = "mlp";
+  TrainConfig c = ladder_cell_config(s, 0, "cpu");
+  EXPECT_EQ(c.epochs, 1);
+  EXPECT_EQ(c.max_steps, 0);
+  EXPECT_EQ(c.batch_size, 128) << "the study's mlp hyper-parameters";
+  s.quick = true;
+  c = ladder_cell_config(s, 0, "cpu");
+  EXPECT_EQ(c.max_steps, 30);
+  EXPECT_GE(c.max_steps / c.log_every, 2) << "two train records time the steps between them";
+}
+
+TEST(StudyLadderTest, TheDeviceIsAGpuOnAutoAndMistakesSayWhatToDo) {
+  StudyConfig s;
+  s.ladder = "off";
+  EXPECT_EQ(ladder_device(s), "");
+  s.ladder = "cpu";
+  EXPECT_EQ(ladder_device(s), "cpu");
+  s.ladder = "auto";
+  EXPECT_EQ(ladder_device(s), cuda::is_available() ? "cuda:0" : "");
+  s.ladder = "tpu";
+  EXPECT_NE(error_of([&] { ladder_device(s); }).find("--ladder takes auto, off or a device"),
+            std::string::npos);
+  if (!cuda::is_available()) {
+    s.ladder = "cuda";
+    const std::string m = error_of([&] { ladder_device(s); });
+    EXPECT_NE(m.find("no CUDA device"), std::string::npos) << m;
+    EXPECT_NE(m.find("--ladder cpu"), std::string::npos) << m;
+  }
+  s.ladder_model = "gpt2_tiny";
+  const std::string m = error_of([&] { ladder_cell_config(s, 0, "cpu"); });
+  EXPECT_NE(m.find("mlp, cnn or resnet"), std::string::npos) << m;
+  s.ladder_model = "cnn";
+  s.ladder_steps = -1;
+  EXPECT_NE(error_of([&] { ladder_cell_config(s, 0, "cpu"); }).find("--ladder-steps"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mantissa::train
