@@ -28,11 +28,17 @@
 namespace mantissa::backend::cpu {
 namespace {
 
-constexpr int64_t R = 131, C = 200;  // ragged against blocks of 32 and 128, rows and columns
+// The matrix's shape: rows and columns ragged against blocks of 32 and 128, or columns that
+// blocks of 32 and 128 tile (whole rows of blocks: the kernel quantizes groups of rows as one).
+struct Dims {
+  int64_t R, C;
+};
+constexpr Dims kShapes[] = {{131, 200}, {131, 256}};
 
 // Values over many binades with both signs, and the edge cases; the non-finite ones only in the
 // rows from `special_from` on, so that most blocks stay finite.
-std::vector<float> inputs(uint64_t seed) {
+std::vector<float> inputs(uint64_t seed, Dims d) {
+  const int64_t R = d.R, C = d.C;
   std::mt19937_64 g(seed);
   std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
   std::uniform_int_distribution<int> exp(-30, 12);
@@ -45,6 +51,14 @@ std::vector<float> inputs(uint64_t seed) {
   size_t k = 0;
   for (float s : specials)
     v[(k += 977) % v.size()] = s;
+  // Blocks whose amax is zero or an f32 subnormal (MXFP8's scales take the slow path there):
+  // a row's first 64 values, 32 rows of one column; a row's second 32 values subnormal.
+  for (int64_t c = 0; c < 64; ++c)
+    v[size_t(3 * C + c)] = 0.0f;
+  for (int64_t r = 64; r < 96; ++r)
+    v[size_t(r * C + 7)] = r % 2 ? 0.0f : -0.0f;
+  for (int64_t c = 32; c < 64; ++c)
+    v[size_t(5 * C + c)] = float(c) * 1e-42f;
   // Non-finite values in the last rows only.
   v[size_t((R - 2) * C + 5)] = std::numeric_limits<float>::infinity();
   v[size_t((R - 2) * C + 170)] = -std::numeric_limits<float>::infinity();
@@ -59,7 +73,8 @@ struct Expected {
 };
 
 // The definition, element by element, in scalar code.
-Expected reference(const std::vector<float>& x, Format f, const Fp8QuantizeParams& p) {
+Expected reference(const std::vector<float>& x, Format f, const Fp8QuantizeParams& p, Dims d) {
+  const int64_t R = d.R, C = d.C;
   const float fp8_max = float(format_info(f).max_finite);
   const int64_t br = p.block_rows ? p.block_rows : R, bc = p.block_cols ? p.block_cols : C;
   const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
@@ -171,44 +186,47 @@ TEST(Fp8QuantizeKernel, EveryBuildMatchesTheScalarDefinition) {
       {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, 1}},
   };
   Backend& cpu = cpu_backend();
-  for (const DType in : {DType::F32, DType::BF16, DType::F16}) {
-    // The inputs as the dtype holds them: the reference quantizes those values.
-    const Tensor x = Tensor::from_vector(inputs(7), {R, C}).to(in);
-    const std::vector<float> xv = x.to(DType::F32).to_vector<float>();
-    for (const DType out : {DType::FP8_E4M3, DType::FP8_E5M2}) {
-      const Format f = *dtype_format(out);
-      for (const Case& c : cases) {
-        const Expected want = reference(xv, f, c.p);
-        for (const VectorIsa isa : isas) {
-          SCOPED_TRACE(std::string(c.name) + ", " + std::string(dtype_name(in)) + " -> " +
-                       std::string(dtype_name(out)) + ", " + vector_isa_name(isa));
-          ForcedIsa forced(isa);
-          const int64_t nblocks = int64_t(want.scale_inv.size());
-          const int64_t nbc = c.p.block_cols ? (C + c.p.block_cols - 1) / c.p.block_cols : 1;
-          Tensor codes = Tensor::empty({R, C}, out), values = Tensor::empty({R, C}, DType::BF16);
-          Tensor scale_inv = Tensor::empty({nblocks / nbc, nbc}, DType::F32);
-          Tensor amax = Tensor::empty({nblocks / nbc, nbc}, DType::F32);
-          cpu.fp8_quantize(x, c.p, codes, scale_inv, amax, &values);
-          std::vector<uint8_t> got_codes(size_t(R * C));
-          std::memcpy(got_codes.data(), codes.data_ptr(), got_codes.size());
-          std::vector<uint16_t> got_values(size_t(R * C));
-          std::memcpy(got_values.data(), values.data_ptr(), got_values.size() * 2);
-          const int64_t dc = first_difference(got_codes, want.codes);
-          EXPECT_EQ(dc, -1) << "code of element " << dc << " (x = " << xv[size_t(dc)] << "): got "
-                            << int(got_codes[size_t(dc)]) << ", want "
-                            << int(want.codes[size_t(dc)]);
-          const int64_t dv = first_difference(got_values, want.values);
-          EXPECT_EQ(dv, -1) << "value of element " << dv;
-          EXPECT_EQ(first_difference(float_bits(scale_inv), float_bits(want.scale_inv)), -1);
-          EXPECT_EQ(first_difference(float_bits(amax), float_bits(want.amax)), -1);
-          // Without values, the same codes.
-          Tensor codes_only = Tensor::empty({R, C}, out);
-          cpu.fp8_quantize(x, c.p, codes_only, scale_inv, amax, nullptr);
-          EXPECT_EQ(std::memcmp(codes_only.data_ptr(), codes.data_ptr(), size_t(R * C)), 0);
+  for (const Dims d : kShapes)
+    for (const DType in : {DType::F32, DType::BF16, DType::F16}) {
+      const int64_t R = d.R, C = d.C;
+      // The inputs as the dtype holds them: the reference quantizes those values.
+      const Tensor x = Tensor::from_vector(inputs(7, d), {R, C}).to(in);
+      const std::vector<float> xv = x.to(DType::F32).to_vector<float>();
+      for (const DType out : {DType::FP8_E4M3, DType::FP8_E5M2}) {
+        const Format f = *dtype_format(out);
+        for (const Case& c : cases) {
+          const Expected want = reference(xv, f, c.p, d);
+          for (const VectorIsa isa : isas) {
+            SCOPED_TRACE(std::string(c.name) + ", " + std::to_string(R) + " x " +
+                         std::to_string(C) + ", " + std::string(dtype_name(in)) + " -> " +
+                         std::string(dtype_name(out)) + ", " + vector_isa_name(isa));
+            ForcedIsa forced(isa);
+            const int64_t nblocks = int64_t(want.scale_inv.size());
+            const int64_t nbc = c.p.block_cols ? (C + c.p.block_cols - 1) / c.p.block_cols : 1;
+            Tensor codes = Tensor::empty({R, C}, out), values = Tensor::empty({R, C}, DType::BF16);
+            Tensor scale_inv = Tensor::empty({nblocks / nbc, nbc}, DType::F32);
+            Tensor amax = Tensor::empty({nblocks / nbc, nbc}, DType::F32);
+            cpu.fp8_quantize(x, c.p, codes, scale_inv, amax, &values);
+            std::vector<uint8_t> got_codes(size_t(R * C));
+            std::memcpy(got_codes.data(), codes.data_ptr(), got_codes.size());
+            std::vector<uint16_t> got_values(size_t(R * C));
+            std::memcpy(got_values.data(), values.data_ptr(), got_values.size() * 2);
+            const int64_t dc = first_difference(got_codes, want.codes);
+            EXPECT_EQ(dc, -1) << "code of element " << dc << " (x = " << xv[size_t(dc)] << "): got "
+                              << int(got_codes[size_t(dc)]) << ", want "
+                              << int(want.codes[size_t(dc)]);
+            const int64_t dv = first_difference(got_values, want.values);
+            EXPECT_EQ(dv, -1) << "value of element " << dv;
+            EXPECT_EQ(first_difference(float_bits(scale_inv), float_bits(want.scale_inv)), -1);
+            EXPECT_EQ(first_difference(float_bits(amax), float_bits(want.amax)), -1);
+            // Without values, the same codes.
+            Tensor codes_only = Tensor::empty({R, C}, out);
+            cpu.fp8_quantize(x, c.p, codes_only, scale_inv, amax, nullptr);
+            EXPECT_EQ(std::memcmp(codes_only.data_ptr(), codes.data_ptr(), size_t(R * C)), 0);
+          }
         }
       }
     }
-  }
 }
 
 }  // namespace
