@@ -74,7 +74,7 @@ struct StudyConfig {
 TrainConfig study_cell_config(const StudyConfig& study, const std::string& family,
                               const std::string& recipe, int seed, bool probe = false);
 
-// The time/memory ladder: one model trained the same steps five times, each rung adding one
+// The time/memory ladder: one model trained the same steps once per rung, each rung adding one
 // thing to the one before, so that its time and peak memory show what that thing buys:
 // fp32 (gradients zeroed in place, batches finished on the host in pageable memory and copied
 // with a wait) -> +AMP (autocast, bf16 where the device has it, else fp16 with loss scaling) ->
