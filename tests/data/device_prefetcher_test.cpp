@@ -246,28 +246,6 @@ TEST(DevicePrefetcherCudaTest, PinnedAndPageableBatchesAreFinishedOnTheHostAndEq
   }
 }
 
-TEST(DevicePrefetcherCudaTest, PinnedCopiesOnTheConsumersStreamAreCompleteBeforeItsWork) {
-  MT_REQUIRE_CUDA();
-  // non_blocking copies queued on the consumer's own stream, many batches through the pinned
-  // cache: every batch's sum is the loader's (no source reused while its copy was queued).
-  const cuda::Stream main = cuda::Stream::create(0);
-  cuda::StreamGuard guard(main);
-  const DataLoader reference(small_set(200), small_options());
-  DevicePrefetcher p(small_set(200), small_options(), Device::cuda(0), Transfer::Pinned);
-  std::vector<Tensor> sums;
-  std::vector<double> want;
-  for (int epoch = 0; epoch < 3; ++epoch) {
-    for (auto& b : p) {
-      sums.push_back(sum(b.x().to(DType::F64)));
-      want.push_back(sum(reference.make_batch(b.epoch, b.index).x().to(DType::F64)).item());
-    }
-  }
-  main.synchronize();
-  ASSERT_EQ(sums.size(), want.size());
-  for (size_t i = 0; i < sums.size(); ++i)
-    EXPECT_EQ(sums[i].item(), want[i]) << "batch " << i;
-}
-
 TEST(DevicePrefetcherCudaTest, WithATransformNormalizedBatchesCross) {
   MT_REQUIRE_CUDA();
   LoaderOptions o = small_options();
@@ -287,23 +265,27 @@ TEST(DevicePrefetcherCudaTest, WithATransformNormalizedBatchesCross) {
 TEST(DevicePrefetcherCudaTest, BatchesOnASideStreamAreOrderedBeforeTheConsumersWork) {
   MT_REQUIRE_CUDA();
   // The consumer on a stream of its own: each batch must be complete when its work runs, and
-  // reusing the memory of consumed batches must not corrupt later ones.
-  const cuda::Stream main = cuda::Stream::create(0);
-  cuda::StreamGuard guard(main);
-  const DataLoader reference(small_set(200), small_options());
-  DevicePrefetcher p(small_set(200), small_options(), Device::cuda(0));
-  std::vector<Tensor> sums;
-  std::vector<double> want;
-  for (int epoch = 0; epoch < 3; ++epoch) {
-    for (auto& b : p) {
-      sums.push_back(sum(b.x().to(DType::F64)));
-      want.push_back(sum(reference.make_batch(b.epoch, b.index).x().to(DType::F64)).item());
+  // reusing the memory of consumed batches must not corrupt later ones. Pinned: non_blocking
+  // copies queued on that stream, their page-locked sources not reused while a copy is queued.
+  for (Transfer t : {Transfer::Prefetch, Transfer::Pinned}) {
+    SCOPED_TRACE(t == Transfer::Pinned ? "pinned" : "prefetch");
+    const cuda::Stream main = cuda::Stream::create(0);
+    cuda::StreamGuard guard(main);
+    const DataLoader reference(small_set(200), small_options());
+    DevicePrefetcher p(small_set(200), small_options(), Device::cuda(0), t);
+    std::vector<Tensor> sums;
+    std::vector<double> want;
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      for (auto& b : p) {
+        sums.push_back(sum(b.x().to(DType::F64)));
+        want.push_back(sum(reference.make_batch(b.epoch, b.index).x().to(DType::F64)).item());
+      }
     }
+    main.synchronize();
+    ASSERT_EQ(sums.size(), want.size());
+    for (size_t i = 0; i < sums.size(); ++i)
+      EXPECT_EQ(sums[i].item(), want[i]) << "batch " << i;
   }
-  main.synchronize();
-  ASSERT_EQ(sums.size(), want.size());
-  for (size_t i = 0; i < sums.size(); ++i)
-    EXPECT_EQ(sums[i].item(), want[i]) << "batch " << i;
 }
 
 TEST(DevicePrefetcherCudaTest, ATransformErrorReachesTheNextThatWouldReturnItsBatch) {
