@@ -441,6 +441,32 @@ Json run_cell(const TrainConfig& config, const std::string& family, const std::s
   return cell;
 }
 
+// The cell at `path` when it finished with this configuration (*reused = true, where given); else
+// the cell run now and written there, `say` told as it starts and ends (its status, time, final
+// metric).
+Json finished_or_run(const std::string& path, const TrainConfig& config, const std::string& family,
+                     const std::string& recipe, int seed, bool probe, const std::string& name,
+                     const std::function<void(const std::string&)>& say, bool* reused) {
+  if (std::optional<Json> old = finished_cell(path, Json::parse(config.to_json()))) {
+    if (reused) *reused = true;
+    return std::move(*old);
+  }
+  if (reused) *reused = false;
+  if (say) say(name + " ...");
+  Json cell = run_cell(config, family, recipe, seed, probe);
+  write_json(path, cell);
+  if (say) {
+    std::string line = fmt::format("{}: {} in {:.1f} s", name, cell["status"].get<std::string>(),
+                                   cell["wall_seconds"].get<double>());
+    const std::string metric = family_of(family).metric;
+    if (!cell["eval"].empty() && cell["eval"].back().contains(metric))
+      line += fmt::format(", {} {:.4f}", metric, cell["eval"].back()[metric].get<double>());
+    if (cell.contains("message")) line += " (" + cell["message"].get<std::string>() + ")";
+    say(line);
+  }
+  return cell;
+}
+
 // The rung's time per step once warmed up (from its first train record to its last, by the
 // records' train_seconds: the first steps' kernel selection and allocations left out), or the
 // whole run's mean when it logged fewer than two records; its peak memory.
@@ -496,17 +522,7 @@ Json run_ladder(const StudyConfig& s, const std::string& device,
       cell["message"] = "on the CPU batches are not copied to a device";
     } else {
       const std::string path = (dir / fmt::format("{}-{}.json", k + 1, rung.name)).string();
-      const Json config_json = Json::parse(config.to_json());
-      if (std::optional<Json> old = finished_cell(path, config_json)) {
-        cell = std::move(*old);
-      } else {
-        if (say) say(name + " ...");
-        cell = run_cell(config, s.ladder_model, recipe, 0, false);
-        write_json(path, cell);
-        if (say)
-          say(fmt::format("{}: {} in {:.1f} s", name, cell["status"].get<std::string>(),
-                          cell["wall_seconds"].get<double>()));
-      }
+      cell = finished_or_run(path, config, s.ladder_model, recipe, 0, false, name, say, nullptr);
       add_ladder_figures(cell);
     }
     cell["rung"] = rung.name;
@@ -587,28 +603,13 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
   for (const Planned& p : plan) {
     ++done;
     const TrainConfig config = study_cell_config(s, p.family, p.recipe, p.seed, p.probe);
-    const Json config_json = Json::parse(config.to_json());
     const std::string path = cell_path(s, p.family, p.recipe, p.seed, p.probe);
     const std::string name = fmt::format("[{}/{}] {} {} seed {}{}", done, plan.size(), p.family,
                                          p.recipe, p.seed, p.probe ? " (underflow picture)" : "");
-    if (std::optional<Json> old = finished_cell(path, config_json)) {
-      ++reused;
-      cells.push_back(std::move(*old));
-      continue;
-    }
-    if (say) say(name + " ...");
-    Json cell = run_cell(config, p.family, p.recipe, p.seed, p.probe);
-    write_json(path, cell);
-    if (say) {
-      std::string line = fmt::format("{}: {} in {:.1f} s", name, cell["status"].get<std::string>(),
-                                     cell["wall_seconds"].get<double>());
-      const std::string metric = family_of(p.family).metric;
-      if (!cell["eval"].empty() && cell["eval"].back().contains(metric))
-        line += fmt::format(", {} {:.4f}", metric, cell["eval"].back()[metric].get<double>());
-      if (cell.contains("message")) line += " (" + cell["message"].get<std::string>() + ")";
-      say(line);
-    }
-    cells.push_back(std::move(cell));
+    bool was_finished = false;
+    cells.push_back(finished_or_run(path, config, p.family, p.recipe, p.seed, p.probe, name, say,
+                                    &was_finished));
+    reused += was_finished;
   }
   if (say && reused > 0)
     say(fmt::format("{} of {} cells were finished already (in {}/cells) and not rerun", reused,

@@ -6,9 +6,9 @@
 #include <set>
 #include <string>
 
+#include "harness/errors.h"
 #include "mantissa/core/cpu.h"
 #include "mantissa/core/cuda.h"
-#include "mantissa/core/error.h"
 
 namespace mantissa::train {
 namespace {
@@ -23,14 +23,7 @@ std::set<std::string> changed(const TrainConfig& a, const TrainConfig& b) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
+using testing::error_of;
 
 // Each rung of the time/memory ladder changes exactly what it names and nothing else, so that
 // the difference between two rungs' times is that thing's.
@@ -90,21 +83,18 @@ TEST(StudyLadderTest, TheDeviceIsAGpuOnAutoAndMistakesSayWhatToDo) {
   s.ladder = "auto";
   EXPECT_EQ(ladder_device(s), cuda::is_available() ? "cuda:0" : "");
   s.ladder = "tpu";
-  EXPECT_NE(error_of([&] { ladder_device(s); }).find("--ladder takes auto, off or a device"),
-            std::string::npos);
+  EXPECT_HAS(error_of([&] { ladder_device(s); }), "--ladder takes auto, off or a device");
   if (!cuda::is_available()) {
     s.ladder = "cuda";
     const std::string m = error_of([&] { ladder_device(s); });
-    EXPECT_NE(m.find("no CUDA device"), std::string::npos) << m;
-    EXPECT_NE(m.find("--ladder cpu"), std::string::npos) << m;
+    EXPECT_HAS(m, "no CUDA device");
+    EXPECT_HAS(m, "--ladder cpu");
   }
   s.ladder_model = "gpt2_tiny";
-  const std::string m = error_of([&] { ladder_cell_config(s, 0, "cpu"); });
-  EXPECT_NE(m.find("mlp, cnn or resnet"), std::string::npos) << m;
+  EXPECT_HAS(error_of([&] { ladder_cell_config(s, 0, "cpu"); }), "mlp, cnn or resnet");
   s.ladder_model = "cnn";
   s.ladder_steps = -1;
-  EXPECT_NE(error_of([&] { ladder_cell_config(s, 0, "cpu"); }).find("--ladder-steps"),
-            std::string::npos);
+  EXPECT_HAS(error_of([&] { ladder_cell_config(s, 0, "cpu"); }), "--ladder-steps");
 }
 
 }  // namespace

@@ -147,29 +147,42 @@ constexpr float decode_bits(uint32_t b, FormatSpec t) {
   return std::bit_cast<float>(sign | (uint32_t(e + 127) << 23) | (mant << (23 - m)));
 }
 
+// What encode_fp8_saturating computes for one float: the code, and the magnitude it rounded |x|
+// to as float bits (for a non-NaN code, the bits of |decode_fp8(code)|; for NaN, meaningless).
+struct Fp8Rounding {
+  uint32_t code;
+  uint32_t magnitude;
+};
+
 // fp8 training's quantization of one float (given as bits): round to nearest even into fp8
 // format F with saturation (finite values beyond the largest, and infinities, become the
 // largest), NaN to a quiet NaN. The same bits as encode_bits with Overflow::Saturate (tested over
 // a sweep of all floats), branch-free so that a loop over it vectorizes: normal results round the
 // mantissa with the carry trick and rebias the exponent; subnormal results are |x| times the
 // inverse of the smallest subnormal (a power of two, exact) rounded to an integer by adding and
-// subtracting 2^23. Always inlined, so a loop compiled for a wider instruction set keeps it in
-// its own instructions.
+// subtracting 2^23. The rounded magnitude comes with it, so that a caller wanting the value too
+// need not decode the code (the compiler drops it where it is not used). Always inlined, so a
+// loop compiled for a wider instruction set keeps it in its own instructions.
 template <Format F>
-constexpr inline __attribute__((always_inline)) uint32_t encode_fp8_saturating(uint32_t x) {
+constexpr inline __attribute__((always_inline)) Fp8Rounding round_fp8_saturating(uint32_t x) {
   constexpr FormatSpec t = format_spec(F);
   constexpr int m = t.mantissa_bits;
   constexpr int drop = 23 - m;
   constexpr uint32_t kRebias = uint32_t(127 - t.bias()) << m;
   constexpr uint32_t kMinNormal = uint32_t(t.emin() + 127) << 23;
   constexpr float kSubScale = float(uint64_t(1) << (m - t.emin()));
+  constexpr float kSubUnit = 1.0f / kSubScale;  // the smallest subnormal (a power of two)
   constexpr uint32_t kMax = t.max_finite_bits();
+  constexpr uint32_t kMaxMagnitude = (kMax + kRebias) << drop;  // the largest value's float bits
   const uint32_t sign = (x >> 31) << 7;
   const uint32_t a = x & 0x7fffffffu;
-  const uint32_t normal = ((a + ((1u << (drop - 1)) - 1) + ((a >> drop) & 1)) >> drop) - kRebias;
+  // |x| with its mantissa rounded to m bits (the code's exponent and mantissa, shifted).
+  const uint32_t rounded = (a + ((1u << (drop - 1)) - 1) + ((a >> drop) & 1)) & ~((1u << drop) - 1);
+  const uint32_t normal = (rounded >> drop) - kRebias;
   // |x| capped at the smallest normal, so that the conversion to an integer stays in range.
   const float sv = std::bit_cast<float>(a < kMinNormal ? a : kMinNormal) * kSubScale;
-  const uint32_t sub = uint32_t(int32_t((sv + 8388608.0f) - 8388608.0f));
+  const float sub_units = (sv + 8388608.0f) - 8388608.0f;
+  const uint32_t sub = uint32_t(int32_t(sub_units));
   // Selected by a mask, not a condition: GCC would move the float operations above under the
   // condition, and it does not if-convert float operations there (they may trap), which kept
   // the loop scalar.
@@ -180,7 +193,14 @@ constexpr inline __attribute__((always_inline)) uint32_t encode_fp8_saturating(u
       t.has_inf() ? t.quiet_nan_bits() | ((a >> drop) & t.mantissa_mask()) : t.quiet_nan_bits();
   const uint32_t is_nan = 0u - uint32_t(a > 0x7f800000u);
   code = (nan & is_nan) | (code & ~is_nan);
-  return sign | code;
+  const uint32_t normal_magnitude = rounded > kMaxMagnitude ? kMaxMagnitude : rounded;
+  const uint32_t sub_magnitude = std::bit_cast<uint32_t>(sub_units * kSubUnit);
+  return {sign | code, (sub_magnitude & is_sub) | (normal_magnitude & ~is_sub)};
+}
+
+template <Format F>
+constexpr inline __attribute__((always_inline)) uint32_t encode_fp8_saturating(uint32_t x) {
+  return round_fp8_saturating<F>(x).code;
 }
 
 // The float value of an fp8 code of format F, as decode_bits gives it (tested on all 256
