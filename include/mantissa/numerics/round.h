@@ -157,45 +157,48 @@ struct Fp8Rounding {
 // fp8 training's quantization of one float (given as bits): round to nearest even into fp8
 // format F with saturation (finite values beyond the largest, and infinities, become the
 // largest), NaN to a quiet NaN. The same bits as encode_bits with Overflow::Saturate (tested over
-// a sweep of all floats), branch-free so that a loop over it vectorizes: normal results round the
-// mantissa with the carry trick and rebias the exponent; subnormal results are |x| times the
-// inverse of the smallest subnormal (a power of two, exact) rounded to an integer by adding and
-// subtracting 2^23. The rounded magnitude comes with it, so that a caller wanting the value too
-// need not decode the code (the compiler drops it where it is not used). Always inlined, so a
-// loop compiled for a wider instruction set keeps it in its own instructions.
+// a sweep of all floats; this formulation was checked against the previous one on all 2^32
+// inputs), branch-free so that a loop over it vectorizes. One float addition rounds: c = 2^(E +
+// 23 - m), E the exponent of |x| (at least F's smallest normal exponent, at most one past its
+// largest), has an ulp of 2^(E - m), F's grid step at |x|, in normal and subnormal results alike,
+// so |x| + c rounds |x| onto F's grid (nearest even: c's significand is even), and (|x| + c) - c is
+// the rounded magnitude, exactly. The steps of |x| + c above c count the code's position in its
+// binade. The rounded magnitude comes with the code, so that a caller wanting the value too need
+// not decode the code (the compiler drops it where it is not used). Always inlined, so a loop
+// compiled for a wider instruction set keeps it in its own instructions.
 template <Format F>
 constexpr inline __attribute__((always_inline)) Fp8Rounding round_fp8_saturating(uint32_t x) {
   constexpr FormatSpec t = format_spec(F);
   constexpr int m = t.mantissa_bits;
   constexpr int drop = 23 - m;
   constexpr uint32_t kRebias = uint32_t(127 - t.bias()) << m;
-  constexpr uint32_t kMinNormal = uint32_t(t.emin() + 127) << 23;
-  constexpr float kSubScale = float(uint64_t(1) << (m - t.emin()));
-  constexpr float kSubUnit = 1.0f / kSubScale;  // the smallest subnormal (a power of two)
+  constexpr uint32_t kMinNormal = uint32_t(t.emin() + 127) << 23;  // 2^emin's exponent bits
+  constexpr uint32_t kCap = uint32_t(t.emax() + 1 + 127) << 23;    // every |x| above saturates
   constexpr uint32_t kMax = t.max_finite_bits();
   constexpr uint32_t kMaxMagnitude = (kMax + kRebias) << drop;  // the largest value's float bits
+  // The code of 2^emin's binade's first value, less 2^m (that value is 2^m steps above its c).
+  constexpr uint32_t kFirst = uint32_t(128 - t.bias()) << m;
   const uint32_t sign = (x >> 31) << 7;
   const uint32_t a = x & 0x7fffffffu;
-  // |x| with its mantissa rounded to m bits (the code's exponent and mantissa, shifted).
-  const uint32_t rounded = (a + ((1u << (drop - 1)) - 1) + ((a >> drop) & 1)) & ~((1u << drop) - 1);
-  const uint32_t normal = (rounded >> drop) - kRebias;
-  // |x| capped at the smallest normal, so that the conversion to an integer stays in range.
-  const float sv = std::bit_cast<float>(a < kMinNormal ? a : kMinNormal) * kSubScale;
-  const float sub_units = (sv + 8388608.0f) - 8388608.0f;
-  const uint32_t sub = uint32_t(int32_t(sub_units));
-  // Selected by a mask, not a condition: GCC would move the float operations above under the
-  // condition, and it does not if-convert float operations there (they may trap), which kept
-  // the loop scalar.
-  const uint32_t is_sub = 0u - uint32_t(a < kMinNormal);
-  uint32_t code = (sub & is_sub) | (normal & ~is_sub);
+  uint32_t e = a & 0x7f800000u;
+  e = e < kMinNormal ? kMinNormal : e;
+  e = e > kCap ? kCap : e;
+  const uint32_t cb = e + (uint32_t(drop) << 23);
+  const float c = std::bit_cast<float>(cb);
+  const float s = std::bit_cast<float>(a) + c;
+  // Steps above c, plus the binade's first code: at least 0, as e >= kMinNormal. Beyond the
+  // largest value (and for inf) it exceeds kMax; for NaN it is replaced.
+  uint32_t code = std::bit_cast<uint32_t>(s) - cb + (e >> drop) - kFirst;
   code = code > kMax ? kMax : code;
   const uint32_t nan =
       t.has_inf() ? t.quiet_nan_bits() | ((a >> drop) & t.mantissa_mask()) : t.quiet_nan_bits();
+  // Selected by a mask, not a condition: GCC moves float operations that feed one arm of a
+  // select under a condition, and it does not if-convert float operations there (they may trap),
+  // which would keep the loop scalar.
   const uint32_t is_nan = 0u - uint32_t(a > 0x7f800000u);
   code = (nan & is_nan) | (code & ~is_nan);
-  const uint32_t normal_magnitude = rounded > kMaxMagnitude ? kMaxMagnitude : rounded;
-  const uint32_t sub_magnitude = std::bit_cast<uint32_t>(sub_units * kSubUnit);
-  return {sign | code, (sub_magnitude & is_sub) | (normal_magnitude & ~is_sub)};
+  const uint32_t magnitude = std::bit_cast<uint32_t>(s - c);
+  return {sign | code, magnitude > kMaxMagnitude ? kMaxMagnitude : magnitude};
 }
 
 template <Format F>

@@ -4,6 +4,14 @@
 // or blocks of rows, are spread over the threads; a per-tensor amax is reduced over them.
 #include <algorithm>
 #include <bit>
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers pass _mm512_undefined_*() as don't-care operands, which its own
+// -Wmaybe-uninitialized then flags at every inlined use: a known false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -38,21 +46,196 @@ void with_row(const T* x, int64_t r, int64_t C, float* buf, Fn f) {
   }
 }
 
+#if defined(__x86_64__)
+// The hot loops written with AVX-512 intrinsics, 16 values a step. GCC's build of the .inc loop
+// is correct but poor here: it unrolls to 64 values, runs out of registers and spills, and keeps
+// every select of the scalar definition. The arithmetic is round_fp8_saturating's (round.h) and
+// quantize_one's, operation for operation, so the bits are the same (Fp8QuantizeKernel runs every
+// build against the scalar definition); lanes whose input is not finite or whose product is NaN
+// (rare: a step holding one goes through quantize_one, lane by lane) are left to the scalar code.
+#define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+template <typename S>
+MT_AVX512 inline __m512 load16(const S* x, __mmask16 k) {
+  if constexpr (std::is_same_v<S, float>) {
+    return _mm512_maskz_loadu_ps(k, x);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(k, x);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// quantize16's constants for format F, made once a loop and kept in registers (GCC 12 would
+// otherwise broadcast most of them again in every step: 17 % of a step in a standalone test).
+struct Fp8Lanes {
+  __m512i inf, min_e, cap_e, drop_e, first, max_code, sign8, max_mag, sign, odd, half;
+};
+
+template <Format F>
+MT_AVX512 inline Fp8Lanes fp8_lanes() {
+  constexpr FormatSpec t = format_spec(F);
+  constexpr int m = t.mantissa_bits;
+  constexpr int drop = 23 - m;
+  constexpr uint32_t kRebias = uint32_t(127 - t.bias()) << m;
+  constexpr uint32_t kMax = t.max_finite_bits();
+  Fp8Lanes l{_mm512_set1_epi32(0x7f800000),
+             _mm512_set1_epi32(int(uint32_t(t.emin() + 127) << 23)),
+             _mm512_set1_epi32(int(uint32_t(t.emax() + 1 + 127) << 23)),
+             _mm512_set1_epi32(int(uint32_t(drop) << 23)),
+             _mm512_set1_epi32(int(uint32_t(128 - t.bias()) << m)),
+             _mm512_set1_epi32(int(kMax)),
+             _mm512_set1_epi32(0x80),
+             _mm512_set1_epi32(int((kMax + kRebias) << drop)),
+             _mm512_set1_epi32(int(0x80000000u)),
+             _mm512_set1_epi32(1),
+             _mm512_set1_epi32(0x7fff)};
+  // An empty asm that may change them: the compiler cannot rematerialize them in the loop.
+  asm(""
+      : "+v"(l.inf), "+v"(l.min_e), "+v"(l.cap_e), "+v"(l.drop_e), "+v"(l.first), "+v"(l.max_code),
+        "+v"(l.sign8), "+v"(l.max_mag), "+v"(l.sign), "+v"(l.odd), "+v"(l.half));
+  return l;
+}
+
+// Lanes k of x[0..16) times s, into codes (and values: times si when kScaled) at the same
+// offsets. Returns false, writing nothing, when a lane's product is not finite: a non-finite
+// input gives one too (inf times a finite scale, NaN, or inf times 0), and finite products that
+// overflowed are left to the scalar code with them.
+template <typename S, Format F, bool kValues, bool kScaled>
+MT_AVX512 inline bool quantize16(const Fp8Lanes& l, const S* x, __m512 s, __m512 si, uint8_t* codes,
+                                 bfloat16* values, __mmask16 k) {
+  constexpr int drop = 23 - format_spec(F).mantissa_bits;
+  const __m512i y = _mm512_castps_si512(_mm512_mul_ps(load16(x, k), s));
+  const __m512i a = _mm512_andnot_si512(l.sign, y);  // |y|
+  if (_mm512_mask_cmpge_epu32_mask(k, a, l.inf)) return false;
+  // round_fp8_saturating: c = 2^(E + drop), E clamped to F's exponents; |y| + c rounds.
+  __m512i e = _mm512_and_si512(a, l.inf);
+  e = _mm512_min_epu32(_mm512_max_epu32(e, l.min_e), l.cap_e);
+  const __m512i cb = _mm512_add_epi32(e, l.drop_e);
+  const __m512 c = _mm512_castsi512_ps(cb);
+  const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(a), c);
+  __m512i code =
+      _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(sum), cb), _mm512_srli_epi32(e, drop));
+  code = _mm512_min_epu32(_mm512_sub_epi32(code, l.first), l.max_code);
+  // code | (the sign of y, as the code's top bit): A | (B & C).
+  code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(y, 24), l.sign8, 0xf8);
+  // Narrowed in registers, then stored: Zen 4 runs vpmovdb and vpmovdw to memory slowly.
+  const __m128i code8 = _mm512_cvtepi32_epi8(code);
+  if (k == 0xffff) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), code8);
+  } else {
+    _mm_mask_storeu_epi8(codes, k, code8);
+  }
+  if constexpr (kValues) {
+    const __m512i mag = _mm512_min_epu32(_mm512_castps_si512(_mm512_sub_ps(sum, c)), l.max_mag);
+    // The magnitude with y's sign: (y & sign) | mag.
+    __m512i d = _mm512_ternarylogic_epi32(mag, y, l.sign, 0xf8);
+    if constexpr (kScaled) {
+      // stored_store's rounding to bf16 (the value is finite here: no NaN to quiet).
+      d = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(d), si));
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(d, 16), l.odd);
+      d = _mm512_add_epi32(_mm512_add_epi32(d, odd), l.half);
+    }
+    const __m256i value16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(d, 16));
+    if (k == 0xffff) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(values), value16);
+    } else {
+      _mm256_mask_storeu_epi16(values, k, value16);
+    }
+  }
+  return true;
+}
+
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+
+// row_quantize from column i of the row on (the blocks of bc columns, scale[b] and
+// scale_inv[b]), in steps of 16 within each block, up to the first step holding a value
+// quantize16 leaves to the scalar code: returns where it stopped (C when it did not). No call
+// inside, so that the constants stay in registers.
+template <typename S, Format F, bool kValues, bool kScaled>
+MT_AVX512 int64_t row_span(const S* x, int64_t i, int64_t C, int64_t bc, const float* scale,
+                           uint8_t* codes, bfloat16* values, const float* scale_inv) {
+  const Fp8Lanes l = fp8_lanes<F>();
+  for (int64_t cb = i / bc; i < C; ++cb) {
+    const int64_t end = std::min(C, (cb + 1) * bc);
+    const __m512 s = _mm512_set1_ps(scale[cb]);
+    const __m512 si = _mm512_set1_ps(kScaled ? scale_inv[cb] : 1.0f);
+    for (; i < end; i += 16) {
+      const __mmask16 k = first_lanes(end - i);
+      if (!quantize16<S, F, kValues, kScaled>(l, x + i, s, si, codes + i, values + i, k)) return i;
+    }
+  }
+  return C;
+}
+
+// row_quantize: a row of C values in column blocks of bc, scale[b] and scale_inv[b].
+template <typename S, Format F, bool kValues, bool kScaled>
+MT_AVX512 void row_quantize_avx512(const S* x, int64_t C, int64_t bc, const float* scale,
+                                   uint8_t* codes, bfloat16* values, const float* scale_inv) {
+  for (int64_t i = 0; i < C; i += 16) {
+    i = row_span<S, F, kValues, kScaled>(x, i, C, bc, scale, codes, values, scale_inv);
+    const int64_t cb = i / bc, end = std::min({C, i + 16, (cb + 1) * bc});
+    const float si = kScaled && i < C ? scale_inv[cb] : 1.0f;
+    for (int64_t j = i; j < end; ++j)
+      avx512::quantize_one<F, kValues, kScaled>(stored_load(x, j), scale[cb], si, codes, values, j);
+    i = end - 16;  // the loop's step then resumes at end
+  }
+}
+
+// column_quantize: a row of C values with a scale per column, scale[c] and scale_inv[c].
+template <typename S, Format F, bool kValues, bool kScaled>
+MT_AVX512 int64_t column_span(const S* x, int64_t i, int64_t C, const float* scale, uint8_t* codes,
+                              bfloat16* values, const float* scale_inv) {
+  const Fp8Lanes l = fp8_lanes<F>();
+  for (; i < C; i += 16) {
+    const __mmask16 k = first_lanes(C - i);
+    const __m512 s = _mm512_maskz_loadu_ps(k, scale + i);
+    const __m512 si = kScaled ? _mm512_maskz_loadu_ps(k, scale_inv + i) : _mm512_set1_ps(1.0f);
+    if (!quantize16<S, F, kValues, kScaled>(l, x + i, s, si, codes + i, values + i, k)) return i;
+  }
+  return C;
+}
+
+template <typename S, Format F, bool kValues, bool kScaled>
+MT_AVX512 void column_quantize_avx512(const S* x, int64_t C, const float* scale, uint8_t* codes,
+                                      bfloat16* values, const float* scale_inv) {
+  for (int64_t i = 0; i < C; i += 16) {
+    i = column_span<S, F, kValues, kScaled>(x, i, C, scale, codes, values, scale_inv);
+    for (int64_t j = i; j < std::min(C, i + 16); ++j)
+      avx512::quantize_one<F, kValues, kScaled>(stored_load(x, j), scale[j],
+                                                kScaled ? scale_inv[j] : 1.0f, codes, values, j);
+  }
+}
+#undef MT_AVX512
+#endif
+
 template <typename S>
 void amax_of_row(const S* x, int64_t C, int64_t bc, float* amax) {
   MT_ISA_CALL(row_amax<S>(x, C, bc, amax));
 }
 
 // One row's codes (and, with `values`, their values) with the column blocks' scales.
+template <typename S, Format F, bool kValues, bool kScaled>
+void row_quantize_isa(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t* codes,
+                      bfloat16* values, const float* scale_inv) {
+#if defined(__x86_64__)
+  if (vector_isa() == VectorIsa::Avx512) {
+    return row_quantize_avx512<S, F, kValues, kScaled>(x, C, bc, scale, codes, values, scale_inv);
+  }
+#endif
+  MT_ISA_CALL(row_quantize<S, F, kValues, kScaled>(x, C, bc, scale, codes, values, scale_inv));
+}
+
 template <Format F, typename S>
 void quantize_row(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t* codes,
                   bfloat16* values, const float* scale_inv, bool scaled) {
   if (!values) {
-    MT_ISA_CALL(row_quantize<S, F, false, false>(x, C, bc, scale, codes, values, scale_inv));
+    row_quantize_isa<S, F, false, false>(x, C, bc, scale, codes, values, scale_inv);
   } else if (scaled) {
-    MT_ISA_CALL(row_quantize<S, F, true, true>(x, C, bc, scale, codes, values, scale_inv));
+    row_quantize_isa<S, F, true, true>(x, C, bc, scale, codes, values, scale_inv);
   } else {
-    MT_ISA_CALL(row_quantize<S, F, true, false>(x, C, bc, scale, codes, values, scale_inv));
+    row_quantize_isa<S, F, true, false>(x, C, bc, scale, codes, values, scale_inv);
   }
 }
 
@@ -61,15 +244,26 @@ void amax_of_columns(const S* x, int64_t C, uint32_t* amax_bits) {
   MT_ISA_CALL(column_amax<S>(x, C, amax_bits));
 }
 
+template <typename S, Format F, bool kValues, bool kScaled>
+void column_quantize_isa(const S* x, int64_t C, const float* scale, uint8_t* codes,
+                         bfloat16* values, const float* scale_inv) {
+#if defined(__x86_64__)
+  if (vector_isa() == VectorIsa::Avx512) {
+    return column_quantize_avx512<S, F, kValues, kScaled>(x, C, scale, codes, values, scale_inv);
+  }
+#endif
+  MT_ISA_CALL(column_quantize<S, F, kValues, kScaled>(x, C, scale, codes, values, scale_inv));
+}
+
 template <Format F, typename S>
 void quantize_columns(const S* x, int64_t C, const float* scale, uint8_t* codes, bfloat16* values,
                       const float* scale_inv, bool scaled) {
   if (!values) {
-    MT_ISA_CALL(column_quantize<S, F, false, false>(x, C, scale, codes, values, scale_inv));
+    column_quantize_isa<S, F, false, false>(x, C, scale, codes, values, scale_inv);
   } else if (scaled) {
-    MT_ISA_CALL(column_quantize<S, F, true, true>(x, C, scale, codes, values, scale_inv));
+    column_quantize_isa<S, F, true, true>(x, C, scale, codes, values, scale_inv);
   } else {
-    MT_ISA_CALL(column_quantize<S, F, true, false>(x, C, scale, codes, values, scale_inv));
+    column_quantize_isa<S, F, true, false>(x, C, scale, codes, values, scale_inv);
   }
 }
 
@@ -140,7 +334,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
         float* gs = scale_inv + r0 * nbc;
         amax_of_row(x + r0 * C, n, bc, ga);
         block_scales(ga, blocks, fp8_max, p, scale, gs);
-        if (bc > 32) {
+        if (bc > 32 || vector_isa() == VectorIsa::Avx512) {
           quantize_row<F>(x + r0 * C, n, bc, scale, out + r0 * C, row_values(r0), gs, scaled);
           return;
         }
