@@ -15,6 +15,7 @@
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/core/warning.h"
+#include "mantissa/numerics/convert.h"
 #include "mantissa/numerics/format.h"
 #include "mantissa/tensor/ops.h"
 
@@ -123,34 +124,121 @@ std::vector<float> block_scales(const Fp8Tensor& t, int64_t k, int64_t n) {
   return out;
 }
 
-// One K slice of a block-scaled GEMM on the CPU, in one pass over its fp32 sums part (M, N):
-// acc = (first ? 0 : acc) + part * (sa[m] * sb[n]), each product and sum rounded to fp32 in that
-// order (the tensor ops' arithmetic), and with `bias` (the last slice) + bias[n] after. This was
-// five passes of tensor ops per slice (the scales' outer product, its broadcast copies, a
-// product and a sum), about a sixth of a blockwise step.
-void accumulate_slice(const Tensor& part, const std::vector<float>& sa,
-                      const std::vector<float>& sb, Tensor& acc, bool first, const float* bias) {
-  const int64_t M = acc.size(0), N = acc.size(1);
-  const float* pp = part.data<float>();
-  float* ap = acc.data<float>();
-  const float* sbp = sb.data();
-#pragma omp parallel for schedule(static) if (M * N >= (int64_t(1) << 16) && !omp_in_parallel())
-  for (int64_t m = 0; m < M; ++m) {
-    const float fa = sa[size_t(m)];
-    const float* pr = pp + m * N;
-    float* ar = ap + m * N;
-    if (first) {
+// Block-scaled K slices of a CPU GEMM, summed in one pass: for each element, acc = (first ?
+// part_0 * f_0 : acc + part_0 * f_0), then acc + part_s * f_s for s = 1 .. G-1, with f_s =
+// sa[s][m] * sb[s][n], each product and sum rounded to fp32 in that order (the tensor ops'
+// arithmetic); with `bias` (after the last slice) + bias[n]. parts is (G, M, N). acc is (M, N)
+// f32, or null when `out` (bf16 or f16) takes each row rounded once, as Tensor::to does: the
+// sums then never leave a row buffer. Each part is read once, and the sums stay in the cache;
+// a pass per slice read and wrote the whole M x N sums every time (about 7 % of a blockwise
+// step, with one more pass to round them).
+// One row of sum_slices: ar = (first ? 0 : ar) + the G slices' terms, + bias. Compiled for
+// AVX-512 too (x86-64-v4), picked at load time: the loops are the same IEEE operations in the
+// same order in both builds (no contraction: the library builds with -ffp-contract=off), so the
+// bits are the same; the wider build does a slice's row in a quarter of the instructions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "default")))
+#endif
+void sum_row(const float* parts, int64_t G, int64_t stride, int64_t N, const float* fa,
+             const float* const* sb, float* ar, bool first, const float* bias) {
+  for (int64_t s = 0; s < G; ++s) {
+    const float f = fa[s];
+    const float* sbp = sb[s];
+    const float* pr = parts + s * stride;
+    if (s == 0 && first) {
       for (int64_t n = 0; n < N; ++n)
-        ar[n] = pr[n] * (fa * sbp[n]);
+        ar[n] = pr[n] * (f * sbp[n]);
     } else {
       for (int64_t n = 0; n < N; ++n)
-        ar[n] = ar[n] + pr[n] * (fa * sbp[n]);
-    }
-    if (bias) {
-      for (int64_t n = 0; n < N; ++n)
-        ar[n] = ar[n] + bias[n];
+        ar[n] = ar[n] + pr[n] * (f * sbp[n]);
     }
   }
+  if (bias) {
+    for (int64_t n = 0; n < N; ++n)
+      ar[n] = ar[n] + bias[n];
+  }
+}
+
+void sum_slices(const float* parts, int64_t G, int64_t M, int64_t N,
+                const std::vector<std::vector<float>>& sa,
+                const std::vector<std::vector<float>>& sb, float* acc, bool first,
+                const float* bias, Tensor* out) {
+  std::vector<const float*> sbp;
+  for (const std::vector<float>& v : sb)
+    sbp.push_back(v.data());
+#pragma omp parallel if (M * N >= (int64_t(1) << 16) && !omp_in_parallel())
+  {
+    std::vector<float> buffer(acc ? 0 : static_cast<size_t>(N));
+    std::vector<float> fa(static_cast<size_t>(G));
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      float* ar = acc ? acc + m * N : buffer.data();
+      for (int64_t s = 0; s < G; ++s)
+        fa[size_t(s)] = sa[size_t(s)][size_t(m)];
+      sum_row(parts + m * N, G, M * N, N, fa.data(), sbp.data(), ar, first, bias);
+      if (out && out->dtype() == DType::BF16) {
+        convert(ar, out->data<bfloat16>() + m * N, size_t(N));
+      } else if (out) {
+        convert(ar, out->data<half>() + m * N, size_t(N));
+      }
+    }
+  }
+}
+
+// The K slices [k0, k0 + S * w) of a (rows, K) operand as a batch (S, rows, w) of views, where
+// K is its outer dimension (a transposed operand, as in the weight gradient); undefined
+// otherwise (the slices' rows would interleave).
+Tensor slice_batch(const Tensor& t, int64_t k0, int64_t S, int64_t w) {
+  if (t.stride(0) != 1 || t.stride(1) < t.size(0)) return Tensor();
+  return t.narrow(1, k0, S * w).t().view({S, w, t.size(0)}).transpose(1, 2);
+}
+
+// fp8_gemm with block scales on the CPU: the codes' values ab (M, K) and bb (N, K) (exact in
+// bf16) through one GEMM per K slice of bk, each slice's fp32 sums times its scales, summed in
+// fp32 by sum_slices. The slices' sums are computed a group at a time (one batched GEMM where the
+// operands allow), as many as fit 32 MiB; when one group holds them all, the output is written
+// in the same pass.
+Tensor block_scaled_gemm_cpu(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& ab,
+                             const Tensor& bb, const Tensor& bias, DType out_dtype, int64_t bk) {
+  const int64_t M = ab.size(0), K = ab.size(1), N = bb.size(0);
+  const int64_t slices = (K + bk - 1) / bk, whole = K / bk;
+  constexpr int64_t kPartsBytes = int64_t(32) << 20;
+  const int64_t group =
+      std::clamp<int64_t>(kPartsBytes / std::max<int64_t>(1, M * N * 4), 1, slices);
+  const bool direct = group == slices && out_dtype != DType::F32 &&
+                      (out_dtype == DType::BF16 || out_dtype == DType::F16);
+  Tensor out = Tensor::empty({M, N}, direct ? out_dtype : DType::F32);
+  const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
+  Tensor parts = Tensor::empty({group, M, N}, DType::F32);
+  backend::Backend& be = backend::backend_for(ab.device());
+  for (int64_t s0 = 0; s0 < slices; s0 += group) {
+    const int64_t g = std::min(group, slices - s0);
+    const int64_t full = std::clamp<int64_t>(whole - s0, 0, g);
+    int64_t s = 0;
+    if (full > 1) {
+      const Tensor a3 = slice_batch(ab, s0 * bk, full, bk), b3 = slice_batch(bb, s0 * bk, full, bk);
+      if (a3.defined() && b3.defined()) {
+        Tensor p = parts.narrow(0, 0, full);
+        be.matmul(a3, b3.transpose(1, 2), nullptr, p, backend::MatmulOptions{});
+        s = full;
+      }
+    }
+    for (; s < g; ++s) {
+      const int64_t k0 = (s0 + s) * bk, kl = std::min(bk, K - k0);
+      Tensor p = parts.narrow(0, s, 1);
+      be.matmul(ab.narrow(1, k0, kl).unsqueeze(0), bb.narrow(1, k0, kl).t().unsqueeze(0), nullptr,
+                p, backend::MatmulOptions{});
+    }
+    std::vector<std::vector<float>> sa, sb;
+    for (int64_t k = s0; k < s0 + g; ++k) {
+      sa.push_back(block_scales(a, k, M));
+      sb.push_back(block_scales(b, k, N));
+    }
+    const bool last = s0 + g == slices;
+    sum_slices(parts.data<float>(), g, M, N, sa, sb, direct ? nullptr : out.data<float>(), s0 == 0,
+               last && bias.defined() ? bias_f32.data<float>() : nullptr, direct ? &out : nullptr);
+  }
+  return out.to(out_dtype);
 }
 
 // The one value of a per-tensor scale on the CPU.
@@ -424,16 +512,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     const Tensor ab = va ? a.values : codes_bf16(a.codes), bb = vb ? b.values : codes_bf16(b.codes);
     const int64_t slices = (K + bka - 1) / bka;
     if (a.codes.device().is_cpu() && slices > 0) {
-      acc = Tensor::empty({M, N}, DType::F32);
-      const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
-      for (int64_t k = 0; k < slices; ++k) {
-        const int64_t k0 = k * bka, kl = std::min(bka, K - k0);
-        const Tensor part = gemm_f32(ab.narrow(1, k0, kl), bb.narrow(1, k0, kl));
-        const bool last = k + 1 == slices;
-        accumulate_slice(part, block_scales(a, k, M), block_scales(b, k, N), acc, k == 0,
-                         last && bias.defined() ? bias_f32.data<float>() : nullptr);
-      }
-      return acc.to(out_dtype);
+      return block_scaled_gemm_cpu(a, b, ab, bb, bias, out_dtype, bka);
     }
     for (int64_t k = 0; k < slices; ++k) {
       const int64_t k0 = k * bka, kl = std::min(bka, K - k0);

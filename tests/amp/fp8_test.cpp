@@ -123,6 +123,80 @@ TEST(Fp8Gemm, BiasIsAddedInFp32AndTheOutputRoundedOnce) {
   }
 }
 
+// Values of magnitude in [1, 2) with random signs: quantized with amax scaling, every product
+// of two codes is a multiple of 2^8 below 2^18, so a slice's sum of 128 is exact in fp32 in any
+// order, and the fp32 sums of a slice equal float64's.
+Tensor unit_magnitudes(const Shape& shape, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<double> mag(1.0, 2.0);
+  std::vector<double> v(size_t(shape.numel()));
+  for (double& x : v)
+    x = (g() & 1 ? -1.0 : 1.0) * mag(g);
+  return Tensor::from_vector(v, shape).to(DType::F32);
+}
+
+// The block-scaled GEMM's arithmetic, element by element in fp32 from exact slice sums: acc =
+// part_0 * (sa * sb), then acc + part_s * (sa * sb) slice by slice, then + bias.
+std::vector<float> block_scaled_reference(const Fp8Tensor& a, const Fp8Tensor& b,
+                                          const std::vector<float>& bias) {
+  const int64_t M = a.codes.size(0), K = a.codes.size(1), N = b.codes.size(0);
+  const int64_t bk = a.block_cols, slices = (K + bk - 1) / bk;
+  const std::vector<double> ca = as_f64(a.codes), cb = as_f64(b.codes);
+  const Tensor sat = a.scale_inv.contiguous(), sbt = b.scale_inv.contiguous();
+  const std::vector<float> sa = sat.to_vector<float>(), sb = sbt.to_vector<float>();
+  std::vector<float> out(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0;
+      for (int64_t s = 0; s < slices; ++s) {
+        double part = 0;
+        for (int64_t k = s * bk; k < std::min(K, (s + 1) * bk); ++k)
+          part += ca[size_t(m * K + k)] * cb[size_t(n * K + k)];
+        const float f = sa[size_t((m / a.block_rows) * slices + s)] *
+                        sb[size_t((n / b.block_rows) * slices + s)];
+        const float term = float(part) * f;
+        acc = s == 0 ? term : acc + term;
+      }
+      out[size_t(m * N + n)] = bias.empty() ? acc : acc + bias[size_t(n)];
+    }
+  }
+  return out;
+}
+
+// The CPU computes each slice's sums and adds them in one pass (a batched GEMM where the
+// operands are transposed views, groups of slices when they exceed its buffer, the output
+// rounded in the same pass): the order of the scaling and the sums is the tensor ops' (the GPU
+// path's), bit for bit.
+TEST(Fp8Gemm, BlockScaledSlicesAreScaledAndSummedInOrder) {
+  const Fp8Scaling rows{1, 128, Fp8ScaleRule::Amax, 1}, blocks{128, 128, Fp8ScaleRule::Amax, 1};
+  struct Case {
+    const char* name;
+    int64_t M, K, N;
+    bool transposed;
+  };
+  // The last: 9 slices of 4 MiB sums, more than the 32 MiB the CPU holds at once.
+  const Case cases[] = {{"row-major, ragged K", 37, 300, 45, false},
+                        {"transposed views, ragged K", 70, 600, 136, true},
+                        {"transposed views, two groups", 1024, 1152, 1024, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tensor x = unit_magnitudes({c.M, c.K}, 11), w = unit_magnitudes({c.N, c.K}, 12);
+    const Tensor bias = unit_magnitudes({c.N}, 13);
+    const Fp8Tensor qa = c.transposed
+                             ? fp8_quantize_transposed(x.t().contiguous(), DType::FP8_E4M3, rows)
+                             : fp8_quantize(x, DType::FP8_E4M3, rows);
+    const Fp8Tensor qb = c.transposed
+                             ? fp8_quantize_transposed(w.t().contiguous(), DType::FP8_E5M2, blocks)
+                             : fp8_quantize(w, DType::FP8_E5M2, blocks);
+    ASSERT_EQ(qa.codes.stride(0) == 1, c.transposed);
+    const std::vector<float> want = block_scaled_reference(qa, qb, bias.to_vector<float>());
+    const Tensor f32 = fp8_gemm(qa, qb, bias, DType::F32);
+    EXPECT_EQ(f32.to_vector<float>(), want);
+    const Tensor bf = fp8_gemm(qa, qb, bias, DType::BF16);
+    EXPECT_EQ(as_f64(bf), as_f64(Tensor::from_vector(want, {c.M, c.N}).to(DType::BF16)));
+  }
+}
+
 TEST(Fp8Gemm, RefusesBlocksThatDoNotMeetAlongK) {
   const Tensor a = randn({4, 64}, 6), b = randn({4, 64}, 7);
   const Fp8Tensor qa = fp8_quantize(a, DType::FP8_E4M3, {1, 32, Fp8ScaleRule::AmaxPow2, 1});
