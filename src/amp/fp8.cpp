@@ -61,9 +61,15 @@ bool per_tensor(Fp8Recipe r) {
 }
 
 // The transposed view of a quantized matrix: its blocks follow.
+// What gives an Fp8Tensor's shape and device: its codes, or its values where the codes were not
+// written (fp8_linear's block recipes on the CPU).
+const Tensor& layout_of(const Fp8Tensor& t) {
+  return t.codes.defined() ? t.codes : t.values;
+}
+
 Fp8Tensor transposed(const Fp8Tensor& t) {
   Fp8Tensor r = t;
-  r.codes = t.codes.t();
+  r.codes = t.codes.defined() ? t.codes.t() : Tensor();
   r.scale_inv = t.scale_inv.t();
   r.amax = t.amax.defined() ? t.amax.t() : Tensor();
   r.values = t.values.defined() ? t.values.t() : Tensor();
@@ -113,9 +119,9 @@ Tensor gemm_epilogue(const Tensor& a, const Tensor& b, const Tensor& bias, DType
   return out.view({a.size(0), b.size(0)});
 }
 
-// The scale_inv of each of t's n rows in K slice k, as a vector (CPU).
-std::vector<float> block_scales(const Fp8Tensor& t, int64_t k, int64_t n) {
-  const Tensor s = t.scale_inv.contiguous();  // (row blocks, K blocks), or its transposed view
+// The scale_inv of each of t's n rows in K slice k, as a vector (CPU), from its scales s made
+// contiguous (row blocks, K blocks).
+std::vector<float> block_scales(const Fp8Tensor& t, const Tensor& s, int64_t k, int64_t n) {
   const int64_t nbc = s.size(1);
   const float* p = s.data<float>();
   std::vector<float> out(static_cast<size_t>(n));
@@ -211,6 +217,8 @@ Tensor block_scaled_gemm_cpu(const Fp8Tensor& a, const Fp8Tensor& b, const Tenso
   const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
   Tensor parts = Tensor::empty({group, M, N}, DType::F32);
   backend::Backend& be = backend::backend_for(ab.device());
+  // (A transposed operand's scales are a transposed view: copied once, not once a slice.)
+  const Tensor a_scales = a.scale_inv.contiguous(), b_scales = b.scale_inv.contiguous();
   for (int64_t s0 = 0; s0 < slices; s0 += group) {
     const int64_t g = std::min(group, slices - s0);
     const int64_t full = std::clamp<int64_t>(whole - s0, 0, g);
@@ -231,8 +239,8 @@ Tensor block_scaled_gemm_cpu(const Fp8Tensor& a, const Fp8Tensor& b, const Tenso
     }
     std::vector<std::vector<float>> sa, sb;
     for (int64_t k = s0; k < s0 + g; ++k) {
-      sa.push_back(block_scales(a, k, M));
-      sb.push_back(block_scales(b, k, N));
+      sa.push_back(block_scales(a, a_scales, k, M));
+      sb.push_back(block_scales(b, b_scales, k, N));
     }
     const bool last = s0 + g == slices;
     sum_slices(parts.data<float>(), g, M, N, sa, sb, direct ? nullptr : out.data<float>(), s0 == 0,
@@ -410,7 +418,11 @@ Fp8Context* fp8_context() {
 
 // ---- quantize, dequantize, GEMM ------------------------------------------------------------
 
-Fp8Tensor fp8_quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s) {
+namespace {
+
+// fp8_quantize, or with codes false (CPU only) its values and scales without the codes, which
+// the CPU's emulated GEMMs do not read: a third less work a value.
+Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, bool codes) {
   MT_CHECK(dtype == DType::FP8_E4M3 || dtype == DType::FP8_E5M2,
            "fp8_quantize: the target must be fp8_e4m3 or fp8_e5m2, got ", dtype_name(dtype));
   MT_CHECK(x_arg.defined() && x_arg.dim() == 2 && x_arg.is_floating_point() &&
@@ -430,7 +442,9 @@ Fp8Tensor fp8_quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s) {
   q.block_cols = s.block_cols == 0 ? std::max<int64_t>(C, 1) : s.block_cols;
   const int64_t nbr = (R + q.block_rows - 1) / q.block_rows;
   const int64_t nbc = (C + q.block_cols - 1) / q.block_cols;
-  q.codes = Tensor::empty({R, C}, dtype, x.device());
+  MT_ASSERT(codes || x.device().is_cpu(), "fp8: values without codes are the CPU's");
+  Tensor written = Tensor::empty(codes ? Shape{R, C} : Shape{0}, dtype, x.device());
+  if (codes) q.codes = written;
   q.scale_inv = Tensor::empty({nbr, nbc}, DType::F32, x.device());
   q.amax = Tensor::empty({nbr, nbc}, DType::F32, x.device());
   q.power_of_two_scales = s.rule == Fp8ScaleRule::AmaxPow2;
@@ -441,19 +455,30 @@ Fp8Tensor fp8_quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s) {
   p.block_cols = q.block_cols;
   p.rule = backend::Fp8ScaleRule(int(s.rule));
   p.scale = s.scale;
-  backend::backend_for(x.device()).fp8_quantize(x, p, q.codes, q.scale_inv, q.amax, &q.values);
+  p.values_only = !codes;
+  backend::backend_for(x.device()).fp8_quantize(x, p, written, q.scale_inv, q.amax, &q.values);
   return q;
 }
 
-Fp8Tensor fp8_quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& s) {
+Fp8Tensor quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& s, bool codes) {
   MT_CHECK(x.defined() && x.dim() == 2, "fp8_quantize_transposed: x must be a 2-D matrix, got ",
            x.defined() ? x.describe() : std::string("an undefined tensor"));
-  if (!x.device().is_cpu()) return fp8_quantize(x.t(), dtype, s);
+  if (!x.device().is_cpu()) return quantize(x.t(), dtype, s, codes);
   // A block of x^T (br rows, bc columns) is a block of x (bc rows, br columns); 0 still means
   // the whole dimension.
   Fp8Scaling swapped = s;
   std::swap(swapped.block_rows, swapped.block_cols);
-  return transposed(fp8_quantize(x, dtype, swapped));
+  return transposed(quantize(x, dtype, swapped, codes));
+}
+
+}  // namespace
+
+Fp8Tensor fp8_quantize(const Tensor& x, DType dtype, const Fp8Scaling& s) {
+  return quantize(x, dtype, s, true);
+}
+
+Fp8Tensor fp8_quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& s) {
+  return quantize_transposed(x, dtype, s, true);
 }
 
 Tensor fp8_dequantize(const Fp8Tensor& t) {
@@ -463,27 +488,30 @@ Tensor fp8_dequantize(const Fp8Tensor& t) {
 }
 
 Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DType out_dtype) {
-  MT_CHECK(a.codes.dim() == 2 && b.codes.dim() == 2 && a.codes.size(1) == b.codes.size(1),
-           "fp8_gemm: a (M, K) and b (N, K) must share K, got ", a.codes.describe(), " and ",
-           b.codes.describe());
+  MT_CHECK(layout_of(a).defined() && layout_of(b).defined(),
+           "fp8_gemm: an operand has neither codes nor values");
+  const Tensor &la = layout_of(a), &lb = layout_of(b);
+  MT_CHECK(la.dim() == 2 && lb.dim() == 2 && la.size(1) == lb.size(1),
+           "fp8_gemm: a (M, K) and b (N, K) must share K, got ", la.describe(), " and ",
+           lb.describe());
   NoGrad ng;
-  const int64_t M = a.codes.size(0), K = a.codes.size(1), N = b.codes.size(0);
+  const int64_t M = la.size(0), K = la.size(1), N = lb.size(0);
   const int64_t bka = std::min(a.block_cols, K), bkb = std::min(b.block_cols, K);
   MT_CHECK(bka == bkb, "fp8_gemm: the blocks of a and b along K differ (", a.block_cols, " and ",
            b.block_cols, "); quantize both with the same block width");
   Tensor acc;
-  const bool both_e5m2 = a.codes.dtype() == DType::FP8_E5M2 && b.codes.dtype() == DType::FP8_E5M2;
-  if (!a.codes.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K &&
-      !both_e5m2) {
+  const bool both_e5m2 = a.codes.defined() && b.codes.defined() &&
+                         a.codes.dtype() == DType::FP8_E5M2 && b.codes.dtype() == DType::FP8_E5M2;
+  if (!la.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K && !both_e5m2) {
     // Per-tensor scales on a device: the backend's fp8 GEMM (cuBLASLt's on fp8 tensor cores),
     // its operands with K innermost (a transposed view in backward is copied, a byte a value).
     auto k_inner = [](const Tensor& c) { return c.stride(1) == 1 ? c : c.contiguous(); };
-    Tensor out = Tensor::empty({M, N}, bias.defined() ? DType::F32 : out_dtype, a.codes.device());
+    Tensor out = Tensor::empty({M, N}, bias.defined() ? DType::F32 : out_dtype, la.device());
     backend::backend_for(out.device())
         .fp8_gemm(k_inner(a.codes), a.scale_inv, k_inner(b.codes), b.scale_inv, out);
     return bias.defined() ? add(out, bias.to(DType::F32)).to(out_dtype) : out;
   }
-  if (a.codes.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K) {
+  if (la.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K) {
     // Per-tensor scales on the CPU: one GEMM of the codes' values (exact in bf16) scaled by the
     // scales' product in its epilogue. (Power-of-two scales' values are already scaled: their
     // codes are taken instead.)
@@ -500,7 +528,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     auto scaled_bf16 = [](const Fp8Tensor& t) {
       return t.values.defined() ? t.values : fp8_dequantize(t).to(DType::BF16);
     };
-    if (a.codes.device().is_cpu()) {
+    if (la.device().is_cpu()) {
       return gemm_epilogue(scaled_bf16(a), scaled_bf16(b), bias, out_dtype, 1.0f);
     }
     acc = gemm_f32(scaled_bf16(a), scaled_bf16(b));
@@ -511,7 +539,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     const bool vb = b.values.defined() && !b.power_of_two_scales;
     const Tensor ab = va ? a.values : codes_bf16(a.codes), bb = vb ? b.values : codes_bf16(b.codes);
     const int64_t slices = (K + bka - 1) / bka;
-    if (a.codes.device().is_cpu() && slices > 0) {
+    if (la.device().is_cpu() && slices > 0) {
       return block_scaled_gemm_cpu(a, b, ab, bb, bias, out_dtype, bka);
     }
     for (int64_t k = 0; k < slices; ++k) {
@@ -528,7 +556,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
       const Tensor scaled = mul(part, mul(sa, sb.t()));
       acc = acc.defined() ? add(acc, scaled) : scaled;
     }
-    if (!acc.defined()) acc = Tensor::zeros({M, N}, DType::F32, a.codes.device());
+    if (!acc.defined()) acc = Tensor::zeros({M, N}, DType::F32, la.device());
   }
   if (bias.defined()) acc = add(acc, bias.to(DType::F32));
   return acc.to(out_dtype);
@@ -565,10 +593,19 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   const DType fwd_dtype = fp8_dtype(o.format, Fp8Role::Input);
   const DType grad_dtype = fp8_dtype(o.format, Fp8Role::GradOutput);
 
+  // Per-tensor scales serve every GEMM, so the codes are what backward keeps (a byte per value);
+  // block scales run along the reduction dimension, which differs in each GEMM, so the block
+  // recipes keep the inputs and quantize them again along the other dimension.
+  const bool keep_codes = per_tensor(o.recipe);
+  // The CPU's GEMMs read the values only: codes are written where a GPU reads them or backward
+  // keeps them.
+  const bool on_cpu = x.device().is_cpu();
+  const bool fwd_codes = !on_cpu || (keep_codes && training);
   const Tensor x2 = x.reshape({-1, in}).contiguous();  // (M, in)
-  Fp8Tensor qx = fp8_quantize(x2, fwd_dtype, scaling_for(o, Fp8Role::Input, state[Fp8Role::Input]));
+  Fp8Tensor qx =
+      quantize(x2, fwd_dtype, scaling_for(o, Fp8Role::Input, state[Fp8Role::Input]), fwd_codes);
   Fp8Tensor qw =
-      fp8_quantize(w, fwd_dtype, scaling_for(o, Fp8Role::Weight, state[Fp8Role::Weight]));
+      quantize(w, fwd_dtype, scaling_for(o, Fp8Role::Weight, state[Fp8Role::Weight]), fwd_codes);
   observe(state, Fp8Role::Input, qx, o, training);
   observe(state, Fp8Role::Weight, qw, o, training);
   Shape out_shape = x.shape();
@@ -576,10 +613,6 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   Tensor y = fp8_gemm(qx, qw, b, out_dtype).view(out_shape);
   if (!training) return y;
 
-  // Per-tensor scales serve every GEMM, so the codes are what backward keeps (a byte per value);
-  // block scales run along the reduction dimension, which differs in each GEMM, so the block
-  // recipes keep the inputs and quantize them again along the other dimension.
-  const bool keep_codes = per_tensor(o.recipe);
   // The codes only (a byte a value): backward converts them again.
   auto codes_only = [keep_codes](Fp8Tensor t) {
     if (!keep_codes) return Fp8Tensor{};
@@ -599,8 +632,9 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
         const Tensor& g = grads[0];
         if (!g.defined()) return {Tensor(), Tensor(), Tensor()};
         const Tensor g2 = g.reshape({-1, out_features}).contiguous();  // (M, out)
-        Fp8Tensor qg = fp8_quantize(
-            g2, grad_dtype, scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]));
+        Fp8Tensor qg =
+            quantize(g2, grad_dtype,
+                     scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]), !on_cpu);
         observe(*st, Fp8Role::GradOutput, qg, o, true);
         Tensor dx, dw, db;
         if (keep_codes) {
@@ -612,11 +646,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
           const Fp8Scaling sg = scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]);
           const Fp8Scaling sx = scaling_for(o, Fp8Role::Input, (*st)[Fp8Role::Input]);
           if (gx) {  // dx (M, in) = g (M, out) . w^T (in, out): reduction along out
-            dx = fp8_gemm(qg, fp8_quantize_transposed(wv, fwd_dtype, sw), Tensor(), x_dtype);
+            dx = fp8_gemm(qg, quantize_transposed(wv, fwd_dtype, sw, !on_cpu), Tensor(), x_dtype);
           }
           if (gw) {  // dw (out, in) = g^T (out, M) . x^T (in, M): reduction along M
-            dw = fp8_gemm(fp8_quantize_transposed(g2, grad_dtype, sg),
-                          fp8_quantize_transposed(xv, fwd_dtype, sx), Tensor(), w_dtype);
+            dw = fp8_gemm(quantize_transposed(g2, grad_dtype, sg, !on_cpu),
+                          quantize_transposed(xv, fwd_dtype, sx, !on_cpu), Tensor(), w_dtype);
           }
         }
         if (gb) {

@@ -47,6 +47,9 @@ struct Fp8QuantizeParams {
   int64_t block_rows = 0, block_cols = 0;
   Fp8ScaleRule rule = Fp8ScaleRule::Given;
   float scale = 1;  // Given only
+  // CPU, with values given: write the values only; codes then names the fp8 dtype and is not
+  // written (any shape). The CPU's emulated GEMMs read only the values.
+  bool values_only = false;
 };
 
 struct Conv2dParams {

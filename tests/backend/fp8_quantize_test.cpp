@@ -223,6 +223,14 @@ TEST(Fp8QuantizeKernel, EveryBuildMatchesTheScalarDefinition) {
             Tensor codes_only = Tensor::empty({R, C}, out);
             cpu.fp8_quantize(x, c.p, codes_only, scale_inv, amax, nullptr);
             EXPECT_EQ(std::memcmp(codes_only.data_ptr(), codes.data_ptr(), size_t(R * C)), 0);
+            // Values only (codes names the dtype, no storage to write): the same values.
+            Fp8QuantizeParams values_only = c.p;
+            values_only.values_only = true;
+            Tensor dtype_only = Tensor::empty({0}, out);
+            Tensor values_alone = Tensor::empty({R, C}, DType::BF16);
+            cpu.fp8_quantize(x, values_only, dtype_only, scale_inv, amax, &values_alone);
+            EXPECT_EQ(std::memcmp(values_alone.data_ptr(), values.data_ptr(), size_t(R * C) * 2), 0);
+            EXPECT_EQ(first_difference(float_bits(scale_inv), float_bits(want.scale_inv)), -1);
           }
         }
       }

@@ -100,7 +100,7 @@ MT_AVX512 inline Fp8Lanes fp8_lanes() {
 // offsets. Returns false, writing nothing, when a lane's product is not finite: a non-finite
 // input gives one too (inf times a finite scale, NaN, or inf times 0), and finite products that
 // overflowed are left to the scalar code with them.
-template <typename S, Format F, bool kValues, bool kScaled>
+template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 MT_AVX512 inline bool quantize16(const Fp8Lanes& l, const S* x, __m512 s, __m512 si, uint8_t* codes,
                                  bfloat16* values, __mmask16 k) {
   constexpr int drop = 23 - format_spec(F).mantissa_bits;
@@ -113,17 +113,19 @@ MT_AVX512 inline bool quantize16(const Fp8Lanes& l, const S* x, __m512 s, __m512
   const __m512i cb = _mm512_add_epi32(e, l.drop_e);
   const __m512 c = _mm512_castsi512_ps(cb);
   const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(a), c);
-  __m512i code =
-      _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(sum), cb), _mm512_srli_epi32(e, drop));
-  code = _mm512_min_epu32(_mm512_sub_epi32(code, l.first), l.max_code);
-  // code | (the sign of y, as the code's top bit): A | (B & C).
-  code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(y, 24), l.sign8, 0xf8);
-  // Narrowed in registers, then stored: Zen 4 runs vpmovdb and vpmovdw to memory slowly.
-  const __m128i code8 = _mm512_cvtepi32_epi8(code);
-  if (k == 0xffff) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), code8);
-  } else {
-    _mm_mask_storeu_epi8(codes, k, code8);
+  if constexpr (kCodes) {
+    __m512i code = _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(sum), cb),
+                                    _mm512_srli_epi32(e, drop));
+    code = _mm512_min_epu32(_mm512_sub_epi32(code, l.first), l.max_code);
+    // code | (the sign of y, as the code's top bit): A | (B & C).
+    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(y, 24), l.sign8, 0xf8);
+    // Narrowed in registers, then stored: Zen 4 runs vpmovdb and vpmovdw to memory slowly.
+    const __m128i code8 = _mm512_cvtepi32_epi8(code);
+    if (k == 0xffff) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), code8);
+    } else {
+      _mm_mask_storeu_epi8(codes, k, code8);
+    }
   }
   if constexpr (kValues) {
     const __m512i mag = _mm512_min_epu32(_mm512_castps_si512(_mm512_sub_ps(sum, c)), l.max_mag);
@@ -153,7 +155,7 @@ inline __mmask16 first_lanes(int64_t n) {
 // scale_inv[b]), in steps of 16 within each block, up to the first step holding a value
 // quantize16 leaves to the scalar code: returns where it stopped (C when it did not). No call
 // inside, so that the constants stay in registers.
-template <typename S, Format F, bool kValues, bool kScaled>
+template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 MT_AVX512 int64_t row_span(const S* x, int64_t i, int64_t C, int64_t bc, const float* scale,
                            uint8_t* codes, bfloat16* values, const float* scale_inv) {
   const Fp8Lanes l = fp8_lanes<F>();
@@ -163,28 +165,30 @@ MT_AVX512 int64_t row_span(const S* x, int64_t i, int64_t C, int64_t bc, const f
     const __m512 si = _mm512_set1_ps(kScaled ? scale_inv[cb] : 1.0f);
     for (; i < end; i += 16) {
       const __mmask16 k = first_lanes(end - i);
-      if (!quantize16<S, F, kValues, kScaled>(l, x + i, s, si, codes + i, values + i, k)) return i;
+      if (!quantize16<S, F, kValues, kScaled, kCodes>(l, x + i, s, si, codes + i, values + i, k))
+        return i;
     }
   }
   return C;
 }
 
 // row_quantize: a row of C values in column blocks of bc, scale[b] and scale_inv[b].
-template <typename S, Format F, bool kValues, bool kScaled>
+template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 MT_AVX512 void row_quantize_avx512(const S* x, int64_t C, int64_t bc, const float* scale,
                                    uint8_t* codes, bfloat16* values, const float* scale_inv) {
   for (int64_t i = 0; i < C; i += 16) {
-    i = row_span<S, F, kValues, kScaled>(x, i, C, bc, scale, codes, values, scale_inv);
+    i = row_span<S, F, kValues, kScaled, kCodes>(x, i, C, bc, scale, codes, values, scale_inv);
     const int64_t cb = i / bc, end = std::min({C, i + 16, (cb + 1) * bc});
     const float si = kScaled && i < C ? scale_inv[cb] : 1.0f;
     for (int64_t j = i; j < end; ++j)
-      avx512::quantize_one<F, kValues, kScaled>(stored_load(x, j), scale[cb], si, codes, values, j);
+      avx512::quantize_one<F, kValues, kScaled, kCodes>(stored_load(x, j), scale[cb], si, codes,
+                                                        values, j);
     i = end - 16;  // the loop's step then resumes at end
   }
 }
 
 // column_quantize: a row of C values with a scale per column, scale[c] and scale_inv[c].
-template <typename S, Format F, bool kValues, bool kScaled>
+template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 MT_AVX512 int64_t column_span(const S* x, int64_t i, int64_t C, const float* scale, uint8_t* codes,
                               bfloat16* values, const float* scale_inv) {
   const Fp8Lanes l = fp8_lanes<F>();
@@ -192,19 +196,20 @@ MT_AVX512 int64_t column_span(const S* x, int64_t i, int64_t C, const float* sca
     const __mmask16 k = first_lanes(C - i);
     const __m512 s = _mm512_maskz_loadu_ps(k, scale + i);
     const __m512 si = kScaled ? _mm512_maskz_loadu_ps(k, scale_inv + i) : _mm512_set1_ps(1.0f);
-    if (!quantize16<S, F, kValues, kScaled>(l, x + i, s, si, codes + i, values + i, k)) return i;
+    if (!quantize16<S, F, kValues, kScaled, kCodes>(l, x + i, s, si, codes + i, values + i, k))
+      return i;
   }
   return C;
 }
 
-template <typename S, Format F, bool kValues, bool kScaled>
+template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 MT_AVX512 void column_quantize_avx512(const S* x, int64_t C, const float* scale, uint8_t* codes,
                                       bfloat16* values, const float* scale_inv) {
   for (int64_t i = 0; i < C; i += 16) {
-    i = column_span<S, F, kValues, kScaled>(x, i, C, scale, codes, values, scale_inv);
+    i = column_span<S, F, kValues, kScaled, kCodes>(x, i, C, scale, codes, values, scale_inv);
     for (int64_t j = i; j < std::min(C, i + 16); ++j)
-      avx512::quantize_one<F, kValues, kScaled>(stored_load(x, j), scale[j],
-                                                kScaled ? scale_inv[j] : 1.0f, codes, values, j);
+      avx512::quantize_one<F, kValues, kScaled, kCodes>(
+          stored_load(x, j), scale[j], kScaled ? scale_inv[j] : 1.0f, codes, values, j);
   }
 }
 #undef MT_AVX512
@@ -216,26 +221,36 @@ void amax_of_row(const S* x, int64_t C, int64_t bc, float* amax) {
 }
 
 // One row's codes (and, with `values`, their values) with the column blocks' scales.
-template <typename S, Format F, bool kValues, bool kScaled>
+template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 void row_quantize_isa(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t* codes,
                       bfloat16* values, const float* scale_inv) {
 #if defined(__x86_64__)
   if (vector_isa() == VectorIsa::Avx512) {
-    return row_quantize_avx512<S, F, kValues, kScaled>(x, C, bc, scale, codes, values, scale_inv);
+    return row_quantize_avx512<S, F, kValues, kScaled, kCodes>(x, C, bc, scale, codes, values,
+                                                               scale_inv);
   }
 #endif
-  MT_ISA_CALL(row_quantize<S, F, kValues, kScaled>(x, C, bc, scale, codes, values, scale_inv));
+  MT_ISA_CALL(
+      row_quantize<S, F, kValues, kScaled, kCodes>(x, C, bc, scale, codes, values, scale_inv));
 }
 
+// One row's codes (and, with `values`, their values; without `codes`, the values only) with the
+// column blocks' scales.
 template <Format F, typename S>
 void quantize_row(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t* codes,
                   bfloat16* values, const float* scale_inv, bool scaled) {
   if (!values) {
-    row_quantize_isa<S, F, false, false>(x, C, bc, scale, codes, values, scale_inv);
+    row_quantize_isa<S, F, false, false, true>(x, C, bc, scale, codes, values, scale_inv);
+  } else if (!codes) {
+    if (scaled) {
+      row_quantize_isa<S, F, true, true, false>(x, C, bc, scale, codes, values, scale_inv);
+    } else {
+      row_quantize_isa<S, F, true, false, false>(x, C, bc, scale, codes, values, scale_inv);
+    }
   } else if (scaled) {
-    row_quantize_isa<S, F, true, true>(x, C, bc, scale, codes, values, scale_inv);
+    row_quantize_isa<S, F, true, true, true>(x, C, bc, scale, codes, values, scale_inv);
   } else {
-    row_quantize_isa<S, F, true, false>(x, C, bc, scale, codes, values, scale_inv);
+    row_quantize_isa<S, F, true, false, true>(x, C, bc, scale, codes, values, scale_inv);
   }
 }
 
@@ -244,26 +259,34 @@ void amax_of_columns(const S* x, int64_t C, uint32_t* amax_bits) {
   MT_ISA_CALL(column_amax<S>(x, C, amax_bits));
 }
 
-template <typename S, Format F, bool kValues, bool kScaled>
+template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 void column_quantize_isa(const S* x, int64_t C, const float* scale, uint8_t* codes,
                          bfloat16* values, const float* scale_inv) {
 #if defined(__x86_64__)
   if (vector_isa() == VectorIsa::Avx512) {
-    return column_quantize_avx512<S, F, kValues, kScaled>(x, C, scale, codes, values, scale_inv);
+    return column_quantize_avx512<S, F, kValues, kScaled, kCodes>(x, C, scale, codes, values,
+                                                                  scale_inv);
   }
 #endif
-  MT_ISA_CALL(column_quantize<S, F, kValues, kScaled>(x, C, scale, codes, values, scale_inv));
+  MT_ISA_CALL(
+      column_quantize<S, F, kValues, kScaled, kCodes>(x, C, scale, codes, values, scale_inv));
 }
 
 template <Format F, typename S>
 void quantize_columns(const S* x, int64_t C, const float* scale, uint8_t* codes, bfloat16* values,
                       const float* scale_inv, bool scaled) {
   if (!values) {
-    column_quantize_isa<S, F, false, false>(x, C, scale, codes, values, scale_inv);
+    column_quantize_isa<S, F, false, false, true>(x, C, scale, codes, values, scale_inv);
+  } else if (!codes) {
+    if (scaled) {
+      column_quantize_isa<S, F, true, true, false>(x, C, scale, codes, values, scale_inv);
+    } else {
+      column_quantize_isa<S, F, true, false, false>(x, C, scale, codes, values, scale_inv);
+    }
   } else if (scaled) {
-    column_quantize_isa<S, F, true, true>(x, C, scale, codes, values, scale_inv);
+    column_quantize_isa<S, F, true, true, true>(x, C, scale, codes, values, scale_inv);
   } else {
-    column_quantize_isa<S, F, true, false>(x, C, scale, codes, values, scale_inv);
+    column_quantize_isa<S, F, true, false, true>(x, C, scale, codes, values, scale_inv);
   }
 }
 
@@ -296,6 +319,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
   const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
   const int64_t nblocks = nbr * nbc;
   auto row_values = [&](int64_t r) { return values ? values + r * C : nullptr; };
+  auto row_codes = [&](int64_t r) { return out ? out + r * C : nullptr; };
   if (p.rule == Fp8ScaleRule::Given) {
     // The scale is known: each row is measured (for the history) and quantized while it is in
     // the cache.
@@ -304,7 +328,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
     parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
       with_row(x, r, C, buf, [&]<typename S>(const S* row) {
         amax_of_row(row, C, C, &row_amax[size_t(r)]);
-        quantize_row<F>(row, C, C, &p.scale, out + r * C, row_values(r), &given_inv, false);
+        quantize_row<F>(row, C, C, &p.scale, row_codes(r), row_values(r), &given_inv, false);
       });
     });
     float m = 0.0f;
@@ -335,7 +359,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
         amax_of_row(x + r0 * C, n, bc, ga);
         block_scales(ga, blocks, fp8_max, p, scale, gs);
         if (bc > 32 || vector_isa() == VectorIsa::Avx512) {
-          quantize_row<F>(x + r0 * C, n, bc, scale, out + r0 * C, row_values(r0), gs, scaled);
+          quantize_row<F>(x + r0 * C, n, bc, scale, row_codes(r0), row_values(r0), gs, scaled);
           return;
         }
         // Narrow blocks' scales repeated over their values: then one flat loop quantizes the
@@ -345,7 +369,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
           std::fill_n(each_scale + b * bc, bc, scale[b]);
           std::fill_n(each_inv + b * bc, bc, gs[b]);
         }
-        quantize_columns<F>(x + r0 * C, n, each_scale, out + r0 * C, row_values(r0), each_inv,
+        quantize_columns<F>(x + r0 * C, n, each_scale, row_codes(r0), row_values(r0), each_inv,
                             scaled);
       });
       return;
@@ -362,7 +386,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
       with_row(x, r, C, buf, [&]<typename S>(const S* row) {
         amax_of_row(row, C, bc, ra);
         block_scales(ra, nbc, fp8_max, p, scale, rs);
-        quantize_row<F>(row, C, bc, scale, out + r * C, row_values(r), rs, scaled);
+        quantize_row<F>(row, C, bc, scale, row_codes(r), row_values(r), rs, scaled);
       });
     });
     return;
@@ -388,7 +412,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
       block_scales(ba, C, fp8_max, p, scale, bs);
       for (int64_t r = r0; r < r1; ++r) {
         with_row(x, r, C, buf, [&]<typename S>(const S* row) {
-          quantize_columns<F>(row, C, scale, out + r * C, row_values(r), bs, scaled);
+          quantize_columns<F>(row, C, scale, row_codes(r), row_values(r), bs, scaled);
         });
       }
     });
@@ -413,7 +437,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
   block_scales(amax, nblocks, fp8_max, p, scale.data(), scale_inv);
   parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
     with_row(x, r, C, buf, [&]<typename S>(const S* row) {
-      quantize_row<F>(row, C, bc, scale.data() + (r / br) * nbc, out + r * C, row_values(r),
+      quantize_row<F>(row, C, bc, scale.data() + (r / br) * nbc, row_codes(r), row_values(r),
                       scale_inv + (r / br) * nbc, scaled);
     });
   });
@@ -426,9 +450,11 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
   MT_ASSERT(!values || (values->dtype() == DType::BF16 && values->is_contiguous() &&
                         values->shape() == x.shape()),
             "fp8_quantize writes values as contiguous bf16 of x's shape");
-  MT_ASSERT(x.dim() == 2 && x.is_contiguous() && codes.shape() == x.shape() &&
-                codes.is_contiguous() && scale_inv.dtype() == DType::F32 &&
-                amax.dtype() == DType::F32 && scale_inv.is_contiguous() && amax.is_contiguous(),
+  MT_ASSERT(!p.values_only || values, "fp8_quantize: values_only wants the values");
+  MT_ASSERT(x.dim() == 2 && x.is_contiguous() &&
+                (p.values_only || (codes.shape() == x.shape() && codes.is_contiguous())) &&
+                scale_inv.dtype() == DType::F32 && amax.dtype() == DType::F32 &&
+                scale_inv.is_contiguous() && amax.is_contiguous(),
             "fp8_quantize wants contiguous x (R, C), codes (R, C), F32 scale_inv and amax; got ",
             x.describe(), ", ", codes.describe(), ", ", scale_inv.describe(), ", ",
             amax.describe());
@@ -447,7 +473,7 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
     } else {
       auto run = [&]<Format F>() {
         quantize<T, F>(static_cast<const T*>(x.data_ptr()), R, C, p, fp8_max,
-                       static_cast<uint8_t*>(codes.data_ptr()),
+                       p.values_only ? nullptr : static_cast<uint8_t*>(codes.data_ptr()),
                        static_cast<float*>(scale_inv.data_ptr()),
                        static_cast<float*>(amax.data_ptr()),
                        values ? static_cast<bfloat16*>(values->data_ptr()) : nullptr);

@@ -71,6 +71,7 @@ __global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, in
 void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes,
                                Tensor& scale_inv, Tensor& amax, Tensor* values) {
   DeviceGuard guard(device_);
+  MT_ASSERT(!p.values_only, "fp8_quantize: values_only is the CPU's");
   MT_ASSERT(x.dim() == 2 && x.is_contiguous() && codes.shape() == x.shape() &&
                 codes.is_contiguous() && scale_inv.dtype() == DType::F32 &&
                 amax.dtype() == DType::F32,
