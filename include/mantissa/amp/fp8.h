@@ -165,6 +165,8 @@ struct Fp8Scaling {
 
 // A matrix in fp8: codes (R, C) and one scale_inv per block (F32, (ceil(R/br), ceil(C/bc))); the
 // value of element (r, c) is codes[r, c] * scale_inv[r / br, c / bc]. amax: each block's max |x|.
+// fp8_linear's quantizations on the CPU, whose GEMMs read only the values, leave codes undefined
+// unless backward keeps them; fp8_gemm takes such an operand's shape from its values.
 struct Fp8Tensor {
   Tensor codes;
   Tensor scale_inv;
