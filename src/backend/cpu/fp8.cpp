@@ -259,6 +259,11 @@ void amax_of_columns(const S* x, int64_t C, uint32_t* amax_bits) {
   MT_ISA_CALL(column_amax<S>(x, C, amax_bits));
 }
 
+template <typename S>
+void amax_of_four_rows(const S* x, int64_t ld, int64_t C, uint32_t* amax_bits) {
+  MT_ISA_CALL(column_amax4<S>(x, ld, C, amax_bits));
+}
+
 template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 void column_quantize_isa(const S* x, int64_t C, const float* scale, uint8_t* codes,
                          bfloat16* values, const float* scale_inv) {
@@ -400,8 +405,13 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
       float* scale = buf + (kStoredInLoop<T> ? 0 : C);
       std::vector<uint32_t> bits(static_cast<size_t>(C), 0u);
       const int64_t r0 = rb * br, r1 = std::min(R, r0 + br);
-      for (int64_t r = r0; r < r1; ++r)
-        with_row(x, r, C, buf,
+      int64_t measured = r0;  // rows measured so far
+      if constexpr (kStoredInLoop<T>) {
+        for (; measured + 4 <= r1; measured += 4)
+          amax_of_four_rows(x + measured * C, C, C, bits.data());
+      }
+      for (; measured < r1; ++measured)
+        with_row(x, measured, C, buf,
                  [&]<typename S>(const S* row) { amax_of_columns(row, C, bits.data()); });
       float* ba = amax + rb * C;
       float* bs = scale_inv + rb * C;
