@@ -130,28 +130,22 @@ std::vector<float> block_scales(const Fp8Tensor& t, const Tensor& s, int64_t k, 
   return out;
 }
 
-// Block-scaled K slices of a CPU GEMM, summed in one pass: for each element, acc = (first ?
-// part_0 * f_0 : acc + part_0 * f_0), then acc + part_s * f_s for s = 1 .. G-1, with f_s =
-// sa[s][m] * sb[s][n], each product and sum rounded to fp32 in that order (the tensor ops'
-// arithmetic); with `bias` (after the last slice) + bias[n]. parts is (G, M, N). acc is (M, N)
-// f32, or null when `out` (bf16 or f16) takes each row rounded once, as Tensor::to does: the
-// sums then never leave a row buffer. Each part is read once, and the sums stay in the cache;
-// a pass per slice read and wrote the whole M x N sums every time (about 7 % of a blockwise
-// step, with one more pass to round them).
-// One row of sum_slices: ar = (first ? 0 : ar) + the G slices' terms, + bias. Compiled for
-// AVX-512 too (x86-64-v4), picked at load time: the loops are the same IEEE operations in the
-// same order in both builds (no contraction: the library builds with -ffp-contract=off), so the
-// bits are the same; the wider build does a slice's row in a quarter of the instructions.
+// One output row of a block-scaled CPU GEMM from its K slices' fp32 sums (S rows, `stride`
+// apart in parts): ar = part_0 * f_0, then ar + part_s * f_s for s = 1 .. S-1, with f_s = fa[s] *
+// sb[s][n], each product and sum rounded to fp32 in that order (the tensor ops' arithmetic, which
+// the GPU runs), then + bias[n]. Compiled for AVX-512 too (x86-64-v4), picked at load time: the
+// loops are the same IEEE operations in the same order in both builds (no contraction: the
+// library builds with -ffp-contract=off), so the bits are the same.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("arch=x86-64-v4", "default")))
 #endif
-void sum_row(const float* parts, int64_t G, int64_t stride, int64_t N, const float* fa,
-             const float* const* sb, float* ar, bool first, const float* bias) {
-  for (int64_t s = 0; s < G; ++s) {
+void sum_row(const float* parts, int64_t S, int64_t stride, int64_t N, const float* fa,
+             const float* const* sb, float* ar, const float* bias) {
+  for (int64_t s = 0; s < S; ++s) {
     const float f = fa[s];
     const float* sbp = sb[s];
     const float* pr = parts + s * stride;
-    if (s == 0 && first) {
+    if (s == 0) {
       for (int64_t n = 0; n < N; ++n)
         ar[n] = pr[n] * (f * sbp[n]);
     } else {
@@ -165,32 +159,6 @@ void sum_row(const float* parts, int64_t G, int64_t stride, int64_t N, const flo
   }
 }
 
-void sum_slices(const float* parts, int64_t G, int64_t M, int64_t N,
-                const std::vector<std::vector<float>>& sa,
-                const std::vector<std::vector<float>>& sb, float* acc, bool first,
-                const float* bias, Tensor* out) {
-  std::vector<const float*> sbp;
-  for (const std::vector<float>& v : sb)
-    sbp.push_back(v.data());
-#pragma omp parallel if (M * N >= (int64_t(1) << 16) && !omp_in_parallel())
-  {
-    std::vector<float> buffer(acc ? 0 : static_cast<size_t>(N));
-    std::vector<float> fa(static_cast<size_t>(G));
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; ++m) {
-      float* ar = acc ? acc + m * N : buffer.data();
-      for (int64_t s = 0; s < G; ++s)
-        fa[size_t(s)] = sa[size_t(s)][size_t(m)];
-      sum_row(parts + m * N, G, M * N, N, fa.data(), sbp.data(), ar, first, bias);
-      if (out && out->dtype() == DType::BF16) {
-        convert(ar, out->data<bfloat16>() + m * N, size_t(N));
-      } else if (out) {
-        convert(ar, out->data<half>() + m * N, size_t(N));
-      }
-    }
-  }
-}
-
 // The K slices [k0, k0 + S * w) of a (rows, K) operand as a batch (S, rows, w) of views, where
 // K is its outer dimension (a transposed operand, as in the weight gradient); undefined
 // otherwise (the slices' rows would interleave).
@@ -201,50 +169,71 @@ Tensor slice_batch(const Tensor& t, int64_t k0, int64_t S, int64_t w) {
 
 // fp8_gemm with block scales on the CPU: the codes' values ab (M, K) and bb (N, K) (exact in
 // bf16) through one GEMM per K slice of bk, each slice's fp32 sums times its scales, summed in
-// fp32 by sum_slices. The slices' sums are computed a group at a time (one batched GEMM where the
-// operands allow), as many as fit 32 MiB; when one group holds them all, the output is written
-// in the same pass.
+// fp32 (sum_row). The output is made a chunk of rows at a time: the chunk's slice sums (one
+// batched GEMM where the operands are transposed views, else a GEMM per slice), at most 1 MiB
+// of them so that they stay in the cache, then each row summed over its slices and rounded
+// into the output at once. (A pass per slice over all M x N sums, read and written from memory
+// each time, took 7 % of a blockwise step, and a last pass rounded them.)
 Tensor block_scaled_gemm_cpu(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& ab,
                              const Tensor& bb, const Tensor& bias, DType out_dtype, int64_t bk) {
   const int64_t M = ab.size(0), K = ab.size(1), N = bb.size(0);
   const int64_t slices = (K + bk - 1) / bk, whole = K / bk;
-  constexpr int64_t kPartsBytes = int64_t(32) << 20;
-  const int64_t group =
-      std::clamp<int64_t>(kPartsBytes / std::max<int64_t>(1, M * N * 4), 1, slices);
-  const bool direct = group == slices && out_dtype != DType::F32 &&
-                      (out_dtype == DType::BF16 || out_dtype == DType::F16);
-  Tensor out = Tensor::empty({M, N}, direct ? out_dtype : DType::F32);
+  constexpr int64_t kChunkBytes = int64_t(1) << 20;
+  const int64_t chunk = std::clamp<int64_t>(kChunkBytes / (slices * N * 4), 1, M);
+  const bool rounded_here = out_dtype == DType::BF16 || out_dtype == DType::F16;
+  Tensor out = Tensor::empty({M, N}, rounded_here ? out_dtype : DType::F32);
   const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
-  Tensor parts = Tensor::empty({group, M, N}, DType::F32);
-  backend::Backend& be = backend::backend_for(ab.device());
-  // (A transposed operand's scales are a transposed view: copied once, not once a slice.)
+  const float* bias_p = bias.defined() ? bias_f32.data<float>() : nullptr;
+  // Each slice's scales per row of a and of b. (A transposed operand's scales are a transposed
+  // view: made contiguous once.)
   const Tensor a_scales = a.scale_inv.contiguous(), b_scales = b.scale_inv.contiguous();
-  for (int64_t s0 = 0; s0 < slices; s0 += group) {
-    const int64_t g = std::min(group, slices - s0);
-    const int64_t full = std::clamp<int64_t>(whole - s0, 0, g);
+  std::vector<std::vector<float>> sa, sb;
+  std::vector<const float*> sbp;
+  for (int64_t k = 0; k < slices; ++k) {
+    sa.push_back(block_scales(a, a_scales, k, M));
+    sb.push_back(block_scales(b, b_scales, k, N));
+    sbp.push_back(sb.back().data());
+  }
+  backend::Backend& be = backend::backend_for(ab.device());
+  Tensor storage = Tensor::empty({slices * chunk * N}, DType::F32);
+  for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+    const int64_t rows = std::min(chunk, M - m0);
+    const Tensor ac = ab.narrow(0, m0, rows);
+    Tensor parts = storage.narrow(0, 0, slices * rows * N).view({slices, rows, N});
     int64_t s = 0;
-    if (full > 1) {
-      const Tensor a3 = slice_batch(ab, s0 * bk, full, bk), b3 = slice_batch(bb, s0 * bk, full, bk);
+    if (whole > 1) {
+      const Tensor a3 = slice_batch(ac, 0, whole, bk), b3 = slice_batch(bb, 0, whole, bk);
       if (a3.defined() && b3.defined()) {
-        Tensor p = parts.narrow(0, 0, full);
+        Tensor p = parts.narrow(0, 0, whole);
         be.matmul(a3, b3.transpose(1, 2), nullptr, p, backend::MatmulOptions{});
-        s = full;
+        s = whole;
       }
     }
-    for (; s < g; ++s) {
-      const int64_t k0 = (s0 + s) * bk, kl = std::min(bk, K - k0);
+    for (; s < slices; ++s) {
+      const int64_t k0 = s * bk, kl = std::min(bk, K - k0);
       Tensor p = parts.narrow(0, s, 1);
-      be.matmul(ab.narrow(1, k0, kl).unsqueeze(0), bb.narrow(1, k0, kl).t().unsqueeze(0), nullptr,
+      be.matmul(ac.narrow(1, k0, kl).unsqueeze(0), bb.narrow(1, k0, kl).t().unsqueeze(0), nullptr,
                 p, backend::MatmulOptions{});
     }
-    std::vector<std::vector<float>> sa, sb;
-    for (int64_t k = s0; k < s0 + g; ++k) {
-      sa.push_back(block_scales(a, a_scales, k, M));
-      sb.push_back(block_scales(b, b_scales, k, N));
+    const float* pp = parts.data<float>();
+#pragma omp parallel if (rows * N >= (int64_t(1) << 16) && !omp_in_parallel())
+    {
+      std::vector<float> row(rounded_here ? static_cast<size_t>(N) : 0);
+      std::vector<float> fa(static_cast<size_t>(slices));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t m = m0 + r;
+        for (int64_t k = 0; k < slices; ++k)
+          fa[size_t(k)] = sa[size_t(k)][size_t(m)];
+        float* ar = rounded_here ? row.data() : out.data<float>() + m * N;
+        sum_row(pp + r * N, slices, rows * N, N, fa.data(), sbp.data(), ar, bias_p);
+        if (out_dtype == DType::BF16) {
+          convert(ar, out.data<bfloat16>() + m * N, size_t(N));
+        } else if (out_dtype == DType::F16) {
+          convert(ar, out.data<half>() + m * N, size_t(N));
+        }
+      }
     }
-    const bool last = s0 + g == slices;
-    sum_slices(parts.data<float>(), g, M, N, sa, sb, direct ? nullptr : out.data<float>(), s0 == 0,
-               last && bias.defined() ? bias_f32.data<float>() : nullptr, direct ? &out : nullptr);
   }
   return out.to(out_dtype);
 }
