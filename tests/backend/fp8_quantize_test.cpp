@@ -59,6 +59,12 @@ std::vector<float> inputs(uint64_t seed, Dims d) {
     v[size_t(r * C + 7)] = r % 2 ? 0.0f : -0.0f;
   for (int64_t c = 32; c < 64; ++c)
     v[size_t(5 * C + c)] = float(c) * 1e-42f;
+  // And for the 128-wide blocks, where fp8_max / amax overflows: a row's values from column 128
+  // on, 128 rows of one column.
+  for (int64_t c = 128; c < C; ++c)
+    v[size_t(6 * C + c)] = float(c) * 1e-43f;
+  for (int64_t r = 0; r < std::min<int64_t>(R, 128); ++r)
+    v[size_t(r * C + 11)] = float(r + 1) * 1e-41f;
   // Non-finite values in the last rows only.
   v[size_t((R - 2) * C + 5)] = std::numeric_limits<float>::infinity();
   v[size_t((R - 2) * C + 170)] = -std::numeric_limits<float>::infinity();
@@ -229,7 +235,8 @@ TEST(Fp8QuantizeKernel, EveryBuildMatchesTheScalarDefinition) {
             Tensor dtype_only = Tensor::empty({0}, out);
             Tensor values_alone = Tensor::empty({R, C}, DType::BF16);
             cpu.fp8_quantize(x, values_only, dtype_only, scale_inv, amax, &values_alone);
-            EXPECT_EQ(std::memcmp(values_alone.data_ptr(), values.data_ptr(), size_t(R * C) * 2), 0);
+            EXPECT_EQ(std::memcmp(values_alone.data_ptr(), values.data_ptr(), size_t(R * C) * 2),
+                      0);
             EXPECT_EQ(first_difference(float_bits(scale_inv), float_bits(want.scale_inv)), -1);
           }
         }

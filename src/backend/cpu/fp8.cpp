@@ -295,11 +295,14 @@ void quantize_columns(const S* x, int64_t C, const float* scale, uint8_t* codes,
   }
 }
 
-// scale[b] = fp8_block_scale(amax[b], ...), scale_inv[b] = 1 / scale[b] for n blocks: MXFP8's
-// in one vectorized loop (then its rare blocks, an amax of zero, subnormal or not finite, one at
-// a time), the other rules one at a time.
+// scale[b] = fp8_block_scale(amax[b], ...), scale_inv[b] = 1 / scale[b] for n blocks: Amax's in
+// one vectorized loop; MXFP8's in one too (then its rare blocks, an amax of zero, subnormal or
+// not finite, one at a time); Given's one at a time.
 void block_scales(const float* amax, int64_t n, float fp8_max, const Fp8QuantizeParams& p,
                   float* scale, float* scale_inv) {
+  if (p.rule == Fp8ScaleRule::Amax) {
+    MT_ISA_CALL(amax_scales(amax, n, fp8_max, scale, scale_inv));
+  }
   const uint32_t fb = std::bit_cast<uint32_t>(fp8_max);
   const bool pow2 = p.rule == Fp8ScaleRule::AmaxPow2 && (fb >> 23) != 0;
   if (pow2) {
