@@ -125,9 +125,13 @@ std::vector<float> block_scales(const Fp8Tensor& t, const Tensor& s, int64_t k, 
   const int64_t nbc = s.size(1);
   const float* p = s.data<float>();
   std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t r0 = 0; r0 < n; r0 += t.block_rows)
-    std::fill(out.begin() + r0, out.begin() + std::min(n, r0 + t.block_rows),
-              p[(r0 / t.block_rows) * nbc + k]);
+  if (t.block_rows == 1) {  // a scale per row (the 1 x 128 tiles)
+    for (int64_t r = 0; r < n; ++r)
+      out[size_t(r)] = p[r * nbc + k];
+    return out;
+  }
+  for (int64_t r0 = 0, rb = 0; r0 < n; r0 += t.block_rows, ++rb)
+    std::fill(out.begin() + r0, out.begin() + std::min(n, r0 + t.block_rows), p[rb * nbc + k]);
   return out;
 }
 
