@@ -60,13 +60,13 @@ bool per_tensor(Fp8Recipe r) {
   return r == Fp8Recipe::Delayed || r == Fp8Recipe::Current;
 }
 
-// The transposed view of a quantized matrix: its blocks follow.
 // What gives an Fp8Tensor's shape and device: its codes, or its values where the codes were not
-// written (fp8_linear's block recipes on the CPU).
+// written (fp8_linear's quantizations on the CPU).
 const Tensor& layout_of(const Fp8Tensor& t) {
   return t.codes.defined() ? t.codes : t.values;
 }
 
+// The transposed view of a quantized matrix: its blocks follow.
 Fp8Tensor transposed(const Fp8Tensor& t) {
   Fp8Tensor r = t;
   r.codes = t.codes.defined() ? t.codes.t() : Tensor();

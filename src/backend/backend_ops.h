@@ -37,8 +37,8 @@
   /* in fp32 rounded to nearest even, finite overflow saturated to +-max, inf and NaN to NaN; */   \
   /* scale_inv = 1 / scale (F32, (nbr, nbc)). Given takes one block (per tensor). values, if */ \
   /* given (BF16, (R, C)): each code's value (exact in bf16), times its block's scale_inv when */ \
-  /* p.rule is AmaxPow2 (exact too: a power of two), what the emulated GEMM multiplies. With */    \
-  /* p.values_only (CPU), the values only: codes then just names the fp8 dtype. */                   \
+  /* p.rule is AmaxPow2 (exact too: a power of two), what the emulated GEMM multiplies. With */   \
+  /* p.values_only (CPU), the values only: codes then just names the fp8 dtype. */                 \
   _(Data, void, fp8_quantize,                                                                     \
     (const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes, Tensor& scale_inv, Tensor&      \
     amax, Tensor* values),                                                                        \

@@ -1,7 +1,8 @@
 // CPU fp8 quantization (the contract is in backend_ops.h): per block, the amax of |x|, the scale
 // (backend/fp8_math.h, shared with the CUDA backend), then x * scale rounded to fp8 by the row
-// loops of cpu/fp8_rows.inc (one build per vector ISA), which read f32 and bf16 in place. Rows,
-// or blocks of rows, are spread over the threads; a per-tensor amax is reduced over them.
+// loops of cpu/fp8_rows.inc (one build per vector ISA; the AVX-512 one of the quantizing loops in
+// intrinsics here), which read f32 and bf16 in place. Rows, or blocks of rows, are spread over
+// the threads; a per-tensor amax is reduced over them.
 #include <algorithm>
 #include <bit>
 #if defined(__x86_64__)
@@ -51,8 +52,8 @@ void with_row(const T* x, int64_t r, int64_t C, float* buf, Fn f) {
 // is correct but poor here: it unrolls to 64 values, runs out of registers and spills, and keeps
 // every select of the scalar definition. The arithmetic is round_fp8_saturating's (round.h) and
 // quantize_one's, operation for operation, so the bits are the same (Fp8QuantizeKernel runs every
-// build against the scalar definition); lanes whose input is not finite or whose product is NaN
-// (rare: a step holding one goes through quantize_one, lane by lane) are left to the scalar code.
+// build against the scalar definition). A step holding a product that is not finite (a
+// non-finite input gives one; rare) goes through the scalar quantize_one, lane by lane.
 #define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
 template <typename S>
@@ -220,7 +221,7 @@ void amax_of_row(const S* x, int64_t C, int64_t bc, float* amax) {
   MT_ISA_CALL(row_amax<S>(x, C, bc, amax));
 }
 
-// One row's codes (and, with `values`, their values) with the column blocks' scales.
+// row_quantize in the build the CPU runs (AVX-512: the intrinsics above).
 template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 void row_quantize_isa(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t* codes,
                       bfloat16* values, const float* scale_inv) {
@@ -264,6 +265,7 @@ void amax_of_four_rows(const S* x, int64_t ld, int64_t C, uint32_t* amax_bits) {
   MT_ISA_CALL(column_amax4<S>(x, ld, C, amax_bits));
 }
 
+// column_quantize in the build the CPU runs.
 template <typename S, Format F, bool kValues, bool kScaled, bool kCodes>
 void column_quantize_isa(const S* x, int64_t C, const float* scale, uint8_t* codes,
                          bfloat16* values, const float* scale_inv) {
@@ -370,9 +372,10 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
           quantize_row<F>(x + r0 * C, n, bc, scale, row_codes(r0), row_values(r0), gs, scaled);
           return;
         }
-        // Narrow blocks' scales repeated over their values: then one flat loop quantizes the
-        // group (a loop per block of 32 costs more in its setup than in its values: MXFP8's
-        // rows of 128 took 1.10 ns a value this way and 0.87 ns with the repeated scales).
+        // Without AVX-512 (whose loop broadcasts each block's scale), narrow blocks' scales
+        // repeated over their values: then one flat loop quantizes the group (a loop per block
+        // of 32 costs more in its setup than in its values: with GCC's AVX-512 build, MXFP8's
+        // rows of 128 took 1.10 ns a value that way and 0.87 ns with the repeated scales).
         for (int64_t b = 0; b < blocks; ++b) {
           std::fill_n(each_scale + b * bc, bc, scale[b]);
           std::fill_n(each_inv + b * bc, bc, gs[b]);
