@@ -1,13 +1,15 @@
 // fp8 quantization on the CPU (backend fp8_quantize, what fp8_linear runs for each operand): a
-// bf16 matrix quantized to E4M3 with each recipe's blocks, writing codes and values or the values
-// only, in every vector build this CPU runs (baseline, AVX2, AVX-512), one thread.
+// bf16 matrix quantized to E4M3 with each recipe's blocks, writing the codes and their values or
+// the values only (what the CPU's GEMMs read), one thread, in the vector build the CPU backend
+// runs (MANTISSA_ISA=avx2 or MANTISSA_CPU_ISA=baseline runs another).
 //
 // Every row runs interleaved with the others, round after round, in one process; each keeps its
-// best round. ns/value is that round's time over the matrix's values; "x baseline" is the
-// baseline build's time for the same row over this build's, measured in the same rounds.
+// best round. ns/value is that round's time over the matrix's values; "values only" is the
+// codes-and-values row's time over the values-only row's, measured in the same rounds.
 //   build/bench/bench_fp8 [--rounds 15] [--rows 2048] [--cols 512]
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu/vector_isa.h"
 #include "mantissa/tensor/ops.h"
 #include "mantissa/tensor/tensor.h"
 
@@ -24,19 +25,11 @@ namespace {
 using namespace mantissa;
 using backend::Fp8QuantizeParams;
 using backend::Fp8ScaleRule;
-using backend::cpu::VectorIsa;
-
-struct Blocks {
-  const char* name;
-  Fp8QuantizeParams p;
-};
 
 struct Row {
-  std::string blocks;
-  bool values_only;
-  VectorIsa isa;
+  const char* blocks;
   Fp8QuantizeParams p;
-  double best_s = 1e30;
+  double best_s[2] = {1e30, 1e30};  // codes and values; values only
 };
 
 }  // namespace
@@ -66,13 +59,13 @@ int main(int argc, char** argv) {
   backend::Backend& cpu = backend::cpu_backend();
   const Tensor x = Tensor::uniform({R, C}, -3.0, 3.0, 1, DType::BF16);
   Tensor codes = Tensor::empty({R, C}, DType::FP8_E4M3);
-  Tensor dtype_only = Tensor::empty({0}, DType::FP8_E4M3);
+  Tensor dtype_only = Tensor::empty({0}, DType::FP8_E4M3);  // values only: names the format
   Tensor values = Tensor::empty({R, C}, DType::BF16);
   // Enough scales and amaxes for the finest blocks (a scale per 32 values).
   Tensor scale_inv = Tensor::empty({R * C / 32}, DType::F32);
   Tensor amax = Tensor::empty({R * C / 32}, DType::F32);
 
-  const Blocks blocks[] = {
+  std::vector<Row> rows = {
       {"per tensor, given", {0, 0, Fp8ScaleRule::Given, 30.0f}},
       {"per tensor, current", {0, 0, Fp8ScaleRule::Amax, 1}},
       {"mxfp8 1x32", {1, 32, Fp8ScaleRule::AmaxPow2, 1}},
@@ -81,49 +74,35 @@ int main(int argc, char** argv) {
       {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, 1}},
       {"blockwise 128x128", {128, 128, Fp8ScaleRule::Amax, 1}},
   };
-  std::vector<VectorIsa> isas{VectorIsa::Baseline};
-  for (const VectorIsa isa : {VectorIsa::Avx2, VectorIsa::Avx512})
-    if (backend::cpu::vector_isa_supported(isa)) isas.push_back(isa);
-  std::vector<Row> rows;
-  for (const Blocks& b : blocks)
-    for (const bool values_only : {false, true})
-      for (const VectorIsa isa : isas) {
-        Fp8QuantizeParams p = b.p;
-        p.values_only = values_only;
-        rows.push_back({b.name, values_only, isa, p});
-      }
-
   for (int round = 0; round < rounds; ++round) {
     for (Row& r : rows) {
-      backend::cpu::force_vector_isa(r.isa);
-      const int64_t br = r.p.block_rows ? r.p.block_rows : R;
-      const int64_t bc = r.p.block_cols ? r.p.block_cols : C;
-      const int64_t n = (R / br) * (C / bc);
-      Tensor si = scale_inv.narrow(0, 0, n), am = amax.narrow(0, 0, n);
-      Tensor& out = r.values_only ? dtype_only : codes;
-      const auto t0 = std::chrono::steady_clock::now();
-      cpu.fp8_quantize(x, r.p, out, si, am, &values);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      r.best_s = std::min(r.best_s, s);
+      for (const int values_only : {0, 1}) {
+        Fp8QuantizeParams p = r.p;
+        p.values_only = values_only == 1;
+        const int64_t br = p.block_rows ? p.block_rows : R;
+        const int64_t bc = p.block_cols ? p.block_cols : C;
+        const int64_t n = (R / br) * (C / bc);
+        Tensor si = scale_inv.narrow(0, 0, n), am = amax.narrow(0, 0, n);
+        const auto t0 = std::chrono::steady_clock::now();
+        cpu.fp8_quantize(x, p, values_only ? dtype_only : codes, si, am, &values);
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        r.best_s[values_only] = std::min(r.best_s[values_only], s);
+      }
     }
   }
-  backend::cpu::force_vector_isa(std::nullopt);
 
   std::printf(
-      "fp8 quantization of a %lld x %lld bf16 matrix to e4m3, 1 thread, best of %d "
-      "interleaved rounds\n",
-      static_cast<long long>(R), static_cast<long long>(C), rounds);
-  std::printf("%-20s %-14s %-20s %9s %9s %11s\n", "blocks", "writes", "build", "ms", "ns/value",
-              "x baseline");
+      "fp8 quantization of a %lld x %lld bf16 matrix to e4m3, 1 thread, %s build, best of "
+      "%d interleaved rounds\n",
+      static_cast<long long>(R), static_cast<long long>(C), backend::cpu_vector_build(), rounds);
+  std::printf("%-20s %22s %22s %12s\n", "blocks", "codes+values ms (ns/v)", "values ms (ns/v)",
+              "values only");
   const double nvalues = double(R * C);
   for (const Row& r : rows) {
-    double base = r.best_s;
-    for (const Row& o : rows)
-      if (o.blocks == r.blocks && o.values_only == r.values_only && o.isa == VectorIsa::Baseline)
-        base = o.best_s;
-    std::printf("%-20s %-14s %-20s %9.3f %9.3f %10.2fx\n", r.blocks.c_str(),
-                r.values_only ? "values" : "codes+values", backend::cpu::vector_isa_name(r.isa),
-                r.best_s * 1e3, r.best_s * 1e9 / nvalues, base / r.best_s);
+    std::printf("%-20s %12.3f (%6.3f) %12.3f (%6.3f) %11.2fx\n", r.blocks, r.best_s[0] * 1e3,
+                r.best_s[0] * 1e9 / nvalues, r.best_s[1] * 1e3, r.best_s[1] * 1e9 / nvalues,
+                r.best_s[0] / r.best_s[1]);
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

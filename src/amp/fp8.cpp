@@ -415,7 +415,7 @@ Fp8Context* fp8_context() {
 namespace {
 
 // fp8_quantize, or with codes false (CPU only) its values and scales without the codes, which
-// the CPU's emulated GEMMs do not read: a third less work a value.
+// the CPU's emulated GEMMs do not read: a quarter less time a value.
 Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, bool codes) {
   MT_CHECK(dtype == DType::FP8_E4M3 || dtype == DType::FP8_E5M2,
            "fp8_quantize: the target must be fp8_e4m3 or fp8_e5m2, got ", dtype_name(dtype));

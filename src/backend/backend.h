@@ -77,6 +77,11 @@ struct AttentionParams {
 // f32/bf16/f16 (bench/attention_bench.cpp). f64 and other CPUs run the plain loops.
 bool cpu_fused_attention_vectorized();
 
+// The vector build the CPU backend's loops run ("AVX-512", "AVX2" or the baseline: cpu/
+// vector_isa.h; MANTISSA_ISA caps it, MANTISSA_CPU_ISA=baseline forces the baseline), for
+// benchmarks to name what they measured.
+const char* cpu_vector_build();
+
 struct Pool2dParams {
   int64_t kernel[2] = {1, 1};
   int64_t stride[2] = {1, 1};

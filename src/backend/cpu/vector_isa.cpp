@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "backend/backend.h"
 #include "mantissa/core/cpu.h"
 #include "mantissa/core/error.h"
 
@@ -64,3 +65,11 @@ const char* vector_isa_name(VectorIsa isa) {
 }
 
 }  // namespace mantissa::backend::cpu
+
+namespace mantissa::backend {
+
+const char* cpu_vector_build() {
+  return cpu::vector_isa_name(cpu::vector_isa());
+}
+
+}  // namespace mantissa::backend
