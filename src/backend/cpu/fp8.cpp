@@ -235,34 +235,33 @@ void row_quantize_isa(const S* x, int64_t C, int64_t bc, const float* scale, uin
       row_quantize<S, F, kValues, kScaled, kCodes>(x, C, bc, scale, codes, values, scale_inv));
 }
 
-// One row's codes (and, with `values`, their values; without `codes`, the values only) with the
-// column blocks' scales.
+// Calls f.template operator()<kValues, kScaled, kCodes>() for the outputs asked for: the codes
+// alone (no values), the values alone (no codes), or both; the values scaled with power-of-two
+// scales.
+template <typename Fn>
+void with_outputs(const uint8_t* codes, const bfloat16* values, bool scaled, Fn f) {
+  if (!values) return f.template operator()<false, false, true>();
+  if (!codes) {
+    return scaled ? f.template operator()<true, true, false>()
+                  : f.template operator()<true, false, false>();
+  }
+  return scaled ? f.template operator()<true, true, true>()
+                : f.template operator()<true, false, true>();
+}
+
+// One row's codes and/or values (with_outputs) with the column blocks' scales.
 template <Format F, typename S>
 void quantize_row(const S* x, int64_t C, int64_t bc, const float* scale, uint8_t* codes,
                   bfloat16* values, const float* scale_inv, bool scaled) {
-  if (!values) {
-    row_quantize_isa<S, F, false, false, true>(x, C, bc, scale, codes, values, scale_inv);
-  } else if (!codes) {
-    if (scaled) {
-      row_quantize_isa<S, F, true, true, false>(x, C, bc, scale, codes, values, scale_inv);
-    } else {
-      row_quantize_isa<S, F, true, false, false>(x, C, bc, scale, codes, values, scale_inv);
-    }
-  } else if (scaled) {
-    row_quantize_isa<S, F, true, true, true>(x, C, bc, scale, codes, values, scale_inv);
-  } else {
-    row_quantize_isa<S, F, true, false, true>(x, C, bc, scale, codes, values, scale_inv);
-  }
+  with_outputs(codes, values, scaled, [&]<bool kValues, bool kScaled, bool kCodes>() {
+    row_quantize_isa<S, F, kValues, kScaled, kCodes>(x, C, bc, scale, codes, values, scale_inv);
+  });
 }
 
-template <typename S>
-void amax_of_columns(const S* x, int64_t C, uint32_t* amax_bits) {
-  MT_ISA_CALL(column_amax<S>(x, C, amax_bits));
-}
-
-template <typename S>
-void amax_of_four_rows(const S* x, int64_t ld, int64_t C, uint32_t* amax_bits) {
-  MT_ISA_CALL(column_amax4<S>(x, ld, C, amax_bits));
+// kRows rows' column amaxes into amax_bits (column_amax).
+template <int kRows, typename S>
+void amax_of_columns(const S* x, int64_t ld, int64_t C, uint32_t* amax_bits) {
+  MT_ISA_CALL(column_amax<kRows, S>(x, ld, C, amax_bits));
 }
 
 // column_quantize in the build the CPU runs.
@@ -279,22 +278,13 @@ void column_quantize_isa(const S* x, int64_t C, const float* scale, uint8_t* cod
       column_quantize<S, F, kValues, kScaled, kCodes>(x, C, scale, codes, values, scale_inv));
 }
 
+// One row's codes and/or values (with_outputs) with a scale per column.
 template <Format F, typename S>
 void quantize_columns(const S* x, int64_t C, const float* scale, uint8_t* codes, bfloat16* values,
                       const float* scale_inv, bool scaled) {
-  if (!values) {
-    column_quantize_isa<S, F, false, false, true>(x, C, scale, codes, values, scale_inv);
-  } else if (!codes) {
-    if (scaled) {
-      column_quantize_isa<S, F, true, true, false>(x, C, scale, codes, values, scale_inv);
-    } else {
-      column_quantize_isa<S, F, true, false, false>(x, C, scale, codes, values, scale_inv);
-    }
-  } else if (scaled) {
-    column_quantize_isa<S, F, true, true, true>(x, C, scale, codes, values, scale_inv);
-  } else {
-    column_quantize_isa<S, F, true, false, true>(x, C, scale, codes, values, scale_inv);
-  }
+  with_outputs(codes, values, scaled, [&]<bool kValues, bool kScaled, bool kCodes>() {
+    column_quantize_isa<S, F, kValues, kScaled, kCodes>(x, C, scale, codes, values, scale_inv);
+  });
 }
 
 // scale[b] = fp8_block_scale(amax[b], ...), scale_inv[b] = 1 / scale[b] for n blocks: Amax's in
@@ -414,11 +404,11 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
       int64_t measured = r0;  // rows measured so far
       if constexpr (kStoredInLoop<T>) {
         for (; measured + 4 <= r1; measured += 4)
-          amax_of_four_rows(x + measured * C, C, C, bits.data());
+          amax_of_columns<4>(x + measured * C, C, C, bits.data());
       }
       for (; measured < r1; ++measured)
         with_row(x, measured, C, buf,
-                 [&]<typename S>(const S* row) { amax_of_columns(row, C, bits.data()); });
+                 [&]<typename S>(const S* row) { amax_of_columns<1>(row, C, C, bits.data()); });
       float* ba = amax + rb * C;
       float* bs = scale_inv + rb * C;
       for (int64_t c = 0; c < C; ++c) {
