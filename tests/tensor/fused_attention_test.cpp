@@ -393,6 +393,47 @@ TEST(FusedAttention, HalfDtypesAreTheF32KernelRoundedOnce) {
   backend::cpu::force_vector_isa(std::nullopt);
 }
 
+// Where the CPU has AVX-512, the kernels run 12-row tiles and the softmax rows in 16 lanes; they
+// must give the AVX2 kernels' values to the bit (the same multiply-adds in the same order, the
+// row sums in the AVX2 order): output, log-sum-exp and the three gradients, in every dtype the
+// vectorized kernels take, causal or not, including ViT's 50 tokens of head dim 16.
+TEST(FusedAttention, WideKernelsAreTheAvx2KernelsBitForBit) {
+  using backend::cpu::VectorIsa;
+  if (!backend::cpu::vector_isa_supported(VectorIsa::Avx512))
+    GTEST_SKIP() << "this CPU has no AVX-512";
+  std::vector<Case> cases;
+  for (const Case& c : kCases)
+    if (c.q.size() == 4) cases.push_back(c);
+  cases.push_back({{2, 4, 50, 16}, {2, 4, 50, 16}, false});
+  cases.push_back({{1, 3, 97, 24}, {1, 3, 97, 24}, true});
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    backend::AttentionParams p;
+    p.scale = 0.4;
+    p.causal = c.causal;
+    const Shape lse_shape{c.q[0], c.q[1], c.q[2]};
+    for (const DType d : {DType::F32, DType::BF16, DType::F16}) {
+      SCOPED_TRACE(c.q.str() + " x " + c.kv.str() + (c.causal ? " causal " : " ") +
+                   std::string(dtype_name(d)));
+      const auto [q, k, v, g] = random_inputs(c, seed, d);
+      seed += 4;
+      auto run = [&](VectorIsa isa) {
+        backend::cpu::force_vector_isa(isa);
+        Tensor out = Tensor::empty(c.q, d), lse = Tensor::empty(lse_shape, DType::F32);
+        backend::cpu_backend().attention(q, k, v, out, lse, p);
+        Tensor gq = Tensor::empty(c.q, d), gk = Tensor::empty(c.kv, d), gv = Tensor::empty(c.kv, d);
+        backend::cpu_backend().attention_backward(g, q, k, v, out, lse, gq, gk, gv, p);
+        backend::cpu::force_vector_isa(std::nullopt);
+        return std::vector<Tensor>{out, lse, gq, gk, gv};
+      };
+      const std::vector<Tensor> wide = run(VectorIsa::Avx512), narrow = run(VectorIsa::Avx2);
+      const char* what[] = {"out", "lse", "grad q", "grad k", "grad v"};
+      for (size_t i = 0; i < wide.size(); ++i)
+        EXPECT_EQ(values(wide[i]), values(narrow[i])) << what[i];
+    }
+  }
+}
+
 // Batch dims broadcast as in the composed path (one key/value head shared by every query head),
 // and the broadcast gradients are summed back.
 TEST(FusedAttention, BroadcastBatchDims) {

@@ -8,6 +8,11 @@
 #include <type_traits>
 
 #if defined(__x86_64__)
+// GCC 12's AVX-512 headers pass _mm512_undefined_*() as don't-care operands, which its own
+// -Wmaybe-uninitialized then flags at every inlined use: a known false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #endif
 
@@ -368,6 +373,56 @@ void tile(const float* a, int64_t ars, int64_t acs, int rows, const float* b, in
   }
 }
 
+// ---- the same kernels in 16 lanes, where vector_isa() is AVX-512 ------------------------------
+//
+// A tile of 12 rows x 16 columns in twelve zmm accumulators (one per row), the same fused
+// multiply-adds in the same k order as tile's, so the same values to the bit; the exponentials and
+// the softmax rows below likewise (FusedAttention.WideKernelsAreTheAvx2KernelsBitForBit). On a
+// core with 512-bit FMA units (Zen 5) a tile does twice the AVX2 tile's work a cycle; on Zen 4,
+// which splits each 512-bit operation in two, it loads half the broadcasts per multiply-add.
+#define MT_WIDE __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
+
+constexpr int kWideRows = 12;
+
+bool wide_kernels() {
+  return vector_isa() == VectorIsa::Avx512;
+}
+
+template <bool Accumulate>
+MT_WIDE void tile_wide(const float* a, int64_t ars, int64_t acs, int rows, const float* b,
+                       int64_t ldb, int64_t k, float* c, int64_t ldc) {
+  int64_t o[kWideRows];
+  for (int r = 0; r < kWideRows; ++r)
+    o[r] = std::min(r, rows - 1) * ars;
+  const int64_t o1 = o[1], o2 = o[2], o3 = o[3], o4 = o[4], o5 = o[5], o6 = o[6], o7 = o[7],
+                o8 = o[8], o9 = o[9], o10 = o[10], o11 = o[11];
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0,
+         c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const __m512 bv = _mm512_loadu_ps(b + kk * ldb);
+    const float* ak = a + kk * acs;
+    c0 = _mm512_fmadd_ps(_mm512_set1_ps(ak[0]), bv, c0);
+    c1 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o1]), bv, c1);
+    c2 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o2]), bv, c2);
+    c3 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o3]), bv, c3);
+    c4 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o4]), bv, c4);
+    c5 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o5]), bv, c5);
+    c6 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o6]), bv, c6);
+    c7 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o7]), bv, c7);
+    c8 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o8]), bv, c8);
+    c9 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o9]), bv, c9);
+    c10 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o10]), bv, c10);
+    c11 = _mm512_fmadd_ps(_mm512_set1_ps(ak[o11]), bv, c11);
+  }
+  const __m512 acc[kWideRows] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
+  for (int r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 x = acc[r];
+    if constexpr (Accumulate) x = _mm512_add_ps(_mm512_loadu_ps(cr), x);
+    _mm512_storeu_ps(cr, x);
+  }
+}
+
 // Which part of a block product a causal mask leaves, for row i of c and an offset `off` between
 // the block's query and key indices: None, all of it; ColumnsUpTo, the columns j <= i + off (the
 // scores of query i against keys j); KUpTo, the terms kk <= i + off (query i summing over keys
@@ -378,12 +433,14 @@ enum class Band { None, ColumnsUpTo, KUpTo, KFrom };
 
 // c (m x n) = (or +=) a (m x k) . b (k x n) for n a multiple of 16, strides as in tile, over the
 // part `band` leaves of each 6-row tile (the union of its rows' parts).
-template <bool Accumulate, Band B = Band::None>
+// Wide: the 12-row tiles of tile_wide.
+template <bool Accumulate, Band B = Band::None, bool Wide = false>
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t acs, const float* b,
           int64_t ldb, float* c, int64_t ldc, int64_t off = 0) {
+  constexpr int kRows = Wide ? kWideRows : kTileRows;
   for (int64_t j = 0; j < n; j += kPanel) {  // one 16-column panel of b stays in L1
-    for (int64_t i = 0; i < m; i += kTileRows) {
-      const int rows = int(std::min<int64_t>(kTileRows, m - i));
+    for (int64_t i = 0; i < m; i += kRows) {
+      const int rows = int(std::min<int64_t>(kRows, m - i));
       int64_t k0 = 0, k1 = k;
       if constexpr (B == Band::ColumnsUpTo) {
         if (j > i + rows - 1 + off) continue;
@@ -396,17 +453,30 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t 
         if constexpr (Accumulate) continue;
         k1 = k0;  // a product of nothing: zeros
       }
-      tile<Accumulate>(a + i * ars + k0 * acs, ars, acs, rows, b + k0 * ldb + j, ldb, k1 - k0,
-                       c + i * ldc + j, ldc);
+      const float* at = a + i * ars + k0 * acs;
+      if constexpr (Wide) {
+        tile_wide<Accumulate>(at, ars, acs, rows, b + k0 * ldb + j, ldb, k1 - k0, c + i * ldc + j,
+                              ldc);
+      } else {
+        tile<Accumulate>(at, ars, acs, rows, b + k0 * ldb + j, ldb, k1 - k0, c + i * ldc + j, ldc);
+      }
     }
   }
 }
 
-// The causal forms of the block products, or the whole products without a mask.
+// The causal forms of the block products, or the whole products without a mask; in the wide
+// tiles where `wide`.
 template <bool Accumulate, Band B>
-void block_product(bool causal, int64_t m, int64_t n, int64_t k, const float* a, int64_t ars,
-                   int64_t acs, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t off) {
-  if (causal) {
+void block_product(bool wide, bool causal, int64_t m, int64_t n, int64_t k, const float* a,
+                   int64_t ars, int64_t acs, const float* b, int64_t ldb, float* c, int64_t ldc,
+                   int64_t off) {
+  if (wide) {
+    if (causal) {
+      gemm<Accumulate, B, true>(m, n, k, a, ars, acs, b, ldb, c, ldc, off);
+    } else {
+      gemm<Accumulate, Band::None, true>(m, n, k, a, ars, acs, b, ldb, c, ldc);
+    }
+  } else if (causal) {
     gemm<Accumulate, B>(m, n, k, a, ars, acs, b, ldb, c, ldc, off);
   } else {
     gemm<Accumulate>(m, n, k, a, ars, acs, b, ldb, c, ldc);
@@ -632,15 +702,19 @@ void pair_transposed(const T* src, int64_t ld, int64_t n, int64_t d, uint32_t* r
     std::fill(dst + e * kBlockK + n, dst + e * kBlockK + padded(n), 0u);
 }
 
-// c (rows x 16) = a (rows x pairs) . b (pairs x 16), rows <= 6, in pairs of bf16: a's rows ars
-// apart, b's rows ldb apart, c's ldc apart; as tile<false> (rows past `rows` read the last row).
+// c (rows x 16) = a (rows x pairs) . b (pairs x 16), rows <= 12, in pairs of bf16: a's rows ars
+// apart, b's rows ldb apart, c's ldc apart; as tile_wide<false> (rows past `rows` read the last
+// row).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile_dp(
     const uint32_t* a, int64_t ars, int rows, const uint32_t* b, int64_t ldb, int64_t pairs,
     float* c, int64_t ldc) {
-  const int64_t o1 = std::min(1, rows - 1) * ars, o2 = std::min(2, rows - 1) * ars,
-                o3 = std::min(3, rows - 1) * ars, o4 = std::min(4, rows - 1) * ars,
-                o5 = std::min(5, rows - 1) * ars;
-  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  int64_t o[kWideRows];
+  for (int r = 0; r < kWideRows; ++r)
+    o[r] = std::min(r, rows - 1) * ars;
+  const int64_t o1 = o[1], o2 = o[2], o3 = o[3], o4 = o[4], o5 = o[5], o6 = o[6], o7 = o[7],
+                o8 = o[8], o9 = o[9], o10 = o[10], o11 = o[11];
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0,
+         c8 = c0, c9 = c0, c10 = c0, c11 = c0;
 #define MT_PAIR(x) (__m512bh) _mm512_set1_epi32(int(x))
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512bh bv = (__m512bh)_mm512_loadu_si512(b + p * ldb);
@@ -651,9 +725,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile_dp(
     c3 = _mm512_dpbf16_ps(c3, MT_PAIR(ap[o3]), bv);
     c4 = _mm512_dpbf16_ps(c4, MT_PAIR(ap[o4]), bv);
     c5 = _mm512_dpbf16_ps(c5, MT_PAIR(ap[o5]), bv);
+    c6 = _mm512_dpbf16_ps(c6, MT_PAIR(ap[o6]), bv);
+    c7 = _mm512_dpbf16_ps(c7, MT_PAIR(ap[o7]), bv);
+    c8 = _mm512_dpbf16_ps(c8, MT_PAIR(ap[o8]), bv);
+    c9 = _mm512_dpbf16_ps(c9, MT_PAIR(ap[o9]), bv);
+    c10 = _mm512_dpbf16_ps(c10, MT_PAIR(ap[o10]), bv);
+    c11 = _mm512_dpbf16_ps(c11, MT_PAIR(ap[o11]), bv);
   }
 #undef MT_PAIR
-  const __m512 acc[kTileRows] = {c0, c1, c2, c3, c4, c5};
+  const __m512 acc[kWideRows] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
   for (int r = 0; r < rows; ++r)
     _mm512_storeu_ps(c + r * ldc, acc[r]);
 }
@@ -663,8 +743,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile_dp(
 void scores_dp(bool causal, int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t ars,
                const uint32_t* b, int64_t ldb, float* c, int64_t ldc, int64_t off) {
   for (int64_t j = 0; j < n; j += kPanel) {
-    for (int64_t i = 0; i < m; i += kTileRows) {
-      const int rows = int(std::min<int64_t>(kTileRows, m - i));
+    for (int64_t i = 0; i < m; i += kWideRows) {
+      const int rows = int(std::min<int64_t>(kWideRows, m - i));
       if (causal && j > i + rows - 1 + off) continue;
       tile_dp(a + i * ars, ars, rows, b + j, ldb, pairs, c + i * ldc + j, ldc);
     }
@@ -703,6 +783,31 @@ inline __m256 exp8(__m256 x) {
       _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
   return _mm256_blendv_ps(_mm256_andnot_ps(lo, y),
                           _mm256_set1_ps(std::numeric_limits<float>::infinity()), hi);
+}
+
+// exp8's operations in 16 lanes, so its values.
+MT_WIDE inline __m512 exp16(__m512 x) {
+  using E = vm::ExpConstants;
+  const __mmask16 lo = _mm512_cmp_ps_mask(x, _mm512_set1_ps(E::kLow), _CMP_LT_OQ);
+  const __mmask16 hi = _mm512_cmp_ps_mask(x, _mm512_set1_ps(E::kHigh), _CMP_GT_OQ);
+  x = _mm512_maskz_mov_ps(__mmask16(~(lo | hi)), x);
+  const __m512 round = _mm512_set1_ps(E::kRound);
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(E::kLog2e), round);
+  const __m512 k = _mm512_sub_ps(t, round);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(E::kLn2Hi), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(E::kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(E::kPoly[0]);
+  for (int i = 1; i < 6; ++i)
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(E::kPoly[i]));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i ki = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
+  const __m512i k1 = _mm512_srai_epi32(ki, 1), k2 = _mm512_sub_epi32(ki, k1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 y = _mm512_mul_ps(
+      _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, bias), 23))),
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23)));
+  return _mm512_mask_blend_ps(hi, _mm512_maskz_mov_ps(__mmask16(~lo), y),
+                              _mm512_set1_ps(std::numeric_limits<float>::infinity()));
 }
 
 inline float lanes_sum8(__m256 v) {
@@ -772,6 +877,109 @@ void online_softmax_block(float* s, int64_t nq, int64_t nk, bool causal, int64_t
   }
 }
 
+// online_softmax_block in 16 lanes, with its values: the maximum is exact in any order, the
+// row's sum adds each 16-lane vector's two halves in turn to an 8-lane sum, which is
+// online_softmax_block's order, and the lanes past its last whole 8 add zeros.
+MT_WIDE void online_softmax_block_wide(float* s, int64_t nq, int64_t nk, bool causal, int64_t i0,
+                                       int64_t j0, float scale, float* m, float* l, float* ob,
+                                       int64_t dp) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 sc = _mm512_set1_ps(scale);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const int64_t nk16 = padded(nk);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* si = s + i * kBlockK;
+    const int64_t seen = visible_keys(causal, i0 + i, j0, nk);
+    const int64_t seen16 = padded(seen);  // vectors past it: all masked
+    std::fill(si + seen16, si + nk16, 0.0f);
+    __m512 vmax = _mm512_set1_ps(m[i]);
+    for (int64_t j = 0; j < seen16; j += kPanel) {
+      const __mmask16 visible = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(int32_t(seen - j)), lane);
+      const __m512 x =
+          _mm512_mask_blend_ps(visible, neg_inf, _mm512_mul_ps(_mm512_loadu_ps(si + j), sc));
+      _mm512_storeu_ps(si + j, x);
+      vmax = _mm512_max_ps(x, vmax);  // a NaN score is passed over, as by the plain loops
+    }
+    const float mx = _mm512_reduce_max_ps(vmax);
+    // Nothing seen, or only -inf so far: the row adds nothing (its p are zeros).
+    if (mx == -std::numeric_limits<float>::infinity()) {
+      std::fill(si, si + seen16, 0.0f);
+      continue;
+    }
+    const __m512 vmx = _mm512_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < seen16; j += kPanel) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(si + j), vmx));
+      _mm512_storeu_ps(si + j, e);
+      vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
+      vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps(e, 1));
+    }
+    // The row's first visible block has no running sum to rescale: e^-inf is 0.
+    const float alpha = m[i] == -std::numeric_limits<float>::infinity()
+                            ? 0.0f
+                            : _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mx)));
+    l[i] = l[i] * alpha + lanes_sum8(vsum);
+    m[i] = mx;
+    float* o = ob + i * dp;
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int64_t e = 0; e < dp; e += kPanel)
+      _mm512_storeu_ps(o + e, _mm512_mul_ps(_mm512_loadu_ps(o + e), va));
+  }
+}
+
+// The backward's p = e^(scale s - lse) and dS = p (dP - delta) for rows [0, nq) of the blocks p
+// (scores in, probabilities out) and ds (dP in, dS out), zeros where masked; whole vectors, as in
+// the forward: in 8 lanes, or in 16 where `wide` (the same values).
+void probabilities_and_ds(float* pb, float* ds, int64_t nq, int64_t nk, bool causal, int64_t i0,
+                          int64_t j0, float scale, const float* lse, const float* delta) {
+  const int64_t nk8 = whole_vectors(nk);
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* pr = pb + i * kBlockK;
+    float* dr = ds + i * kBlockK;
+    const int64_t seen = visible_keys(causal, i0 + i, j0, nk);
+    const int64_t seen8 = whole_vectors(seen);
+    std::fill(pr + seen8, pr + nk8, 0.0f);
+    std::fill(dr + seen8, dr + nk8, 0.0f);
+    const __m256 li = _mm256_set1_ps(lse[i]), di = _mm256_set1_ps(delta[i]);
+    for (int64_t j = 0; j < seen8; j += kLanes) {
+      const __m256 visible = visible_lanes(j, seen);
+      const __m256 pj = _mm256_and_ps(
+          visible, exp8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + j), sc), li)));
+      _mm256_storeu_ps(pr + j, pj);
+      _mm256_storeu_ps(
+          dr + j,
+          _mm256_and_ps(visible, _mm256_mul_ps(pj, _mm256_sub_ps(_mm256_loadu_ps(dr + j), di))));
+    }
+  }
+}
+
+MT_WIDE void probabilities_and_ds_wide(float* pb, float* ds, int64_t nq, int64_t nk, bool causal,
+                                       int64_t i0, int64_t j0, float scale, const float* lse,
+                                       const float* delta) {
+  const int64_t nk16 = padded(nk);
+  const __m512 sc = _mm512_set1_ps(scale);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* pr = pb + i * kBlockK;
+    float* dr = ds + i * kBlockK;
+    const int64_t seen = visible_keys(causal, i0 + i, j0, nk);
+    const int64_t seen16 = padded(seen);
+    std::fill(pr + seen16, pr + nk16, 0.0f);
+    std::fill(dr + seen16, dr + nk16, 0.0f);
+    const __m512 li = _mm512_set1_ps(lse[i]), di = _mm512_set1_ps(delta[i]);
+    for (int64_t j = 0; j < seen16; j += kPanel) {
+      const __mmask16 visible = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(int32_t(seen - j)), lane);
+      const __m512 pj = _mm512_maskz_mov_ps(
+          visible, exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(pr + j), sc), li)));
+      _mm512_storeu_ps(pr + j, pj);
+      _mm512_storeu_ps(dr + j,
+                       _mm512_maskz_mov_ps(
+                           visible, _mm512_mul_ps(pj, _mm512_sub_ps(_mm512_loadu_ps(dr + j), di))));
+    }
+  }
+}
+
 template <typename T>
 void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T* vp,
              const Heads& lv, T* op, const Heads& lo, float* lp, const AttentionDims& n,
@@ -785,6 +993,7 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
       2 * kBlockQ * dp + d * kBlockK + kBlockK * dp + kBlockQ * kBlockK + 2 * kBlockQ + kLanes * dp;
   // bf16 on bf16 dot products: q's and k's swapped pairs (and k's pair rows) instead.
   const bool dot = std::is_same_v<T, bfloat16> && bf16_dot_products(d);
+  const bool wide = wide_kernels();
   const int64_t pairs = d / 2;
   parallel_rows<float>(
       n.bh * qblocks, n.bh * n.tq * n.tk * d, scratch, [&](int64_t task, float* buf) {
@@ -820,13 +1029,17 @@ void forward(const T* qp, const Heads& lq, const T* kp, const Heads& lk, const T
                       i0 - j0);
           } else {
             load_transposed(kp + lk.row(bh, j0), lk.st, nk, d, conv, kt);
-            block_product<false, Band::ColumnsUpTo>(p.causal, nq, padded(nk), d, qb.p, qb.ld, 1, kt,
-                                                    kBlockK, s, kBlockK, i0 - j0);
+            block_product<false, Band::ColumnsUpTo>(wide, p.causal, nq, padded(nk), d, qb.p, qb.ld,
+                                                    1, kt, kBlockK, s, kBlockK, i0 - j0);
           }
           const Rows vb = padded_rows(vp + lv.row(bh, j0), lv.st, nk, d, dp, vbuf);
-          online_softmax_block(s, nq, nk, p.causal, i0, j0, scale, m, l, ob, dp);
-          block_product<true, Band::KUpTo>(p.causal, nq, dp, nk, s, kBlockK, 1, vb.p, vb.ld, ob, dp,
-                                           i0 - j0);
+          if (wide) {
+            online_softmax_block_wide(s, nq, nk, p.causal, i0, j0, scale, m, l, ob, dp);
+          } else {
+            online_softmax_block(s, nq, nk, p.causal, i0, j0, scale, m, l, ob, dp);
+          }
+          block_product<true, Band::KUpTo>(wide, p.causal, nq, dp, nk, s, kBlockK, 1, vb.p, vb.ld,
+                                           ob, dp, i0 - j0);
         }
         float* lse = lp + bh * n.tq + i0;
 #pragma omp simd
@@ -853,6 +1066,7 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
   // bf16 on bf16 dot products: the scores and dP from the swapped pairs of the head's q and dO
   // and of the block's k and v, not from kt and vt.
   const bool dot = std::is_same_v<T, bfloat16> && bf16_dot_products(d);
+  const bool wide = wide_kernels();
   const int64_t pairs = d / 2;
   parallel_rows<float>(n.bh, n.bh * tq * n.tk * d, scratch, [&](int64_t bh, float* buf) {
     float* qbuf = buf;
@@ -917,7 +1131,6 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
     }
     for (int64_t j0 = 0; j0 < n.tk; j0 += kBlockK) {
       const int64_t nk = std::min(kBlockK, n.tk - j0), nk16 = padded(nk);
-      const int64_t nk8 = whole_vectors(nk);
       const Rows kb = padded_rows(kp + lk.row(bh, j0), lk.st, nk, d, dp, kbuf);
       if (dot) {
         pair_transposed(kp + lk.row(bh, j0), lk.st, nk, d, prows, kpairs);
@@ -942,38 +1155,23 @@ void backward(const T* gp, const Heads& lg, const T* qp, const Heads& lq, const 
           scores_dp(causal, nq, nk16, pairs, gpairs + i0 * pairs, pairs, vpairs, kBlockK, ds,
                     kBlockK, off);  // dP = dO v^T
         } else {
-          block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, qi, q.ld, 1, kt, kBlockK, pb,
-                                                  kBlockK, off);  // scores
-          block_product<false, Band::ColumnsUpTo>(causal, nq, nk16, d, gi, g.ld, 1, vt, kBlockK, ds,
-                                                  kBlockK, off);  // dP = dO v^T
+          block_product<false, Band::ColumnsUpTo>(wide, causal, nq, nk16, d, qi, q.ld, 1, kt,
+                                                  kBlockK, pb, kBlockK, off);  // scores
+          block_product<false, Band::ColumnsUpTo>(wide, causal, nq, nk16, d, gi, g.ld, 1, vt,
+                                                  kBlockK, ds, kBlockK, off);  // dP = dO v^T
         }
         // p = e^(scale s - lse) (the scaled score rounded as in the forward) and
-        // dS = p (dP - delta), zeros where masked; whole vectors, as in the forward.
-        const __m256 sc = _mm256_set1_ps(scale);
-        for (int64_t i = 0; i < nq; ++i) {
-          float* pr = pb + i * kBlockK;
-          float* dr = ds + i * kBlockK;
-          const int64_t seen = visible_keys(p.causal, i0 + i, j0, nk);
-          const int64_t seen8 = whole_vectors(seen);
-          std::fill(pr + seen8, pr + nk8, 0.0f);
-          std::fill(dr + seen8, dr + nk8, 0.0f);
-          const __m256 li = _mm256_set1_ps(lse[i0 + i]), di = _mm256_set1_ps(delta[i0 + i]);
-          for (int64_t j = 0; j < seen8; j += kLanes) {
-            const __m256 visible = visible_lanes(j, seen);
-            const __m256 pj = _mm256_and_ps(
-                visible, exp8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + j), sc), li)));
-            _mm256_storeu_ps(pr + j, pj);
-            _mm256_storeu_ps(
-                dr + j,
-                _mm256_and_ps(visible,
-                              _mm256_mul_ps(pj, _mm256_sub_ps(_mm256_loadu_ps(dr + j), di))));
-          }
+        // dS = p (dP - delta).
+        if (wide) {
+          probabilities_and_ds_wide(pb, ds, nq, nk, causal, i0, j0, scale, lse + i0, delta + i0);
+        } else {
+          probabilities_and_ds(pb, ds, nq, nk, causal, i0, j0, scale, lse + i0, delta + i0);
         }
-        block_product<true, Band::KFrom>(causal, nk, dp, nq, pb, 1, kBlockK, gi, g.ld, dv, dp,
+        block_product<true, Band::KFrom>(wide, causal, nk, dp, nq, pb, 1, kBlockK, gi, g.ld, dv, dp,
                                          -off);  // dV += P^T dO
-        block_product<true, Band::KFrom>(causal, nk, dp, nq, ds, 1, kBlockK, qi, q.ld, dk, dp,
+        block_product<true, Band::KFrom>(wide, causal, nk, dp, nq, ds, 1, kBlockK, qi, q.ld, dk, dp,
                                          -off);  // dK += dS^T q
-        block_product<true, Band::KUpTo>(causal, nq, dp, nk, ds, kBlockK, 1, kb.p, kb.ld,
+        block_product<true, Band::KUpTo>(wide, causal, nq, dp, nk, ds, kBlockK, 1, kb.p, kb.ld,
                                          dq + i0 * dp, dp, off);  // dQ += dS k
       }
       store_rows(dk, nk, d, dp, scale, gkp + lkv.row(bh, j0), lkv.st);
