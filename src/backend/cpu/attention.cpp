@@ -424,6 +424,54 @@ MT_WIDE void tile_wide(const float* a, int64_t ars, int64_t acs, int rows, const
   }
 }
 
+// c (rows x 64) = (or +=) a (rows x k) . b (k x 64), rows <= 6: four zmm a row, 24 accumulators.
+// Per k it loads 4 vectors of b and broadcasts 6 of a for 24 multiply-adds, where tile_wide's 12
+// rows x 16 columns take 13 loads for 12 (those loads, not the FMA units, bounded the scores
+// product at ViT's head dim 16). The same sums in the same order as tile and tile_wide.
+template <bool Accumulate>
+MT_WIDE void tile_wide4(const float* a, int64_t ars, int64_t acs, int rows, const float* b,
+                        int64_t ldb, int64_t k, float* c, int64_t ldc) {
+  const int64_t o1 = std::min(1, rows - 1) * ars, o2 = std::min(2, rows - 1) * ars,
+                o3 = std::min(3, rows - 1) * ars, o4 = std::min(4, rows - 1) * ars,
+                o5 = std::min(5, rows - 1) * ars;
+  const __m512 z = _mm512_setzero_ps();
+  __m512 c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z, c20 = z, c21 = z,
+         c22 = z, c23 = z, c30 = z, c31 = z, c32 = z, c33 = z, c40 = z, c41 = z, c42 = z, c43 = z,
+         c50 = z, c51 = z, c52 = z, c53 = z;
+#define MT_ROW4(r, o)                           \
+  {                                             \
+    const __m512 av = _mm512_set1_ps(ak[o]);    \
+    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0); \
+    c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1); \
+    c##r##2 = _mm512_fmadd_ps(av, b2, c##r##2); \
+    c##r##3 = _mm512_fmadd_ps(av, b3, c##r##3); \
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float* bk = b + kk * ldb;
+    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16),
+                 b2 = _mm512_loadu_ps(bk + 32), b3 = _mm512_loadu_ps(bk + 48);
+    const float* ak = a + kk * acs;
+    MT_ROW4(0, 0)
+    MT_ROW4(1, o1)
+    MT_ROW4(2, o2)
+    MT_ROW4(3, o3)
+    MT_ROW4(4, o4)
+    MT_ROW4(5, o5)
+  }
+#undef MT_ROW4
+  const __m512 acc[kTileRows][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13},
+                                    {c20, c21, c22, c23}, {c30, c31, c32, c33},
+                                    {c40, c41, c42, c43}, {c50, c51, c52, c53}};
+  for (int r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    for (int q = 0; q < 4; ++q) {
+      __m512 x = acc[r][q];
+      if constexpr (Accumulate) x = _mm512_add_ps(_mm512_loadu_ps(cr + 16 * q), x);
+      _mm512_storeu_ps(cr + 16 * q, x);
+    }
+  }
+}
+
 // Which part of a block product a causal mask leaves, for row i of c and an offset `off` between
 // the block's query and key indices: None, all of it; ColumnsUpTo, the columns j <= i + off (the
 // scores of query i against keys j); KUpTo, the terms kk <= i + off (query i summing over keys
@@ -439,6 +487,17 @@ template <bool Accumulate, Band B = Band::None, bool Wide = false>
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t acs, const float* b,
           int64_t ldb, float* c, int64_t ldc, int64_t off = 0) {
   constexpr int kRows = Wide ? kWideRows : kTileRows;
+  if constexpr (Wide && B == Band::None) {
+    if (n % (4 * kPanel) == 0) {  // 64-column panels (the scores and dP of a whole key block)
+      for (int64_t j = 0; j < n; j += 4 * kPanel) {
+        for (int64_t i = 0; i < m; i += kTileRows) {
+          tile_wide4<Accumulate>(a + i * ars, ars, acs, int(std::min<int64_t>(kTileRows, m - i)),
+                                 b + j, ldb, k, c + i * ldc + j, ldc);
+        }
+      }
+      return;
+    }
+  }
   for (int64_t j = 0; j < n; j += kPanel) {  // one 16-column panel of b stays in L1
     for (int64_t i = 0; i < m; i += kRows) {
       const int rows = int(std::min<int64_t>(kRows, m - i));
@@ -870,51 +929,70 @@ void online_softmax_block(float* s, int64_t nq, int64_t nk, bool causal, int64_t
 
 // online_softmax_block in 16 lanes, with its values: the maximum is exact in any order, the
 // row's sum adds each 16-lane vector's two halves in turn to an 8-lane sum, which is
-// online_softmax_block's order, and the lanes past its last whole 8 add zeros.
+// online_softmax_block's order, and the lanes past its last whole 8 add zeros. Four rows go
+// through each step before the next step starts: a row alone is a chain of dependent steps
+// (its maximum, then its exponentials, then their sum), and at ViT's 50 keys the core waited on
+// that chain; four independent chains side by side keep it busy.
 MT_WIDE void online_softmax_block_wide(float* s, int64_t nq, int64_t nk, bool causal, int64_t i0,
                                        int64_t j0, float scale, float* m, float* l, float* ob,
                                        int64_t dp) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int64_t kGroup = 4;
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   const __m512 sc = _mm512_set1_ps(scale);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const int64_t nk16 = padded(nk);
-  for (int64_t i = 0; i < nq; ++i) {
-    float* si = s + i * kBlockK;
-    const int64_t seen = visible_keys(causal, i0 + i, j0, nk);
-    const int64_t seen16 = padded(seen);  // vectors past it: all masked
-    std::fill(si + seen16, si + nk16, 0.0f);
-    __m512 vmax = _mm512_set1_ps(m[i]);
-    for (int64_t j = 0; j < seen16; j += kPanel) {
-      const __mmask16 visible = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(int32_t(seen - j)), lane);
-      const __m512 x =
-          _mm512_mask_blend_ps(visible, neg_inf, _mm512_mul_ps(_mm512_loadu_ps(si + j), sc));
-      _mm512_storeu_ps(si + j, x);
-      vmax = _mm512_max_ps(x, vmax);  // a NaN score is passed over, as by the plain loops
+  for (int64_t g = 0; g < nq; g += kGroup) {
+    const int64_t rows = std::min(kGroup, nq - g);
+    int64_t seen[kGroup], seen16[kGroup];
+    float mx[kGroup], sum[kGroup];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = g + r;
+      float* si = s + i * kBlockK;
+      seen[r] = visible_keys(causal, i0 + i, j0, nk);
+      seen16[r] = padded(seen[r]);  // vectors past it: all masked
+      std::fill(si + seen16[r], si + nk16, 0.0f);
+      __m512 vmax = _mm512_set1_ps(m[i]);
+      for (int64_t j = 0; j < seen16[r]; j += kPanel) {
+        const __mmask16 visible =
+            _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(int32_t(seen[r] - j)), lane);
+        const __m512 x =
+            _mm512_mask_blend_ps(visible, neg_inf, _mm512_mul_ps(_mm512_loadu_ps(si + j), sc));
+        _mm512_storeu_ps(si + j, x);
+        vmax = _mm512_max_ps(x, vmax);  // a NaN score is passed over, as by the plain loops
+      }
+      mx[r] = _mm512_reduce_max_ps(vmax);
     }
-    const float mx = _mm512_reduce_max_ps(vmax);
-    // Nothing seen, or only -inf so far: the row adds nothing (its p are zeros).
-    if (mx == -std::numeric_limits<float>::infinity()) {
-      std::fill(si, si + seen16, 0.0f);
-      continue;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* si = s + (g + r) * kBlockK;
+      // Nothing seen, or only -inf so far: the row adds nothing (its p are zeros).
+      if (mx[r] == kNegInf) {
+        std::fill(si, si + seen16[r], 0.0f);
+        continue;
+      }
+      const __m512 vmx = _mm512_set1_ps(mx[r]);
+      __m256 vsum = _mm256_setzero_ps();
+      for (int64_t j = 0; j < seen16[r]; j += kPanel) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(si + j), vmx));
+        _mm512_storeu_ps(si + j, e);
+        vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
+        vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps(e, 1));
+      }
+      sum[r] = lanes_sum8(vsum);
     }
-    const __m512 vmx = _mm512_set1_ps(mx);
-    __m256 vsum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < seen16; j += kPanel) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(si + j), vmx));
-      _mm512_storeu_ps(si + j, e);
-      vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
-      vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps(e, 1));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = g + r;
+      if (mx[r] == kNegInf) continue;
+      // The row's first visible block has no running sum to rescale: e^-inf is 0.
+      const float alpha =
+          m[i] == kNegInf ? 0.0f : _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mx[r])));
+      l[i] = l[i] * alpha + sum[r];
+      m[i] = mx[r];
+      float* o = ob + i * dp;
+      const __m512 va = _mm512_set1_ps(alpha);
+      for (int64_t e = 0; e < dp; e += kPanel)
+        _mm512_storeu_ps(o + e, _mm512_mul_ps(_mm512_loadu_ps(o + e), va));
     }
-    // The row's first visible block has no running sum to rescale: e^-inf is 0.
-    const float alpha = m[i] == -std::numeric_limits<float>::infinity()
-                            ? 0.0f
-                            : _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mx)));
-    l[i] = l[i] * alpha + lanes_sum8(vsum);
-    m[i] = mx;
-    float* o = ob + i * dp;
-    const __m512 va = _mm512_set1_ps(alpha);
-    for (int64_t e = 0; e < dp; e += kPanel)
-      _mm512_storeu_ps(o + e, _mm512_mul_ps(_mm512_loadu_ps(o + e), va));
   }
 }
 
