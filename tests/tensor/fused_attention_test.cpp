@@ -396,7 +396,8 @@ TEST(FusedAttention, HalfDtypesAreTheF32KernelRoundedOnce) {
 // Where the CPU has AVX-512, the kernels run 12-row tiles and the softmax rows in 16 lanes; they
 // must give the AVX2 kernels' values to the bit (the same multiply-adds in the same order, the
 // row sums in the AVX2 order): output, log-sum-exp and the three gradients, in every dtype the
-// vectorized kernels take, causal or not, including ViT's 50 tokens of head dim 16.
+// vectorized kernels take, causal or not, including ViT's 50 tokens of head dim 16 and a head dim
+// of 64 (its products into the head dim on the 6 x 64 tiles too).
 TEST(FusedAttention, WideKernelsAreTheAvx2KernelsBitForBit) {
   using backend::cpu::VectorIsa;
   if (!backend::cpu::vector_isa_supported(VectorIsa::Avx512))
@@ -406,6 +407,8 @@ TEST(FusedAttention, WideKernelsAreTheAvx2KernelsBitForBit) {
     if (c.q.size() == 4) cases.push_back(c);
   cases.push_back({{2, 4, 50, 16}, {2, 4, 50, 16}, false});
   cases.push_back({{1, 3, 97, 24}, {1, 3, 97, 24}, true});
+  cases.push_back({{1, 2, 70, 64}, {1, 2, 131, 64}, false});  // 6 x 64 tiles into dO, dQ, dK, dV
+  cases.push_back({{1, 2, 70, 64}, {1, 2, 131, 64}, true});
   uint64_t seed = 900;
   for (const Case& c : cases) {
     backend::AttentionParams p;

@@ -488,7 +488,8 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t 
           int64_t ldb, float* c, int64_t ldc, int64_t off = 0) {
   constexpr int kRows = Wide ? kWideRows : kTileRows;
   if constexpr (Wide && B == Band::None) {
-    if (n % (4 * kPanel) == 0) {  // 64-column panels (the scores and dP of a whole key block)
+    // 64-column panels: the scores and dP of a whole key block, the products into head dims of 64
+    if (n % (4 * kPanel) == 0) {
       for (int64_t j = 0; j < n; j += 4 * kPanel) {
         for (int64_t i = 0; i < m; i += kTileRows) {
           tile_wide4<Accumulate>(a + i * ars, ars, acs, int(std::min<int64_t>(kTileRows, m - i)),
