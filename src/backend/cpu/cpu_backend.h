@@ -1,6 +1,7 @@
 // Internal: the CPU backend. Its kernels are spread over the files of this folder by family
 // (elementwise.cpp, reduce.cpp, dnnl.cpp for GEMM and convolution, pool.cpp, norm.cpp,
-// softmax in norm.cpp, attention.cpp, index.cpp, optim_kernels.cpp, amp_kernels.cpp).
+// softmax in norm.cpp, attention.cpp and attention_x86.cpp, index.cpp, optim_kernels.cpp,
+// amp_kernels.cpp).
 #pragma once
 
 #include "backend/backend.h"

@@ -59,8 +59,8 @@ MT_VM_INLINE float pow2i(int32_t k) {
 }
 inline constexpr uint32_t kInfBits = 0x7f800000u;
 
-// e^x's constants, shared with the attention kernels' 8-lane form (attention.cpp). Below kLow the
-// result is 0 and above kHigh (ln FLT_MAX) inf: those lanes compute e^0 and are replaced at the
+// e^x's constants, shared with the attention kernels' 8-lane form (attention_x86.cpp). Below kLow
+// the result is 0 and above kHigh (ln FLT_MAX) inf: those lanes compute e^0 and are replaced at the
 // end. Computing them would end in a subnormal product, and x86 takes a microcode assist of ~100
 // cycles for each (a causal attention softmax, half of whose scores are -inf, took twice as
 // long). kRound (1.5 * 2^23) rounds to an integer when added; ln2 is in two parts, kLn2Hi with
