@@ -120,11 +120,12 @@ bool wide_kernels() {
 template <bool Accumulate>
 MT_WIDE void tile_wide(const float* a, int64_t ars, int64_t acs, int rows, const float* b,
                        int64_t ldb, int64_t k, float* c, int64_t ldc) {
-  int64_t o[kWideRows];
-  for (int r = 0; r < kWideRows; ++r)
-    o[r] = std::min(r, rows - 1) * ars;
-  const int64_t o1 = o[1], o2 = o[2], o3 = o[3], o4 = o[4], o5 = o[5], o6 = o[6], o7 = o[7],
-                o8 = o[8], o9 = o[9], o10 = o[10], o11 = o[11];
+  const int64_t o1 = std::min(1, rows - 1) * ars, o2 = std::min(2, rows - 1) * ars,
+                o3 = std::min(3, rows - 1) * ars, o4 = std::min(4, rows - 1) * ars,
+                o5 = std::min(5, rows - 1) * ars, o6 = std::min(6, rows - 1) * ars,
+                o7 = std::min(7, rows - 1) * ars, o8 = std::min(8, rows - 1) * ars,
+                o9 = std::min(9, rows - 1) * ars, o10 = std::min(10, rows - 1) * ars,
+                o11 = std::min(11, rows - 1) * ars;
   __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0,
          c8 = c0, c9 = c0, c10 = c0, c11 = c0;
   for (int64_t kk = 0; kk < k; ++kk) {
