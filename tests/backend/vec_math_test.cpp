@@ -394,8 +394,9 @@ TEST(LstmCellKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
   }
 }
 
-// Contiguous bf16 operands are read and written inside the unary, derivative and binary loops
-// (no conversion pass into float chunks): the results are the f32 kernels' on the same values,
+// Contiguous bf16 operands are read and written inside the unary, derivative and binary kernels
+// (not through the chunked path's convert() passes; the unary ones widen 512 elements at a time
+// into L1): the results are the f32 kernels' on the same values,
 // rounded once, and the chunked path's (a strided view takes it), bit for bit, for every op, with
 // NaN, infinities and a subnormal among the inputs, and with the output written over an input.
 TEST(ElementwiseKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
@@ -439,6 +440,42 @@ TEST(ElementwiseKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
     Tensor in_place = x.clone();
     cpu.binary(b, in_place, g, in_place);
     EXPECT_EQ(first_difference(values(in_place), values(o)), "") << "written over its input";
+  }
+}
+
+// Layer norm on bf16 rows: the rows are widened a group at a time and the input gradient's rows
+// rounded a group at a time; the results are the f32 kernel's on the widened values (the output
+// and input gradient rounded once, the statistics and the weight and bias gradients equal), bit
+// for bit. 2887 rows make blocks of 46 rows, loaded in groups of 32 (rows of 64) or 20 (rows of
+// 100), the last group of each block ragged.
+TEST(LayerNormKernel, Bf16IsTheF32KernelRoundedOnce) {
+  Backend& cpu = cpu_backend();
+  const int64_t rows = 2887;
+  for (const int64_t n : {int64_t(64), int64_t(100)}) {
+    SCOPED_TRACE("rows of " + std::to_string(n));
+    const Tensor x = add(Tensor::normal({rows, n}, 0, 1, 31), 0.25).to(DType::BF16);
+    const Tensor g = Tensor::uniform({rows, n}, -1, 1, 32).to(DType::BF16);
+    const Tensor w = Tensor::uniform({n}, 0.5, 1.5, 33), b = Tensor::uniform({n}, -1, 1, 34);
+    struct Out {
+      Tensor y, mean, rstd, gx, gw, gb;
+    };
+    auto run = [&](DType dt) {
+      Out o{Tensor::empty({rows, n}, dt),      Tensor::empty({rows}, DType::F32),
+            Tensor::empty({rows}, DType::F32), Tensor::empty({rows, n}, dt),
+            Tensor::empty({n}, DType::F32),    Tensor::empty({n}, DType::F32)};
+      const Tensor xd = x.to(dt), gd = g.to(dt);
+      cpu.layer_norm(xd, &w, &b, 1e-5, o.y, o.mean, o.rstd);
+      cpu.layer_norm_backward(gd, xd, &w, o.mean, o.rstd, &o.gx, &o.gw, &o.gb);
+      return o;
+    };
+    const Out h = run(DType::BF16), f = run(DType::F32);
+    auto rounded = [](const Tensor& t) { return values(t.to(DType::BF16)); };
+    EXPECT_EQ(first_difference(values(h.y), rounded(f.y)), "") << "output";
+    EXPECT_EQ(first_difference(values(h.mean), values(f.mean)), "") << "mean";
+    EXPECT_EQ(first_difference(values(h.rstd), values(f.rstd)), "") << "rstd";
+    EXPECT_EQ(first_difference(values(h.gx), rounded(f.gx)), "") << "input gradient";
+    EXPECT_EQ(first_difference(values(h.gw), values(f.gw)), "") << "weight gradient";
+    EXPECT_EQ(first_difference(values(h.gb), values(f.gb)), "") << "bias gradient";
   }
 }
 
