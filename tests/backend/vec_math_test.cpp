@@ -396,9 +396,10 @@ TEST(LstmCellKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
 
 // Contiguous bf16 operands are read and written inside the unary, derivative and binary kernels
 // (not through the chunked path's convert() passes; the unary ones widen 512 elements at a time
-// into L1): the results are the f32 kernels' on the same values,
-// rounded once, and the chunked path's (a strided view takes it), bit for bit, for every op, with
-// NaN, infinities and a subnormal among the inputs, and with the output written over an input.
+// into L1): the results are the f32 kernels' on the same values, rounded once, and the chunked
+// path's (a strided view takes it), bit for bit, for every op, with NaN, infinities and a
+// subnormal among the inputs, and with the output written over an input. 5000 elements make
+// several of the unary kernels' 512-element buffers and a ragged last one.
 TEST(ElementwiseKernel, Bf16StorageIsTheF32KernelRoundedOnce) {
   Backend& cpu = cpu_backend();
   const int64_t n = 5000;  // more than two chunks, a ragged tail
