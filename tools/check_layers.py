@@ -32,7 +32,11 @@ LAYERS = [
     ("backend", ["backend/"]),
     # The one path of an op: autocast policy -> backend kernel -> autograd record, and the
     # backward engine that runs what the ops recorded (it accumulates gradients with ops).
-    ("ops", ["tensor/", "autograd/", "amp/autocast", "amp/cast_policy", "amp/fp8"]),
+    # The op-level half of mixed precision sits here too: the autocast policy every op consults,
+    # and fp8's quantization, scaled GEMMs and region (autocast/).
+    ("ops", ["tensor/", "autograd/", "autocast/"]),
+    # Quality metrics of what a model makes (the Frechet distance, MS-SSIM): computed with ops.
+    ("metrics", ["metrics/"]),
     ("io", ["io/"]),
     ("data", ["data/"]),
     ("nn", ["nn/"]),
@@ -43,6 +47,8 @@ LAYERS = [
     # optimizers and the loss scaler; the trainer drives it.
     ("dist", ["dist/"]),
     ("train", ["train/"]),
+    # The precision study: the matrix of model families x recipes, run with the training layer.
+    ("study", ["study/"]),
     ("tools", ["mantissa", "tools:", "bench:", "python:"]),
 ]
 

@@ -1,8 +1,8 @@
 // Everything public, in one include.
 #pragma once
 
-#include "mantissa/amp/autocast.h"
 #include "mantissa/amp/grad_scaler.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/autograd/grad_mode.h"
@@ -21,6 +21,7 @@
 #include "mantissa/data/tokenizer.h"
 #include "mantissa/data/tokens.h"
 #include "mantissa/io/safetensors.h"
+#include "mantissa/metrics/image_quality.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/nn/module.h"
@@ -33,10 +34,10 @@
 #include "mantissa/optim/clip.h"
 #include "mantissa/optim/optimizer.h"
 #include "mantissa/optim/schedule.h"
+#include "mantissa/study/study.h"
 #include "mantissa/tensor/ops.h"
 #include "mantissa/tensor/tensor.h"
 #include "mantissa/train/checkpoint.h"
 #include "mantissa/train/config.h"
 #include "mantissa/train/gan.h"
-#include "mantissa/train/study.h"
 #include "mantissa/train/trainer.h"

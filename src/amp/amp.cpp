@@ -5,7 +5,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/tensor/ops.h"

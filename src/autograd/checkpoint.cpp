@@ -4,8 +4,8 @@
 #include <memory>
 #include <optional>
 
-#include "mantissa/amp/autocast.h"
-#include "mantissa/amp/fp8.h"
+#include "mantissa/autocast/autocast.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"

@@ -35,7 +35,7 @@ struct MatmulOptions {
   float output_scale = 1.0f;
 };
 
-// fp8 scaling (amp/fp8.h): how fp8_quantize picks each block's scale.
+// fp8 scaling (autocast/fp8.h): how fp8_quantize picks each block's scale.
 enum class Fp8ScaleRule : uint8_t {
   Given,     // p.scale for every block (per-tensor delayed scaling: the scale from the history)
   Amax,      // fp8_max / amax in fp32 (current scaling; DeepSeek-V3's blocks)

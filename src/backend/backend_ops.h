@@ -30,7 +30,7 @@
   _(Data, void, copy_rounded,                                                                     \
     (const Tensor& src, Tensor& dst, const RoundingOptions& rounding),                            \
     (src, dst, rounding))                                                                         \
-  /* fp8 quantization (amp/fp8.h). x (R, C) contiguous float, cut in blocks of p.block_rows x */  \
+  /* fp8 quantization (autocast/fp8.h). x (R, C) contiguous float, cut in blocks of p.block_rows x */  \
   /* p.block_cols (0: the whole dimension; the last block may be short). Per block: amax = max */  \
   /* |x| (F32, (nbr, nbc)); scale by p.rule (Amax: 1 where amax is 0 or not finite; AmaxPow2: */    \
   /* 1 where amax is 0, NaN where not finite); codes (R, C, FP8_E4M3 or FP8_E5M2) = x * scale */   \
@@ -98,7 +98,7 @@
     (const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out, const MatmulOptions&      \
     options),                                                                                     \
     (a, b, bias, out, options))                                                                   \
-  /* The fp8 GEMM of per-tensor scaled operands (amp/fp8.h): out (M, N) = (a (M, K) . b (N, */   \
+  /* The fp8 GEMM of per-tensor scaled operands (autocast/fp8.h): out (M, N) = (a (M, K) . b (N, */   \
   /* K)^T) * a_scale_inv * b_scale_inv, a and b fp8 codes (E4M3 or E5M2, not both E5M2) with */   \
   /* K innermost (unit stride), the scales one-element F32 tensors on their device; products */   \
   /* exact, sums in fp32 (any order), the scales applied in fp32, out (contiguous F32, BF16 or */ \

@@ -1,5 +1,5 @@
 // Internal: the arithmetic of fp8 scaling that every backend's fp8_quantize shares, host and
-// device (amp/fp8.h has the recipes): a block's scale from its amax, and the one rounding of a
+// device (autocast/fp8.h has the recipes): a block's scale from its amax, and the one rounding of a
 // scaled value. Pure functions of plain values, no library calls, so nvcc compiles them for the
 // device too and the CPU and the GPU pick the same scales bit for bit.
 #pragma once

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "backend/backend.h"
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"

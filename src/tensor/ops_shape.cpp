@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "backend/backend.h"
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/tensor/ops.h"

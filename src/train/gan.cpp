@@ -205,7 +205,7 @@ GanResult train_gan(const TrainConfig& config_in,
 
   // Evaluation: real features once, a fixed z for the generated images.
   std::optional<FeatureNet> fnet;
-  GaussianFit real_fit;
+  metrics::GaussianFit real_fit;
   double real_floor = 0;
   const int64_t eval_n = std::min<int64_t>(kGanEvalSamples, data.test.size());
   MT_CHECK(eval_n >= 2, "the test set has too few images for the Fréchet distance");
@@ -222,7 +222,7 @@ GanResult train_gan(const TrainConfig& config_in,
       for (int64_t i = 0; i < eval_n; ++i)
         idx[size_t(i)] = i;
       const Tensor real = data.test.get_batch(idx)[0];  // normalized as the cnn's training
-      real_fit = gaussian_fit(fnet->features(real).to(DType::F64));
+      real_fit = metrics::gaussian_fit(fnet->features(real).to(DType::F64));
       // The floor a perfect generator would reach: as many real training images against the
       // same test images (the sampling noise of the two fits).
       const int64_t n_floor = std::min<int64_t>(eval_n, data.train.size());
@@ -230,8 +230,9 @@ GanResult train_gan(const TrainConfig& config_in,
       for (int64_t i = 0; i < n_floor; ++i)
         tidx[size_t(i)] = i;
       if (n_floor >= 2) {
-        real_floor = frechet_distance(
-            gaussian_fit(fnet->features(data.train.get_batch(tidx)[0]).to(DType::F64)), real_fit);
+        real_floor = metrics::frechet_distance(
+            metrics::gaussian_fit(fnet->features(data.train.get_batch(tidx)[0]).to(DType::F64)),
+            real_fit);
       }
     }
     gen->eval();
@@ -252,10 +253,10 @@ GanResult train_gan(const TrainConfig& config_in,
     const std::vector<float> px = images.to_vector<float>();
     MT_CHECK(std::all_of(px.begin(), px.end(), [](float v) { return std::isfinite(v); }),
              "the generator made non-finite pixels at step ", step, "; the run diverged");
-    r.frechet_distance = frechet_distance(
-        gaussian_fit(fnet->features(classifier_input(images)).to(DType::F64)), real_fit);
-    r.ms_ssim =
-        mean_pairwise_ms_ssim(images.narrow(0, 0, std::min<int64_t>(2 * kGanMsSsimPairs, eval_n)));
+    r.frechet_distance = metrics::frechet_distance(
+        metrics::gaussian_fit(fnet->features(classifier_input(images)).to(DType::F64)), real_fit);
+    r.ms_ssim = metrics::mean_pairwise_ms_ssim(
+        images.narrow(0, 0, std::min<int64_t>(2 * kGanMsSsimPairs, eval_n)));
     auto j = record("eval");
     j["step"] = step;
     j["frechet_distance"] = r.frechet_distance;

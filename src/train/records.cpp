@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mantissa/amp/fp8.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/dist/communicator.h"
 #include "mantissa/numerics/format.h"

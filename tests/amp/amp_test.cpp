@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "mantissa/amp/amp.h"
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/images.h"

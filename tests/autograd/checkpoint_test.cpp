@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/tensor/ops.h"

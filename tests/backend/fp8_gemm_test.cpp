@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_test_util.h"
-#include "mantissa/amp/fp8.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/core/warning.h"
 #include "mantissa/tensor/ops.h"
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "mantissa/amp/amp.h"
-#include "mantissa/amp/fp8.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/dist/communicator.h"
 #include "mantissa/dist/ddp.h"
 #include "mantissa/nn/models.h"

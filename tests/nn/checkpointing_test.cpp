@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/error.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/generate.h"
 #include "nn/lm_test_util.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "harness/op_harness.h"
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/causal_lm.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/io/safetensors.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/optimizer.h"

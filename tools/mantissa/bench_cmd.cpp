@@ -13,7 +13,7 @@
 
 #include "commands.h"
 #include "mantissa/amp/amp.h"
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/cuda.h"

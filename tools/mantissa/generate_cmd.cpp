@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "commands.h"
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/tokenizer.h"
 #include "mantissa/nn/generate.h"

@@ -1,4 +1,4 @@
-// `mantissa study`: the precision study (include/mantissa/train/study.h, docs/study.md), then its
+// `mantissa study`: the precision study (include/mantissa/study/study.h, docs/study.md), then its
 // report (tools/study_report.py: report.md and the plots).
 #include <fmt/core.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "build_info.h"
 #include "commands.h"
 #include "mantissa/core/error.h"
-#include "mantissa/train/study.h"
+#include "mantissa/study/study.h"
 
 namespace mantissa::cli {
 namespace {
@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct StudyArgs {
-  train::StudyConfig config;
+  study::StudyConfig config;
   std::string models, recipes, underflow_models;
   bool no_report = false;
 };
@@ -87,13 +87,13 @@ std::string command_line() {
 }
 
 int run(StudyArgs& a) {
-  train::StudyConfig& c = a.config;
+  study::StudyConfig& c = a.config;
   c.models = split_list(a.models);
   c.recipes = split_list(a.recipes);
   c.underflow_models = split_list(a.underflow_models);
   c.command = command_line();
   c.version = version_number();
-  const std::string results = train::run_study(
+  const std::string results = study::run_study(
       c, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   std::fprintf(stderr, "results: %s\n", results.c_str());
   if (a.no_report) return 0;
@@ -127,9 +127,9 @@ Command add_study_command(CLI::App& app) {
       "data order and hyper-parameters), the gradient-underflow picture, results.json and a "
       "report with plots (docs/study.md). Resumable: finished cells are not rerun");
   std::string models, recipes;
-  for (const train::StudyFamily& f : train::study_families())
+  for (const study::StudyFamily& f : study::study_families())
     models += (models.empty() ? "" : ",") + f.name;
-  for (const train::StudyRecipe& r : train::study_recipes())
+  for (const study::StudyRecipe& r : study::study_recipes())
     recipes += (recipes.empty() ? "" : ",") + r.name;
   cmd->add_option(
       "--models", a->models,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes fp8 quantizations made by numpy and ml_dtypes: the independent reference for
-Mantissa's fp8_quantize (tests/amp/fp8_golden_test.cpp), per tensor and per block, in every
+Mantissa's fp8_quantize (tests/autocast/fp8_golden_test.cpp), per tensor and per block, in every
 scaling rule, including saturation, zeros, subnormals, inf/NaN and the E8M0 scale edge cases.
 
 Run by CTest before the test (see tests/CMakeLists.txt); deterministic. The output is one

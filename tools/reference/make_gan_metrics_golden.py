@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/data/golden/gan_metrics.json: the reference values that
-tests/train/gan_metrics_test.cpp compares Mantissa's Fréchet distance and MS-SSIM with
-(src/train/gan_metrics.cpp). The C++ test needs no Python: the inputs are stored in the file.
+tests/metrics/image_quality_test.cpp compares Mantissa's Fréchet distance and MS-SSIM with
+(src/metrics/image_quality.cpp). The C++ test needs no Python: the inputs are stored in the file.
 
     python3 tools/reference/make_gan_metrics_golden.py [--out tests/data/golden/gan_metrics.json]
 

@@ -25,8 +25,8 @@
 #include <string>
 #include <string_view>
 
-#include "mantissa/amp/fp8.h"
 #include "mantissa/amp/grad_scaler.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/core/dtype.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/numerics/format.h"

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "mantissa/amp/fp8.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/tensor/ops.h"
 

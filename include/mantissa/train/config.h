@@ -95,7 +95,7 @@ struct TrainConfig {
   // zero in fp16 (bf16/fp16 at O1): cast unscaled, cast at the loss scale, and in the run's own
   // gradients. Costs one extra fp32 forward/backward per measurement.
   int64_t underflow_every = 0;
-  // precision fp8 (amp/fp8.h, docs/fp8.md): the GEMMs of the chosen Linear layers in fp8, the
+  // precision fp8 (autocast/fp8.h, docs/fp8.md): the GEMMs of the chosen Linear layers in fp8, the
   // rest as bf16 at opt_level (O1 or O2), a static loss scale of 1 so that steps with inf/NaN
   // gradients are skipped. recipe: delayed | current | mxfp8 | blockwise; format: hybrid (E4M3
   // forward, E5M2 gradients) | e4m3; amax_history and margin: delayed scaling's; layers: inner

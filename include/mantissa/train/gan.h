@@ -1,14 +1,14 @@
 // Training a DC-GAN (nn::make_model("dcgan_generator") / ("dcgan_discriminator")) on
 // Fashion-MNIST (or the synthetic images) in any precision recipe the Trainer supports, with
-// quality metrics (gan_metrics.h). docs/training.md, "GANs".
+// quality metrics (metrics/image_quality.h). docs/training.md, "GANs".
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 
+#include "mantissa/metrics/image_quality.h"
 #include "mantissa/train/config.h"
-#include "mantissa/train/gan_metrics.h"
 
 namespace mantissa::train {
 

@@ -328,7 +328,7 @@ void check_shapes(const Tensor& a, const Tensor& b, const Tensor* bias, const Te
 }
 
 // Whether cuBLASLt writes `out` from inputs of dtype `in`: the inputs' dtype, or f32 sums of
-// f16/bf16 products (the fp8 emulation's GEMM, amp/fp8.cpp).
+// f16/bf16 products (the fp8 emulation's GEMM, autocast/fp8.cpp).
 bool writes(DType in, DType out) {
   return out == in || (out == DType::F32 && (in == DType::F16 || in == DType::BF16));
 }

@@ -2,7 +2,7 @@
 // backend/fp8_math.h, the CPU's too): row amaxes per column block, one thread per block to reduce
 // them and pick the scale, then one rounding per element through round.h's encoder with
 // saturation. Straightforward rather than fast: the fp8 GEMMs of this backend are emulated
-// (amp/fp8.h), and a fused cuBLASLt path is still to come.
+// (autocast/fp8.h), and a fused cuBLASLt path is still to come.
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"

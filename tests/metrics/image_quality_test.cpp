@@ -1,4 +1,4 @@
-// The Fréchet distance and MS-SSIM (train/gan_metrics.h) against numpy/scipy values written by
+// The Fréchet distance and MS-SSIM (metrics/image_quality.h) against numpy/scipy values written by
 // tools/reference/make_gan_metrics_golden.py (tests/data/golden/gan_metrics.json), and the
 // Jacobi eigen-decomposition on its own.
 #include <gtest/gtest.h>
@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "mantissa/metrics/image_quality.h"
 #include "mantissa/tensor/ops.h"
-#include "mantissa/train/gan_metrics.h"
 
-namespace mantissa::train {
+namespace mantissa::metrics {
 namespace {
 
 // The golden file, parsed once and kept for the whole run (a reference: a range-for over
@@ -113,4 +113,4 @@ TEST(MsSsim, PairsAndErrors) {
 }
 
 }  // namespace
-}  // namespace mantissa::train
+}  // namespace mantissa::metrics

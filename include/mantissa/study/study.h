@@ -11,7 +11,10 @@
 
 #include "mantissa/train/config.h"
 
-namespace mantissa::train {
+namespace mantissa::study {
+
+using train::kDefaultFashionMnistDir;
+using train::TrainConfig;
 
 // A precision recipe: what it sets in a cell's TrainConfig.
 struct StudyRecipe {
@@ -104,4 +107,4 @@ TrainConfig ladder_cell_config(const StudyConfig& study, size_t rung, const std:
 // way, in results.json's "ladder".
 std::string run_study(const StudyConfig& study, const std::function<void(const std::string&)>& say);
 
-}  // namespace mantissa::train
+}  // namespace mantissa::study

@@ -1,8 +1,8 @@
 // Autocast: inside an RAII region, each op runs in the precision its entry in the cast-policy
-// table asks for (src/amp/cast_policy.cpp, the one table): GEMMs and convolutions in the region's
-// low-precision dtype, softmax/norms/losses/exp/log/reductions in fp32, mixed binary inputs in the
-// widest. Outside any region nothing changes. State is per thread; regions nest, and an inner one
-// may change the dtype or disable autocast until it ends.
+// table asks for (src/autocast/cast_policy.cpp, the one table): GEMMs and convolutions in the
+// region's low-precision dtype, softmax/norms/losses/exp/log/reductions in fp32, mixed binary
+// inputs in the widest. Outside any region nothing changes. State is per thread; regions nest, and
+// an inner one may change the dtype or disable autocast until it ends.
 //
 //   {
 //     amp::Autocast ac(x.device(), DType::BF16);       // the device type is required
@@ -29,7 +29,7 @@
 namespace mantissa::amp {
 
 // The ops autocast knows, one line each: _(Enum, name). The policy of each is in the table of
-// src/amp/cast_policy.cpp; an op missing from this list runs in its inputs' dtype.
+// src/autocast/cast_policy.cpp; an op missing from this list runs in its inputs' dtype.
 #define MT_FORALL_AUTOCAST_OPS(_)                                     \
   _(Matmul, "matmul")                                                 \
   _(Linear, "linear")                                                 \

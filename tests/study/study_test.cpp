@@ -1,4 +1,4 @@
-#include "mantissa/train/study.h"
+#include "mantissa/study/study.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include "mantissa/core/cpu.h"
 #include "mantissa/core/cuda.h"
 
-namespace mantissa::train {
+namespace mantissa::study {
 namespace {
 
 // The keys whose values differ between two configurations.
@@ -98,4 +98,4 @@ TEST(StudyLadderTest, TheDeviceIsAGpuOnAutoAndMistakesSayWhatToDo) {
 }
 
 }  // namespace
-}  // namespace mantissa::train
+}  // namespace mantissa::study

@@ -1,6 +1,6 @@
 // Autocast regions (thread-local state, nesting), the policy applied to an op's inputs, and the
 // weight-cast cache. The table itself is in cast_policy.cpp.
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 
 #include <atomic>
 #include <functional>

@@ -1,5 +1,5 @@
-// The precision study (include/mantissa/train/study.h, docs/study.md).
-#include "mantissa/train/study.h"
+// The precision study (include/mantissa/study/study.h, docs/study.md).
+#include "mantissa/study/study.h"
 
 #include <algorithm>
 #include <chrono>
@@ -26,7 +26,9 @@
 #include "mantissa/train/recommender.h"
 #include "mantissa/train/trainer.h"
 
-namespace mantissa::train {
+namespace mantissa::study {
+
+using namespace mantissa::train;  // the runs of the study are the training layer's
 
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
@@ -684,4 +686,4 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
   return path;
 }
 
-}  // namespace mantissa::train
+}  // namespace mantissa::study

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mantissa/amp/fp8.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/io/safetensors.h"
 
 namespace mantissa::amp {

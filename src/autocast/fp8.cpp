@@ -1,7 +1,7 @@
-// FP8 training's op layer (mantissa/amp/fp8.h): the recipes' scalings, the quantize/GEMM
+// FP8 training's op layer (mantissa/autocast/fp8.h): the recipes' scalings, the quantize/GEMM
 // emulation on the backends' kernels (fp8_quantize, a bf16 matmul with fp32 output), the
 // differentiable fp8_linear, the delayed-scaling state and the thread's fp8 region.
-#include "mantissa/amp/fp8.h"
+#include "mantissa/autocast/fp8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <omp.h>
 
 #include "backend/backend.h"
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/core/error.h"
 #include "mantissa/core/warning.h"

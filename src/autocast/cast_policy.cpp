@@ -10,7 +10,7 @@
 //                    its fp32 weight, bias and running stats untouched;
 //   fp16-banned:     binary_cross_entropy, whose gradient p(1-p) underflows in fp16; its
 //                    logits form is safe.
-#include "mantissa/amp/autocast.h"
+#include "mantissa/autocast/autocast.h"
 #include "mantissa/core/error.h"
 
 namespace mantissa::amp {

@@ -1,5 +1,6 @@
-// The Fréchet distance of Gaussian fits and MS-SSIM (gan_metrics.h), in float64 on the host.
-#include "mantissa/train/gan_metrics.h"
+// The Fréchet distance of Gaussian fits and MS-SSIM (metrics/image_quality.h), in float64 on the
+// host.
+#include "mantissa/metrics/image_quality.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +8,7 @@
 
 #include "mantissa/core/error.h"
 
-namespace mantissa::train {
+namespace mantissa::metrics {
 
 GaussianFit gaussian_fit(const Tensor& features) {
   MT_CHECK(features.defined() && features.dim() == 2 && features.size(0) >= 2,
@@ -302,4 +303,4 @@ double mean_pairwise_ms_ssim(const Tensor& images, const MsSsimOptions& options)
   return sum / double(pairs);
 }
 
-}  // namespace mantissa::train
+}  // namespace mantissa::metrics

@@ -13,7 +13,7 @@
 
 #include "mantissa/tensor/tensor.h"
 
-namespace mantissa::train {
+namespace mantissa::metrics {
 
 // A Gaussian fit of N feature vectors of dimension D: their mean and (unbiased, N - 1)
 // covariance, row-major D x D, in float64.
@@ -61,4 +61,4 @@ double ms_ssim(const Tensor& a, const Tensor& b, const MsSsimOptions& options = 
 // batch (N, C, H, W).
 double mean_pairwise_ms_ssim(const Tensor& images, const MsSsimOptions& options = {});
 
-}  // namespace mantissa::train
+}  // namespace mantissa::metrics

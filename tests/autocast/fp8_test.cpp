@@ -1,4 +1,4 @@
-// FP8 training's op layer (src/amp/fp8.cpp): the scaled GEMM against float64 from the same
+// FP8 training's op layer (src/autocast/fp8.cpp): the scaled GEMM against float64 from the same
 // rounded inputs, delayed scaling's history against Transformer Engine's formulas written down
 // by hand, fp8_linear's gradients against the bf16 Linear and float64, zero and non-finite
 // amaxes, the state's checkpoint form, prepare_fp8 and the region.
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "mantissa/amp/amp.h"
-#include "mantissa/amp/autocast.h"
-#include "mantissa/amp/fp8.h"
 #include "mantissa/amp/grad_scaler.h"
+#include "mantissa/autocast/autocast.h"
+#include "mantissa/autocast/fp8.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/error.h"
 #include "mantissa/core/warning.h"
