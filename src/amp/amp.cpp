@@ -3,6 +3,7 @@
 #include "mantissa/amp/amp.h"
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "mantissa/autocast/autocast.h"
@@ -11,27 +12,6 @@
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa::amp {
-
-std::string_view opt_level_name(OptLevel level) {
-  switch (level) {
-    case OptLevel::O0:
-      return "O0";
-    case OptLevel::O1:
-      return "O1";
-    case OptLevel::O2:
-      return "O2";
-    case OptLevel::O3:
-      return "O3";
-  }
-  return "?";
-}
-
-std::optional<OptLevel> parse_opt_level(std::string_view name) {
-  for (OptLevel l : {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3}) {
-    if (name == opt_level_name(l)) return l;
-  }
-  return std::nullopt;
-}
 
 AmpOptions bf16_pure_options(uint64_t seed) {
   AmpOptions o;
@@ -62,6 +42,8 @@ Amp::Amp(const AmpProperties& properties, const GradScalerOptions& scaler)
 
 Tensor Amp::forward(nn::Module& model, const Tensor& x) const {
   const AmpProperties& p = properties_;
+  std::optional<Fp8Autocast> f8;
+  if (fp8_) f8.emplace(*fp8_);
   if (p.autocast) {
     Autocast region(x.device().type, p.dtype);
     return model(x);
@@ -76,6 +58,8 @@ Tensor Amp::forward(nn::Module& model, const Tensor& x) const {
 
 nn::TensorList Amp::forward(nn::Module& model, const nn::TensorList& inputs) const {
   const AmpProperties& p = properties_;
+  std::optional<Fp8Autocast> f8;
+  if (fp8_) f8.emplace(*fp8_);
   MT_CHECK(!inputs.empty(), "Amp::forward: no inputs");
   if (p.autocast) {
     Autocast region(inputs[0].device().type, p.dtype);
@@ -95,12 +79,17 @@ nn::TensorList Amp::forward(nn::Module& model, const nn::TensorList& inputs) con
 std::string Amp::describe() const {
   const AmpProperties& p = properties_;
   std::ostringstream os;
+  if (fp8_) {
+    const Fp8Options& o = fp8_->options();
+    os << "fp8 " << name_of(o.recipe) << " (" << name_of(o.format) << ") in "
+       << fp8_->layers().size() << " Linear layers; ";
+  }
   if (p.level == OptLevel::O0) {
     os << "fp32 O0: no mixed precision";
     return os.str();
   }
   const std::string_view d = p.dtype == DType::F16 ? "fp16" : "bf16";
-  os << d << " " << opt_level_name(p.level) << ": ";
+  os << d << " " << name_of(p.level) << ": ";
   if (p.autocast) {
     os << "fp32 weights, autocast to " << d;
   } else {
@@ -125,7 +114,7 @@ std::string Amp::describe() const {
 
 Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType dtype,
                const AmpOptions& options) {
-  const std::string where = "amp::initialize(" + std::string(opt_level_name(level)) + ")";
+  const std::string where = "amp::initialize(" + std::string(name_of(level)) + ")";
   AmpProperties p;
   p.level = level;
   if (level == OptLevel::O0) {
@@ -140,10 +129,10 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType d
            ": keep_batchnorm_fp32 applies to O2 and O3, where the model is cast");
   MT_CHECK(casts || !options.master_weights.value_or(false), where,
            ": master weights apply to O2 and O3, where the weights are ", "half; at ",
-           opt_level_name(level), " they are fp32 already");
+           name_of(level), " they are fp32 already");
   MT_CHECK(casts || options.rounding == RoundingMode::NearestEven, where, ": ",
            rounding_name(options.rounding),
-           " rounding applies to half weights (O2, O3, bf16-pure); at ", opt_level_name(level),
+           " rounding applies to half weights (O2, O3, bf16-pure); at ", name_of(level),
            " the weights are fp32");
   for (const auto& [name, t] : model.named_parameters()) {
     MT_CHECK(!t.is_floating_point() || t.dtype() == DType::F32, where,
@@ -189,8 +178,8 @@ std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8
   MT_CHECK(linears.size() > 2 * skip, "fp8: the model ", model.name(), " has ", linears.size(),
            " Linear layer(s)",
            layers == Fp8Layers::Inner
-               ? ", and fp8 keeps the first and the last in bf16; pass --fp8-layers all (C++: "
-                 "Fp8Layers::All) to run them in fp8 too"
+               ? ", and fp8 keeps the first and the last in bf16; pass --fp8-layers all to run "
+                 "them in fp8 too"
                : "; fp8 runs the GEMMs of Linear layers, so it has nothing to do here");
   std::vector<std::string> names;
   for (size_t i = skip; i + skip < linears.size(); ++i) {

@@ -287,18 +287,6 @@ std::optional<E> parse_name(const std::string_view (&names)[N], std::string_view
 }
 }  // namespace
 
-std::string_view fp8_recipe_name(Fp8Recipe r) {
-  return kRecipeNames[size_t(r)];
-}
-std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view name) {
-  return parse_name<Fp8Recipe>(kRecipeNames, name);
-}
-std::string_view fp8_format_name(Fp8Format f) {
-  return kFormatNames[size_t(f)];
-}
-std::optional<Fp8Format> parse_fp8_format(std::string_view name) {
-  return parse_name<Fp8Format>(kFormatNames, name);
-}
 std::string_view fp8_role_name(Fp8Role r) {
   return kRoleNames[size_t(r)];
 }
@@ -572,8 +560,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   MT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "fp8_linear: bias ",
            b.defined() ? b.describe() : "", " does not match weight ", w.describe());
   if (!x.device().is_cpu() && !per_tensor(o.recipe)) {
-    warn("fp8:emulated:" + std::string(fp8_recipe_name(o.recipe)),
-         "fp8 on " + x.device().str() + ": the " + std::string(fp8_recipe_name(o.recipe)) +
+    warn("fp8:emulated:" + std::string(name_of(o.recipe)),
+         "fp8 on " + x.device().str() + ": the " + std::string(name_of(o.recipe)) +
              " recipe's GEMMs run emulated (fp8 codes through a bf16 GEMM with fp32 sums, the "
              "CPU's numbers); cuBLASLt's block-scaled fp8 GEMMs are not wired (the per-tensor "
              "recipes, delayed and current, use its fp8 GEMM)");

@@ -51,14 +51,6 @@ Batch copy_to(const Batch& host, Device device, bool non_blocking) {
 
 }  // namespace
 
-Transfer transfer_from_name(const std::string& name) {
-  if (name == "prefetch") return Transfer::Prefetch;
-  if (name == "pinned") return Transfer::Pinned;
-  MT_CHECK(name == "pageable", "unknown input pipeline '", name,
-           "'; use prefetch, pinned or pageable");
-  return Transfer::Pageable;
-}
-
 // What the loader loads on the host, with which options, and what is left to the device.
 struct DevicePrefetcher::Plan {
   std::shared_ptr<const Dataset> dataset;

@@ -55,25 +55,12 @@ LRSchedule LRSchedule::cosine(double lr, int64_t warmup_steps, int64_t total_ste
   return LRSchedule(ScheduleKind::Cosine, o);
 }
 
-LRSchedule LRSchedule::from_name(std::string_view name, const ScheduleOptions& options) {
-  if (name == "constant") return LRSchedule(ScheduleKind::Constant, options);
-  if (name == "step") return LRSchedule(ScheduleKind::Step, options);
-  if (name == "cosine") return LRSchedule(ScheduleKind::Cosine, options);
-  MT_CHECK(false, "unknown learning-rate schedule '", name,
-           "'; expected one of: constant, step, cosine");
-  return constant(options.lr);
+LRSchedule LRSchedule::of_kind(ScheduleKind kind, const ScheduleOptions& options) {
+  return LRSchedule(kind, options);
 }
 
 std::string_view LRSchedule::name() const {
-  switch (kind_) {
-    case ScheduleKind::Constant:
-      return "constant";
-    case ScheduleKind::Step:
-      return "step";
-    case ScheduleKind::Cosine:
-      return "cosine";
-  }
-  return "?";
+  return name_of(kind_);
 }
 
 double LRSchedule::lr_at(int64_t step) const {

@@ -21,6 +21,7 @@
 //   amp.scaler().update();
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,15 +29,20 @@
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/autocast/fp8.h"
 #include "mantissa/core/dtype.h"
+#include "mantissa/core/vocabulary.h"
 #include "mantissa/nn/module.h"
 #include "mantissa/numerics/format.h"
 #include "mantissa/optim/optimizer.h"
 
 namespace mantissa::amp {
 
-enum class OptLevel { O0, O1, O2, O3 };
-std::string_view opt_level_name(OptLevel level);  // "O0" ... "O3"
-std::optional<OptLevel> parse_opt_level(std::string_view name);
+// Apex's opt levels (the table above; name_of / find_word: core/vocabulary.h).
+#define MT_FORALL_OPT_LEVELS(_)                                      \
+  _(O0, "O0", "fp32")                                                \
+  _(O1, "O1", "autocast, fp32 weights")                              \
+  _(O2, "O2", "half weights except batch norm, fp32 master weights") \
+  _(O3, "O3", "everything half")
+MT_VOCABULARY(OptLevel, MT_FORALL_OPT_LEVELS)
 
 // Overrides of a level's defaults (Apex's keyword arguments). Unset: the level's value.
 struct AmpOptions {
@@ -83,12 +89,19 @@ class Amp {
   const GradScaler& scaler() const { return scaler_; }
   const AmpProperties& properties() const { return properties_; }
   // One line, e.g. "fp16 O2: weights fp16 (batch norm fp32), fp32 master weights, dynamic loss
-  // scale from 65536, rounding nearest-even".
+  // scale from 65536, rounding nearest-even"; with fp8 led by the recipe ("fp8 delayed (hybrid)
+  // in 15 Linear layers; bf16 O1: ...").
   std::string describe() const;
+
+  // fp8 (amp::initialize with Precision::FP8, precision.h): the context of the model's fp8
+  // Linear layers; forward() then runs inside its Fp8Autocast region. Null without fp8.
+  void set_fp8(std::shared_ptr<Fp8Context> context) { fp8_ = std::move(context); }
+  Fp8Context* fp8() const { return fp8_.get(); }
 
  private:
   AmpProperties properties_;
   GradScaler scaler_;
+  std::shared_ptr<Fp8Context> fp8_;
 };
 
 // Sets `model` and `opt` up for `level` in `dtype` (F16 or BF16; ignored for O0): turns the
@@ -98,12 +111,12 @@ class Amp {
 Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType dtype,
                const AmpOptions& options = {});
 
-// Which Linear layers prepare_fp8 gives an fp8 state.
-enum class Fp8Layers : uint8_t {
-  Inner,  // all but the first and the last Linear of the model (in module order): the recipes
-          // keep the layers next to the input and the output (and the embedding) in bf16
-  All,    // every Linear layer
-};
+// Which Linear layers prepare_fp8 gives an fp8 state. Inner: the recipes keep the layers next to
+// the input and the output (and the embedding) in bf16.
+#define MT_FORALL_FP8_LAYERS(_)                                                      \
+  _(Inner, "inner", "all but the first and the last Linear layer (in module order)") \
+  _(All, "all", "every Linear layer")
+MT_VOCABULARY(Fp8Layers, MT_FORALL_FP8_LAYERS)
 
 // Gives the chosen Linear layers of `model` a state in `context` (named by their module path);
 // they run in fp8 inside an amp::Fp8Autocast region on `context`. Returns the paths, in order.

@@ -46,18 +46,23 @@
 #include <vector>
 
 #include "mantissa/core/dtype.h"
+#include "mantissa/core/vocabulary.h"
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa::amp {
 
-enum class Fp8Recipe : uint8_t { Delayed, Current, MXFP8, Blockwise };
-std::string_view fp8_recipe_name(Fp8Recipe r);  // "delayed", "current", "mxfp8", "blockwise"
-std::optional<Fp8Recipe> parse_fp8_recipe(std::string_view name);
+// The recipes (name_of / find_word: core/vocabulary.h).
+#define MT_FORALL_FP8_RECIPES(_)                                                       \
+  _(Delayed, "delayed", "per tensor, from the amax history of earlier steps")          \
+  _(Current, "current", "per tensor, from this step's amax")                           \
+  _(MXFP8, "mxfp8", "blocks of 32 along the reduction dimension, power-of-two scales") \
+  _(Blockwise, "blockwise", "DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks")
+MT_VOCABULARY(Fp8Recipe, MT_FORALL_FP8_RECIPES)
 
-// Hybrid: E4M3 for inputs and weights, E5M2 (more range) for gradients. E4M3: E4M3 for all.
-enum class Fp8Format : uint8_t { Hybrid, E4M3 };
-std::string_view fp8_format_name(Fp8Format f);  // "hybrid", "e4m3"
-std::optional<Fp8Format> parse_fp8_format(std::string_view name);
+#define MT_FORALL_FP8_FORMATS(_)                                                      \
+  _(Hybrid, "hybrid", "E4M3 for inputs and weights, E5M2 (more range) for gradients") \
+  _(E4M3, "e4m3", "E4M3 for all three")
+MT_VOCABULARY(Fp8Format, MT_FORALL_FP8_FORMATS)
 
 // How delayed scaling reads its history: the max over it, or only the most recent amax.
 enum class AmaxCompute : uint8_t { Max, MostRecent };

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "mantissa/core/device.h"
+#include "mantissa/core/vocabulary.h"
 #include "mantissa/data/dataset.h"
 #include "mantissa/data/images.h"
 #include "mantissa/data/sampler.h"
@@ -173,10 +174,13 @@ class DataLoader {
 // - Pageable: the loader finishes each batch on the host in ordinary memory; next() copies it
 //   and waits for the copy.
 // On the CPU all three are the pass-through.
-enum class Transfer { Prefetch, Pinned, Pageable };
-
-// "prefetch", "pinned", "pageable" (TrainConfig::input_pipeline).
-Transfer transfer_from_name(const std::string& name);
+#define MT_FORALL_TRANSFERS(_)                                                                   \
+  _(Prefetch, "prefetch",                                                                        \
+    "the loader's workers pin raw pixels, a side stream copies the next batch while this "       \
+    "one trains, the normalization runs on the device")                                          \
+  _(Pinned, "pinned", "batches finished on the host in page-locked memory, copied non_blocking") \
+  _(Pageable, "pageable", "batches finished on the host in ordinary memory, blocking copies")
+MT_VOCABULARY(Transfer, MT_FORALL_TRANSFERS)
 
 class DevicePrefetcher {
  public:

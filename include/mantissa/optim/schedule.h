@@ -9,11 +9,17 @@
 #include <string>
 #include <string_view>
 
+#include "mantissa/core/vocabulary.h"
+
 namespace mantissa::optim {
 
 class Optimizer;
 
-enum class ScheduleKind { Constant, Step, Cosine };
+#define MT_FORALL_SCHEDULES(_)                          \
+  _(Constant, "constant", "the learning rate as given") \
+  _(Step, "step", "times gamma every step_size steps")  \
+  _(Cosine, "cosine", "linear warmup, then a cosine down to min_lr at total_steps")
+MT_VOCABULARY(ScheduleKind, MT_FORALL_SCHEDULES)
 
 // Everything a schedule may use; each kind reads its own fields.
 struct ScheduleOptions {
@@ -34,9 +40,9 @@ class LRSchedule {
   static LRSchedule constant(double lr);
   static LRSchedule step(double lr, int64_t step_size, double gamma);
   static LRSchedule cosine(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr = 0);
-  // "constant", "step" or "cosine" with the fields that kind reads; an unknown name or a bad
-  // parameter is refused with a mantissa::Error saying what is expected.
-  static LRSchedule from_name(std::string_view name, const ScheduleOptions& options);
+  // A schedule of `kind` with the fields that kind reads; a bad parameter is refused with a
+  // mantissa::Error saying what is expected.
+  static LRSchedule of_kind(ScheduleKind kind, const ScheduleOptions& options);
 
   // The learning rate for the optimizer step that follows `step` completed ones (step >= 0),
   // from the schedule's own base rate (options().lr) or from `base_lr`.
