@@ -1,4 +1,4 @@
-// stored_run_config (train/run_config.h): the configuration a run left in its outputs.
+// stored_run_config (train/checkpoint.h): the configuration a run left in its outputs.
 #include <fstream>
 #include <string>
 
@@ -6,16 +6,14 @@
 
 #include "mantissa/core/error.h"
 #include "mantissa/train/checkpoint.h"
-#include "mantissa/train/run_config.h"
 
 namespace mantissa::train {
 
 TrainConfig stored_run_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in.good(), "--config-from: cannot read '", path, "'");
-  const int first = in.peek();
   TrainConfig c;
-  if (first == '{') {
+  if (in.peek() == '{') {
     // A metrics file: its first record is the run's configuration.
     std::string line;
     std::getline(in, line);
@@ -30,11 +28,12 @@ TrainConfig stored_run_config(const std::string& path) {
     c = load_checkpoint(path).config;
   }
   // A rerun writes its own outputs: the stored run's are not overwritten or appended to.
-  c.resume_path.clear();
-  c.metrics_path.clear();
-  c.checkpoint_path.clear();
-  c.checkpoint_every = 0;
-  c.tensorboard_dir.clear();
+  const TrainConfig defaults;
+  using config::OptionInfo;
+  for (const OptionInfo& o : config::options()) {
+    if (o.resume == config::Resume::Output || o.field == config::Field::resume_path)
+      config::set_value_json(c, o.field, config::value_json(defaults, o.field));
+  }
   return c;
 }
 

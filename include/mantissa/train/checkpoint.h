@@ -10,10 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "mantissa/config/train_config.h"
 #include "mantissa/tensor/ops.h"
-#include "mantissa/train/config.h"
 
 namespace mantissa::train {
+
+using config::TrainConfig;
 
 inline constexpr const char* kOptimizerPrefix = "optimizer.";
 inline constexpr const char* kScalerPrefix = "scaler.";
@@ -41,6 +43,11 @@ struct Checkpoint {
 void save_checkpoint(const std::string& path, const TrainConfig& config, const TrainState& state,
                      const NamedTensors& model, const NamedTensors& optimizer,
                      const NamedTensors& scaler = {});
+
+// The configuration a run stored in its outputs: a checkpoint's (metadata), or the "config"
+// record at the head of a metrics file (--metrics): `--config-from`. The run starts again and
+// writes its own outputs: every Output option (config::Resume) is cleared, and resume.
+TrainConfig stored_run_config(const std::string& path);
 
 // Refuses files that are missing, corrupted or not Mantissa checkpoints, naming the file.
 Checkpoint load_checkpoint(const std::string& path);
