@@ -1,6 +1,7 @@
 // DistributedDataParallel: gradient buckets all-reduced on the communicator's thread while
 // backward runs (include/mantissa/dist/ddp.h).
 #include "mantissa/dist/ddp.h"
+#include "mantissa/core/clock.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,15 +14,7 @@
 
 namespace mantissa::dist {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
+namespace {}  // namespace
 
 optim::ElementRange zero_segment(int64_t n, int rank, int world_size) {
   MT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "zero_segment: rank ", rank,

@@ -34,30 +34,84 @@ namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
 const std::vector<StudyRecipe>& study_recipes() {
+  using amp::OptLevel;
+  using amp::Precision;
+  using config::StoreRounding;
+  constexpr config::LossScale kDynamic{}, kOne{1.0};
   static const std::vector<StudyRecipe> recipes = {
-      {"fp32", "fp32 everywhere (the reference)", "fp32", "", "dynamic", "", ""},
-      {"tf32", "fp32 with GEMM/conv inputs rounded to tf32", "tf32", "", "dynamic", "", ""},
-      {"bf16-O1", "autocast to bf16, fp32 weights", "bf16", "O1", "dynamic", "", ""},
-      {"bf16-O2", "bf16 weights and activations, fp32 masters, round to nearest even", "bf16", "O2",
-       "dynamic", "nearest", ""},
-      {"bf16-O2-trunc", "bf16-O2 with the weights stored truncated (toward zero)", "bf16", "O2",
-       "dynamic", "truncate", ""},
-      {"bf16-pure", "bf16 weights without fp32 masters, stochastic rounding", "bf16-pure", "",
-       "dynamic", "", ""},
-      {"fp16-O1", "autocast to fp16, fp32 weights, dynamic loss scaling", "fp16", "O1", "dynamic",
-       "", ""},
-      {"fp16-O2", "fp16 weights, fp32 masters, dynamic loss scaling", "fp16", "O2", "dynamic", "",
-       ""},
-      {"fp16-noscale", "fp16-O1 without loss scaling (a static scale of 1)", "fp16", "O1", "1", "",
-       ""},
+      {"fp32", "fp32 everywhere (the reference)", Precision::FP32, {}, kDynamic, {}, {}},
+      {"tf32", "fp32 with GEMM/conv inputs rounded to tf32", Precision::TF32, {}, kDynamic, {}, {}},
+      {"bf16-O1",
+       "autocast to bf16, fp32 weights",
+       Precision::BF16,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       {}},
+      {"bf16-O2",
+       "bf16 weights and activations, fp32 masters, round to nearest even",
+       Precision::BF16,
+       OptLevel::O2,
+       kDynamic,
+       StoreRounding::Nearest,
+       {}},
+      {"bf16-O2-trunc",
+       "bf16-O2 with the weights stored truncated (toward zero)",
+       Precision::BF16,
+       OptLevel::O2,
+       kDynamic,
+       StoreRounding::Truncate,
+       {}},
+      {"bf16-pure",
+       "bf16 weights without fp32 masters, stochastic rounding",
+       Precision::BF16Pure,
+       {},
+       kDynamic,
+       {},
+       {}},
+      {"fp16-O1",
+       "autocast to fp16, fp32 weights, dynamic loss scaling",
+       Precision::FP16,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       {}},
+      {"fp16-O2",
+       "fp16 weights, fp32 masters, dynamic loss scaling",
+       Precision::FP16,
+       OptLevel::O2,
+       kDynamic,
+       {},
+       {}},
+      {"fp16-noscale",
+       "fp16-O1 without loss scaling (a static scale of 1)",
+       Precision::FP16,
+       OptLevel::O1,
+       kOne,
+       {},
+       {}},
       {"fp8-delayed",
-       "fp8 Linear GEMMs, per-tensor delayed scaling (E4M3 forward, E5M2 "
-       "gradients), the rest bf16-O1",
-       "fp8", "O1", "dynamic", "", "delayed"},
-      {"fp8-current", "fp8 Linear GEMMs, per-tensor current scaling, the rest bf16-O1", "fp8", "O1",
-       "dynamic", "", "current"},
-      {"fp8-mxfp8", "fp8 Linear GEMMs, MXFP8 32-element blocks, the rest bf16-O1", "fp8", "O1",
-       "dynamic", "", "mxfp8"},
+       "fp8 Linear GEMMs, per-tensor delayed scaling (E4M3 forward, E5M2 gradients), the rest "
+       "bf16-O1",
+       Precision::FP8,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       amp::Fp8Recipe::Delayed},
+      {"fp8-current",
+       "fp8 Linear GEMMs, per-tensor current scaling, the rest bf16-O1",
+       Precision::FP8,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       amp::Fp8Recipe::Current},
+      {"fp8-mxfp8",
+       "fp8 Linear GEMMs, MXFP8 32-element blocks, the rest bf16-O1",
+       Precision::FP8,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       amp::Fp8Recipe::MXFP8},
   };
   return recipes;
 }
@@ -146,22 +200,22 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
                               const std::string& recipe, int seed, bool probe) {
   const StudyFamily& f = family_of(family);
   const StudyRecipe& r = recipe_of(recipe);
-  TrainConfig c;
-  c.model = f.name;
+  // The model's defaults (the GAN's Adam at 2e-4, the recommender's AdamW without decay, ...),
+  // then the study's settings.
+  TrainConfig c = defaults_for(f.name);
   c.seed = uint64_t(seed);
   c.threads = s.threads;
   c.device = s.device;
   c.progress = false;
-  c.data_dir = s.data_dir;
   c.epochs = 1000;  // the steps end every cell
-  c.schedule = "cosine";
+  if (f.name != "dcgan") c.schedule = optim::ScheduleKind::Cosine;
   // Each family's hyper-parameters: what trains it well in fp32 in a few hundred steps on this
   // CPU (docs/study.md); --quick shortens the run and the evaluation.
   int64_t steps = 0;
   if (f.name == "mlp" || f.name == "cnn" || f.name == "resnet") {
-    c.data = "fashion-mnist";
+    c.data = config::DataKind::FashionMnist;
     c.batch_size = f.name == "mlp" ? 128 : 64;
-    c.optimizer = "sgd";
+    c.optimizer = config::OptimizerKind::Sgd;
     c.lr = f.name == "resnet" ? 0.1 : 0.05;
     c.momentum = 0.9;
     c.weight_decay = 5e-4;
@@ -169,12 +223,12 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
     steps = f.name == "mlp" ? 400 : f.name == "cnn" ? 200 : 150;
     if (f.name == "resnet") c.model = "resnet_small";
   } else if (f.name == "lstm" || f.name == "gpt2_tiny") {
-    c.data = has_text(s) ? "text" : "synthetic-text";
-    if (c.data == "text") c.data_path = text_dir_of(s);
-    c.synthetic_size = 200000;
+    c.data = has_text(s) ? config::DataKind::Text : config::DataKind::SyntheticText;
+    if (c.data == config::DataKind::Text) c.data_path = text_dir_of(s);
+    if (c.data == config::DataKind::SyntheticText) c.synthetic_size = 200000;
     c.seq_len = 64;
     c.batch_size = 16;
-    c.optimizer = "adamw";
+    c.optimizer = config::OptimizerKind::AdamW;
     c.lr = f.name == "lstm" ? 3e-3 : 1e-3;
     c.weight_decay = 0.01;
     c.warmup_steps = 20;
@@ -182,23 +236,16 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
     c.eval_batches = 20;
     steps = 200;
   } else if (f.name == "dcgan") {
-    // train_gan's DC-GAN settings (Adam 2e-4, beta1 0.5, no decay: what it takes where the
-    // config keeps its defaults); the Fréchet distance four times a run.
-    c.data = "fashion-mnist";
+    // The DC-GAN's settings (defaults_for: Adam 2e-4, beta1 0.5, no decay, a constant
+    // learning rate); the Fréchet distance four times a run.
+    c.data = config::DataKind::FashionMnist;
     c.batch_size = 64;
-    c.lr = 2e-4;
-    c.beta1 = 0.5;
-    c.weight_decay = 0;
     steps = 400;
   } else if (f.name == "dcn") {
     // The synthetic click log with its planted model (the best log loss is known: the eval
     // records' bayes_log_loss); the recommender's usual AdamW without decay.
-    c.data = "synthetic-clicks";
+    c.data = config::DataKind::SyntheticClicks;
     c.synthetic_size = s.quick ? 50000 : 300000;
-    c.batch_size = 512;
-    c.optimizer = "adamw";
-    c.lr = 1e-3;
-    c.weight_decay = 0;
     c.eval_batch_size = 4096;
     steps = 500;
   }
@@ -208,10 +255,13 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
     // study on one core (2-core AVX2 machine); 100 steps is a feature space to compare in.
     if (f.name == "dcgan") c.fd_feature_steps = 100;
     c.warmup_steps = std::min<int64_t>(c.warmup_steps, 3);
-    c.eval_batches = 4;  // an image family's first 2,000 test images; 4 validation batches
+    // An image family's first 2,000 test images; 4 validation batches (the GAN's evaluation is
+    // its generated images).
+    if (f.name != "dcgan") c.eval_batches = 4;
     if (f.name == "lstm" || f.name == "gpt2_tiny") c.batch_size = 8;
   }
   c.max_steps = s.steps > 0 ? s.steps : steps;
+  if (c.data == config::DataKind::FashionMnist) c.data_dir = s.data_dir;
   // The GAN's Fréchet distance needs a feature network (the cnn trained one epoch): train_gan
   // keeps it beside the metrics file, so every dcgan cell of a study shares one.
   if (f.name == "dcgan")
@@ -222,10 +272,10 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
   c.eval_every = std::max<int64_t>(1, c.max_steps / (s.quick ? 2 : 4));
   c.log_every = std::max<int64_t>(1, c.max_steps / 30);
   c.precision = r.precision;
-  c.opt_level = r.precision == "bf16-pure" ? "" : r.opt_level;
+  c.opt_level = r.opt_level;
   c.loss_scale = r.loss_scale;
   c.rounding = r.rounding;
-  if (!r.fp8_recipe.empty()) c.fp8_recipe = r.fp8_recipe;
+  c.fp8_recipe = r.fp8_recipe;
   if (probe)
     c.underflow_every = std::max<int64_t>(1, c.max_steps / std::max(1, s.underflow_points));
   return c;
@@ -287,8 +337,10 @@ TrainConfig ladder_cell_config(const StudyConfig& s, size_t rung, const std::str
                                               : "fp16-O1",
                                     /*seed=*/0);
   c.device = device;
-  c.zero_grad = rung < 2 ? "zeros" : "none";
-  c.input_pipeline = rung < 3 ? "pageable" : rung == 3 ? "pinned" : "prefetch";
+  c.zero_grad = rung < 2 ? config::ZeroGrad::Zeros : config::ZeroGrad::None;
+  c.input_pipeline = rung < 3    ? data::Transfer::Pageable
+                     : rung == 3 ? data::Transfer::Pinned
+                                 : data::Transfer::Prefetch;
   if (s.ladder_steps > 0 || s.quick) {
     c.max_steps = s.ladder_steps > 0 ? s.ladder_steps : 30;
     c.log_every = std::max<int64_t>(1, c.max_steps / 10);
@@ -381,54 +433,27 @@ Json run_cell(const TrainConfig& config, const std::string& family, const std::s
   };
   const auto t0 = std::chrono::steady_clock::now();
   std::string status = "ok", message;
-  std::unique_ptr<Trainer> trainer;
   try {
-    if (family_of(family).trainer) {
-      trainer = std::make_unique<Trainer>(config);
-    } else {
-      // The families with their own loop. What the report reads from a summary has the
-      // Trainer's names.
-      Json summary_fields;
-      if (family == "dcn") {
-        const RecommenderResult r = train_recommender(config, on_record);
-        cell["precision"] = r.precision;
-        summary_fields = {{"train_seconds", r.seconds}};
-      } else if (family == "dcgan") {
-        // An earlier, unfinished run's metrics would be appended to.
-        if (!config.metrics_path.empty()) fs::remove(config.metrics_path);
-        fs::create_directories(fs::path(config.metrics_path).parent_path());
-        const GanResult r = train_gan(config, on_record);
-        summary_fields = {{"train_seconds", r.seconds},
-                          {"peak_memory_bytes", r.peak_memory_bytes},
-                          {"skipped_steps", r.skipped_steps},
-                          {"loss_scale", r.loss_scale}};
-      }
-      for (auto& [k, v] : summary_fields.items())
-        if (!summary.contains(k)) summary[k] = v;
+    if (family == "dcgan") {
+      // An earlier, unfinished run's metrics would be appended to.
+      if (!config.metrics_path.empty()) fs::remove(config.metrics_path);
+      fs::create_directories(fs::path(config.metrics_path).parent_path());
+    }
+    Trainer t(config);
+    t.set_quiet(true);
+    t.set_record_callback(on_record);
+    cell["precision"] = t.describe_precision();
+    const TrainResult r = t.fit();
+    if (!r.diverged.empty()) {
+      status = "diverged";
+      message = r.diverged;
     }
   } catch (const Error& e) {
     // An fp8 recipe that cannot be set up on the model (fewer than three Linear layers: fp8
-    // keeps the first and the last in bf16; a loop without fp8) does not apply to it; anything
-    // else failed.
-    status = config.precision == "fp8" ? "not_applicable" : "failed";
+    // keeps the first and the last in bf16; a task without fp8) does not apply to it; anything
+    // else failed: the study records why and goes on.
+    status = config.precision == amp::Precision::FP8 ? "not_applicable" : "failed";
     message = e.message();
-  }
-  if (trainer) {
-    try {
-      Trainer& t = *trainer;
-      t.set_quiet(true);
-      t.set_record_callback(on_record);
-      cell["precision"] = t.describe_precision();
-      const TrainResult r = t.fit();
-      if (!r.diverged.empty()) {
-        status = "diverged";
-        message = r.diverged;
-      }
-    } catch (const Error& e) {
-      // The run failed: the study records why and goes on.
-      status = "failed";
-      message = e.message();
-    }
   }
   cell["status"] = status;
   if (!message.empty()) cell["message"] = message;
@@ -513,7 +538,8 @@ Json run_ladder(const StudyConfig& s, const std::string& device,
   for (size_t k = 0; k < all.size(); ++k) {
     const LadderRung& rung = all[k];
     const TrainConfig config = ladder_cell_config(s, k, device);
-    const std::string recipe = config.precision == "fp32" ? "fp32" : config.precision + "-O1";
+    const std::string precision(name_of(config.precision));
+    const std::string recipe = precision == "fp32" ? "fp32" : precision + "-O1";
     const std::string name = fmt::format("[ladder {}/{}] {} {} on {}", k + 1, all.size(),
                                          s.ladder_model, rung.name, device);
     Json cell;
@@ -569,10 +595,10 @@ std::string run_study(const StudyConfig& s, const std::function<void(const std::
   if (s.underflow_models.empty()) {
     // --quick: the picture of the first family only.
     for (const std::string& f : families)
-      if (family_of(f).trainer && !(s.quick && !probes.empty())) probes.push_back(f);
+      if (family_of(f).underflow_probe && !(s.quick && !probes.empty())) probes.push_back(f);
   } else if (!(s.underflow_models.size() == 1 && s.underflow_models[0] == "none")) {
     for (const std::string& f : s.underflow_models) {
-      MT_CHECK(family_of(f).trainer,
+      MT_CHECK(family_of(f).underflow_probe,
                "--underflow-models: the underflow picture is measured by "
                "the Trainer's models; ",
                f, " trains in its own loop");

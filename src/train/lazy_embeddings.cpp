@@ -1,6 +1,7 @@
 // Row-sparse AdamW for embedding tables (lazy_embeddings.h).
 #include "train/lazy_embeddings.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -154,6 +155,34 @@ void LazyEmbeddingAdam::step(const Batch& batch, double lr, float inv_scale) {
         }
       }
     }
+  }
+}
+
+NamedTensors LazyEmbeddingAdam::state_dict() const {
+  NamedTensors out;
+  for (size_t f = 0; f < tables_.size(); ++f) {
+    const std::string p = "tables." + std::to_string(f) + ".";
+    out.emplace_back(p + "exp_avg", exp_avg_[f]);
+    out.emplace_back(p + "exp_avg_sq", exp_avg_sq_[f]);
+    out.emplace_back(p + "steps", steps_[f]);
+    if (masters_[f].defined()) out.emplace_back(p + "master", masters_[f]);
+  }
+  return out;
+}
+
+void LazyEmbeddingAdam::load_state_dict(const NamedTensors& state) {
+  const NamedTensors mine = state_dict();
+  MT_CHECK(state.size() == mine.size(), "the lazy embedding update's state has ", state.size(),
+           " tensors, this run's ", mine.size(), " (a checkpoint of another configuration)");
+  NoGrad ng;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const auto& [name, dst] = mine[i];
+    const auto it =
+        std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == name; });
+    MT_CHECK(
+        it != state.end() && it->second.shape() == dst.shape() && it->second.dtype() == dst.dtype(),
+        "the lazy embedding update's state lacks '", name, "' or holds it in another shape");
+    Tensor(dst).copy_(it->second.to(Device::cpu()));
   }
 }
 

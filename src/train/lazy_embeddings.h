@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "mantissa/numerics/format.h"
+#include "mantissa/tensor/ops.h"
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa::train {
@@ -53,6 +54,11 @@ class LazyEmbeddingAdam {
   bool finite(const Batch& batch, float inv_scale) const;
   // One AdamW update of the batch's rows at learning rate `lr`, gradients times inv_scale.
   void step(const Batch& batch, double lr, float inv_scale);
+
+  // The state a checkpoint holds: per table i, "tables.i.exp_avg", ".exp_avg_sq", ".steps" and
+  // ".master" (when it keeps one); load_state_dict takes exactly those back.
+  NamedTensors state_dict() const;
+  void load_state_dict(const NamedTensors& state);
 
   // Bytes of state: moments, masters, step counts.
   int64_t state_nbytes() const;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/core.h>
+
 #include "mantissa/core/error.h"
 
 namespace mantissa::train {
@@ -29,27 +31,15 @@ void MetricsWriter::write(const std::string& json_line) {
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   const int64_t t = int64_t(s + 0.5);
-  char buf[32];
-  if (t >= 3600) {
-    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(t / 3600),
-                  (long long)(t / 60 % 60), (long long)(t % 60));
-  } else {
-    std::snprintf(buf, sizeof buf, "%lld:%02lld", (long long)(t / 60), (long long)(t % 60));
-  }
-  return buf;
+  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+  return fmt::format("{}:{:02}", t / 60, t % 60);
 }
 
 std::string format_bytes(int64_t bytes) {
-  char buf[32];
   const double b = double(bytes);
-  if (b >= double(1 << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1 << 30));
-  } else if (b >= double(1 << 20)) {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / double(1 << 20));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  }
-  return buf;
+  if (b >= double(1 << 30)) return fmt::format("{:.2f} GiB", b / double(1 << 30));
+  if (b >= double(1 << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  return fmt::format("{:.1f} KiB", b / 1024.0);
 }
 
 Progress::Progress(bool enabled, int64_t every)
@@ -57,13 +47,16 @@ Progress::Progress(bool enabled, int64_t every)
 
 namespace {
 
-// "  scale 32768 (2 skipped)" for a run with loss scaling, else "".
-std::string scale_text(const StepStats& s) {
-  if (s.loss_scale <= 0) return "";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "  scale %g", s.loss_scale);
-  std::string out = buf;
-  if (s.skipped > 0) out += " (" + std::to_string(s.skipped) + " skipped)";
+// What follows the loss: "  acc 85.10%", "  123 samples/s", "  lr 0.05", "  scale 32768 (2
+// skipped)" for a run with loss scaling.
+std::string details(const StepStats& s) {
+  std::string out;
+  if (s.accuracy >= 0) out += fmt::format("  acc {:.2f}%", 100 * s.accuracy);
+  out += fmt::format("  {:.0f} {}/s  lr {:.3g}", s.samples_per_s, s.unit, s.lr);
+  if (s.loss_scale > 0) {
+    out += fmt::format("  scale {:g}", s.loss_scale);
+    if (s.skipped > 0) out += fmt::format(" ({} skipped)", s.skipped);
+  }
   return out;
 }
 
@@ -71,36 +64,31 @@ std::string scale_text(const StepStats& s) {
 
 void Progress::update(const StepStats& s) {
   if (!enabled_) return;
+  const std::string steps =
+      s.steps > 0 ? fmt::format("{}/{}", s.step, s.steps) : std::to_string(s.step);
   if (tty_) {
     // Redraw at most ~10 times a second, and always on the last batch.
     const auto now = std::chrono::steady_clock::now();
     if (s.batch != s.batches && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
-    constexpr int kWidth = 24;
-    const int filled = s.batches ? int(kWidth * s.batch / s.batches) : 0;
+    constexpr int64_t kWidth = 24;
+    const int64_t filled = s.batches ? kWidth * s.batch / s.batches : 0;
     std::string bar(size_t(filled), '=');
     if (filled < kWidth) bar += '>';
     bar.resize(kWidth, ' ');
-    std::fprintf(stderr,
-                 "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  acc %.2f%%  %.0f %s/s  "
-                 "lr %.3g%s  ETA %s",
-                 (long long)s.epoch, (long long)s.epochs, bar.c_str(), (long long)s.batch,
-                 (long long)s.batches, s.loss, 100 * s.accuracy, s.samples_per_s, s.unit, s.lr,
-                 scale_text(s).c_str(), format_duration(s.eta_s).c_str());
+    fmt::print(stderr, "\r\033[Kepoch {}/{} [{}] {}/{}  step {}  loss {:.4f}{}  ETA {}", s.epoch,
+               s.epochs, bar, s.batch, s.batches, steps, s.loss, details(s),
+               format_duration(s.eta_s));
     std::fflush(stderr);
   } else if (s.step % every_ == 0 || s.batch == s.batches) {
-    std::fprintf(stderr,
-                 "epoch %lld/%lld batch %lld/%lld step %lld: loss %.4f acc %.2f%% %.0f %s/s "
-                 "lr %.3g%s ETA %s\n",
-                 (long long)s.epoch, (long long)s.epochs, (long long)s.batch, (long long)s.batches,
-                 (long long)s.step, s.loss, 100 * s.accuracy, s.samples_per_s, s.unit, s.lr,
-                 scale_text(s).c_str(), format_duration(s.eta_s).c_str());
+    fmt::print(stderr, "epoch {}/{} batch {}/{} step {}: loss {:.4f}{}  ETA {}\n", s.epoch,
+               s.epochs, s.batch, s.batches, steps, s.loss, details(s), format_duration(s.eta_s));
   }
 }
 
 void Progress::end_epoch(const std::string& summary) {
-  if (enabled_ && tty_) std::fprintf(stderr, "\r\033[K");
-  std::fprintf(stderr, "%s\n", summary.c_str());
+  if (enabled_ && tty_) fmt::print(stderr, "\r\033[K");
+  fmt::print(stderr, "{}\n", summary);
   std::fflush(stderr);
 }
 

@@ -12,22 +12,24 @@
 #include "mantissa/numerics/round.h"
 #include "mantissa/tensor/ops.h"
 #include "mantissa/train/trainer.h"
+#include "train/trainee.h"
 
 namespace mantissa::train {
 
-UnderflowStats Trainer::measure_underflow(const std::vector<Tensor>& reference) const {
+UnderflowStats measure_underflow(const Trainee& trainee, const std::vector<Tensor>& reference) {
   NoGrad ng;
   UnderflowStats u;
   u.measurements = 1;
-  const double scale = amp_->scaler().get_scale();
-  const NamedTensors params = model_->named_parameters();
+  const double scale = trainee.amp().scaler().get_scale();
+  const NamedTensors params = trainee.model().named_parameters();
+  const Device device = params.front().second.device();
   // Elements where both masks are true.
   auto both = [](const Tensor& a, const Tensor& b) {
     return int64_t(sum(mul(a.to(DType::F32), b.to(DType::F32))).item());
   };
   // The zeros compared with live on the gradients' device (binary ops take no cpu scalar with
   // a cuda tensor).
-  const Tensor zero16 = Tensor::scalar(0.0, DType::F16, device_);
+  const Tensor zero16 = Tensor::scalar(0.0, DType::F16, device);
   for (size_t i = 0; i < params.size(); ++i) {
     LayerUnderflow& l = u.layers.emplace_back();
     l.name = params[i].first;

@@ -10,8 +10,16 @@
 #include <nlohmann/json.hpp>
 
 #include "mantissa/tensor/tensor.h"
+#include "mantissa/train/trainer.h"
 
 namespace mantissa::train {
+
+class Trainee;
+
+// Compares a step's fp32 reference gradients (same weights and batch, no autocast) with the
+// trainee's own scaled gradients (call after backward, before unscale): how many non-zero
+// reference values become zero in fp16, overall and per parameter.
+UnderflowStats measure_underflow(const Trainee& trainee, const std::vector<Tensor>& reference);
 
 // How many values have each binary exponent: bucket e counts the non-zero finite x with
 // 2^e <= |x| < 2^(e+1) (fp32 subnormals by their true exponent, down to -149).

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "mantissa/train/config.h"
+#include "mantissa/train/trainer.h"
 
 namespace mantissa::study {
 
@@ -20,7 +20,11 @@ using train::TrainConfig;
 struct StudyRecipe {
   std::string name;  // e.g. "bf16-O2-trunc"
   std::string description;
-  std::string precision, opt_level, loss_scale = "dynamic", rounding, fp8_recipe;
+  amp::Precision precision = amp::Precision::FP32;
+  std::optional<amp::OptLevel> opt_level;
+  config::LossScale loss_scale;
+  std::optional<config::StoreRounding> rounding;
+  amp::Fp8Recipe fp8_recipe = amp::Fp8Recipe::Delayed;
 };
 
 // fp32, tf32, bf16-O1, bf16-O2, bf16-O2-trunc, bf16-pure, fp16-O1, fp16-O2, fp16-noscale,
@@ -34,7 +38,7 @@ struct StudyFamily {
   std::string kind;               // "CNN", "RNN", "transformer", "GAN", "recommender", "MLP"
   std::string metric;             // e.g. "test_accuracy", "test_loss", "frechet_distance"
   bool higher_is_better = false;  // accuracy, AUC: true; losses, distances: false
-  bool trainer = true;            // trained by train::Trainer (false: its own loop)
+  bool underflow_probe = true;    // its cells may measure fp16 underflow (the supervised tasks)
   std::string metric_label;       // for the report, e.g. "held-out log loss"
 };
 

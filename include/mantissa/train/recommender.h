@@ -1,13 +1,10 @@
 // Training a recommender (a ModelInput::Clicks model: dcn) on a click log, in any precision
 // recipe the Trainer has (docs/training.md, "Recommenders").
 //
-//   mantissa::train::TrainConfig c;
-//   c.model = "dcn";
-//   c.data = "synthetic-clicks";   // or "clicks" with c.data_path = "day_0.tsv"
-//   c.optimizer = "adamw";
-//   c.lr = 1e-3;
+//   mantissa::train::TrainConfig c = mantissa::train::defaults_for("dcn");  // AdamW at 1e-3, ...
+//   c.data = mantissa::config::DataKind::SyntheticClicks;   // or Clicks with c.data_path
 //   c.max_steps = 1000;
-//   c.precision = "bf16";
+//   c.precision = mantissa::amp::Precision::BF16;
 //   auto r = mantissa::train::train_recommender(c);   // r.log_loss vs r.bayes_log_loss
 #pragma once
 
@@ -15,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "mantissa/train/config.h"
+#include "mantissa/train/trainer.h"
 
 namespace mantissa::train {
 
@@ -40,25 +37,17 @@ struct RecommenderResult {
   std::string precision;         // amp's description
 };
 
-// Trains config.model (a Clicks model) on config.data: synthetic-clicks (synthetic_size
-// examples of data::synthetic_clicks with config.seed, its last 10% held out) or clicks (the
-// log at data_path, its last 10% held out, or val_path as the held-out log). Honours precision,
-// opt_level, loss_scale, init_scale, rounding (train::initialize_precision), seed, batch_size,
-// epochs / max_steps, optimizer (sgd | adamw), lr, momentum, weight_decay (weights of two or
-// more dims; not biases, cross layers or tables), betas, eps, schedule, warmup_steps,
-// eval_every, eval_batch_size, log_every, metrics_path, tensorboard_dir, threads, workers,
-// device, hash_buckets, embedding_update and progress. Options it does not take (checkpoints,
-// resume, distributed, grad_accum, fp8, underflow_every, anomaly detection, clipping with lazy
-// tables, on_divergence other than stop, zero_grad zeros, input_pipeline other than prefetch)
-// are refused with a mantissa::Error.
+// Trains config.model (a Clicks model) with the Trainer: on config.data, synthetic-clicks
+// (synthetic_size examples of data::synthetic_clicks with config.seed, its last 10% held out) or
+// clicks (the log at data_path, its last 10% held out, or val_path as the held-out log). The
+// tables update lazily (embedding_update) or with their own optimizer; every option of every
+// task (precision, schedule, clipping, checkpoints and resume, divergence, ...) is honoured as
+// by the Trainer, and those of other tasks (fp8, grad_accum, distributed, ...) are refused.
 //
 // Records (the metrics file, TensorBoard and `on_record` get the same JSON): "config" first;
-// "train" every log_every steps (step, epoch, loss, lr, samples_per_s, loss_scale, skipped,
-// skipped_steps, peak_memory_bytes); "eval" every eval_every steps and at the end (step, loss:
-// the held-out log loss, auc, bayes_log_loss for synthetic data, constant_log_loss, examples,
-// eval_seconds); "summary" at the end (the result's fields, the model, its parameters, the
-// precision, the device). A step whose loss is not finite and was not skipped stops the run
-// with a mantissa::Error naming the step.
+// "train" every log_every steps; "eval" every eval_every steps and at each epoch's end (step,
+// loss: the held-out log loss, auc, bayes_log_loss for synthetic data, constant_log_loss,
+// examples, eval_seconds); "summary" at the end.
 RecommenderResult train_recommender(const TrainConfig& config,
                                     std::function<void(const std::string& json)> on_record = {});
 

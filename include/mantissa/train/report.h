@@ -32,8 +32,9 @@ struct StepStats {
   int64_t epoch = 0, epochs = 0;
   int64_t batch = 0, batches = 0;  // batch counts from 1 in this epoch
   int64_t step = 0;                // optimizer steps so far
+  int64_t steps = 0;               // of the run (0: not known)
   double loss = 0;                 // running mean over the epoch
-  double accuracy = 0;             // running train accuracy (0..1)
+  double accuracy = 0;             // running train accuracy (0..1; < 0: the task has none)
   double samples_per_s = 0;
   const char* unit = "samples";  // what samples_per_s counts: samples, or tokens
   double lr = 0;
