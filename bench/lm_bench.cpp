@@ -30,6 +30,7 @@
 #include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
+#include "mantissa/core/clock.h"
 #include "mantissa/nn/generate.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/optimizer.h"
@@ -38,12 +39,6 @@
 namespace {
 
 using namespace mantissa;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // The CPU time of the whole process (every thread): less sensitive than wall time to other
 // processes on a shared machine.
 double cpu_seconds() {

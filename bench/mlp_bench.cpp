@@ -37,18 +37,13 @@
 #include <vector>
 
 #include "mantissa/autograd/engine.h"
+#include "mantissa/core/clock.h"
 #include "mantissa/core/cpu.h"
 #include "mantissa/tensor/ops.h"
 
 namespace {
 
 using namespace mantissa;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];

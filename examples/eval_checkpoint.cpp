@@ -26,13 +26,13 @@ int main(int argc, char** argv) try {
     path = (std::filesystem::temp_directory_path() / "mantissa-example-mlp.safetensors").string();
     mt::train::TrainConfig c;
     c.model = "mlp";
-    c.data = "synthetic";
+    c.data = mt::config::DataKind::Synthetic;
     c.synthetic_size = 2000;
     c.epochs = 1;
     c.checkpoint_path = path;
     c.progress = false;
     std::printf("no checkpoint given: training %s on %s data into %s\n", c.model.c_str(),
-                c.data.c_str(), path.c_str());
+                std::string(mt::name_of(c.data)).c_str(), path.c_str());
     mt::train::Trainer(c).fit();
   }
 
@@ -40,7 +40,8 @@ int main(int argc, char** argv) try {
   const mt::train::Checkpoint ckpt = mt::train::load_checkpoint(path);
   const mt::train::TrainConfig& config = ckpt.config;
   std::printf("%s: model %s, data %s, precision %s, step %lld, %zu tensors\n", path.c_str(),
-              config.model.c_str(), config.data.c_str(), config.precision.c_str(),
+              config.model.c_str(), std::string(mt::name_of(config.data)).c_str(),
+              std::string(mt::name_of(config.precision)).c_str(),
               static_cast<long long>(ckpt.state.step), ckpt.model.size());
   if (mt::nn::model_input(config.model) != mt::nn::ModelInput::Image) {
     std::fprintf(stderr, "this example evaluates image models; see `mantissa eval` for others\n");
@@ -49,7 +50,7 @@ int main(int argc, char** argv) try {
 
   // The test set the run was evaluated on (as train::Trainer makes it).
   mt::data::ImageDataset test;
-  if (config.data == "synthetic") {
+  if (config.data == mt::config::DataKind::Synthetic) {
     const int64_t n_test = std::max<int64_t>(config.synthetic_size / 5, 1);
     test = mt::data::synthetic_images(config.synthetic_size + n_test, 1, 28, 10, config.seed)
                .slice(config.synthetic_size, n_test);

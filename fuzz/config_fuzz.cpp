@@ -4,16 +4,16 @@
 #include <string>
 
 #include "fuzz_input.h"
-#include "mantissa/train/config.h"
+#include "mantissa/config/train_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mantissa;
   const std::string text(reinterpret_cast<const char*>(data), size);
   fuzz::expect_only_mantissa_errors([&] {
-    const train::TrainConfig c = train::TrainConfig::from_json(text);
+    const config::TrainConfig c = config::TrainConfig::from_json(text);
     c.validate();
     const std::string json = c.to_json();
-    FUZZ_REQUIRE(train::TrainConfig::from_json(json).to_json() == json,
+    FUZZ_REQUIRE(config::TrainConfig::from_json(json).to_json() == json,
                  "a configuration does not survive to_json/from_json: %s", json.c_str());
   });
   return 0;

@@ -4,15 +4,18 @@
 #include <string>
 
 #include "fuzz_input.h"
-#include "mantissa/train/run_config.h"
+#include "mantissa/config/run_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mantissa;
   const std::string text(reinterpret_cast<const char*>(data), size);
   fuzz::expect_only_mantissa_errors([&] {
-    const train::TrainConfig c = train::resolve_run_config({}, text, "fuzz.toml");
-    const std::string printed = train::to_toml(c);
-    const train::TrainConfig back = train::resolve_run_config({}, printed, "printed.toml");
+    const auto defaults = [](const std::string&) { return config::TrainConfig{}; };
+    const config::TrainConfig c =
+        config::resolve({.file = config::read_toml(text, "fuzz.toml")}, defaults);
+    const std::string printed = config::to_toml(c);
+    const config::TrainConfig back =
+        config::resolve({.file = config::read_toml(printed, "printed.toml")}, defaults);
     FUZZ_REQUIRE(back.to_json() == c.to_json(),
                  "a run config does not survive to_toml and back:\n%s", printed.c_str());
   });

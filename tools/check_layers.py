@@ -23,7 +23,7 @@ import sys
 # shell wildcards; a pattern ending in "/" is a folder. The first layer that matches wins, so a
 # narrower pattern listed in a lower layer takes a file out of its folder's layer.
 LAYERS = [
-    ("base", ["core/error", "core/cpu", "core/warning"]),
+    ("base", ["core/error", "core/cpu", "core/warning", "core/vocabulary", "core/clock"]),
     ("numerics", ["numerics/"]),
     ("core", ["core/"]),
     # The Tensor type itself: what the backends compute on. Its methods are implemented with the
@@ -46,6 +46,8 @@ LAYERS = [
     # Data parallel: communicators (MPI, NCCL) and the DDP gradient buckets, over models,
     # optimizers and the loss scaler; the trainer drives it.
     ("dist", ["dist/"]),
+    # The run's configuration: the option table, its vocabularies, run configs and --resume.
+    ("config", ["config/"]),
     ("train", ["train/"]),
     # The precision study: the matrix of model families x recipes, run with the training layer.
     ("study", ["study/"]),

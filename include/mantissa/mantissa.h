@@ -1,11 +1,15 @@
 // Everything public, in one include.
 #pragma once
 
+#include "mantissa/amp/amp.h"
 #include "mantissa/amp/grad_scaler.h"
+#include "mantissa/amp/precision.h"
 #include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/checkpoint.h"
 #include "mantissa/autograd/engine.h"
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/config/run_config.h"
+#include "mantissa/config/train_config.h"
 #include "mantissa/core/allocator.h"
 #include "mantissa/core/cpu.h"
 #include "mantissa/core/device.h"
@@ -21,6 +25,7 @@
 #include "mantissa/data/tokenizer.h"
 #include "mantissa/data/tokens.h"
 #include "mantissa/io/safetensors.h"
+#include "mantissa/metrics/classification.h"
 #include "mantissa/metrics/image_quality.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
@@ -38,6 +43,6 @@
 #include "mantissa/tensor/ops.h"
 #include "mantissa/tensor/tensor.h"
 #include "mantissa/train/checkpoint.h"
-#include "mantissa/train/config.h"
 #include "mantissa/train/gan.h"
+#include "mantissa/train/recommender.h"
 #include "mantissa/train/trainer.h"

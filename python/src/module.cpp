@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "mantissa/config/run_config.h"
 #include "mantissa/core/cuda.h"
 #include "mantissa/core/stop_signals.h"
 #include "mantissa/mantissa.h"
-#include "mantissa/train/run_config.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -205,27 +205,31 @@ struct NoGradContext {
 
 // ---- the Trainer from a dict -----------------------------------------------------------------
 
-// A dict of run-config keys (the options' names; underscores allowed), read as a TOML run config
-// is: the same checks and messages.
+// A dict of run-config keys (the options' names; underscores allowed), read as a run config
+// is: the same checks and messages, the model's defaults (train::defaults_for) under them.
 mt::train::TrainConfig config_of(const nb::dict& d) {
   nb::module_ json = nb::module_::import_("json");
-  std::string toml;
+  nb::module_ math = nb::module_::import_("math");
+  std::string object = "{";
   for (auto [k, v] : d) {
     const std::string key = nb::cast<std::string>(nb::str(k));
     std::string value;
-    if (nb::isinstance<nb::bool_>(v)) {
-      value = nb::cast<bool>(v) ? "true" : "false";
-    } else if (nb::isinstance<nb::str>(v)) {
-      value = nb::cast<std::string>(json.attr("dumps")(v));  // JSON's escapes are TOML's
-    } else if (nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v)) {
-      value = nb::cast<std::string>(nb::str(v));  // 3, 0.05, 1e-08, inf: TOML spellings
+    if (nb::isinstance<nb::bool_>(v) || nb::isinstance<nb::str>(v) || nb::isinstance<nb::int_>(v)) {
+      value = nb::cast<std::string>(json.attr("dumps")(v));
+    } else if (nb::isinstance<nb::float_>(v)) {
+      // JSON has no inf or nan: they go as text, which a number option refuses by name.
+      const bool finite = nb::cast<bool>(math.attr("isfinite")(v));
+      value = nb::cast<std::string>(json.attr("dumps")(finite ? v : nb::str(v)));
     } else {
       MT_CHECK(false, "Trainer config: '", key, "' must be a bool, int, float or str, not ",
                nb::cast<std::string>(nb::str(v.type().attr("__name__"))));
     }
-    toml += "\"" + key + "\" = " + value + "\n";
+    object += (object.size() > 1 ? "," : "") + nb::cast<std::string>(json.attr("dumps")(key)) +
+              ":" + value;
   }
-  return mt::train::resolve_run_config({}, toml, "Trainer config");
+  mt::config::ConfigSources sources;
+  sources.command_line = mt::config::read_json_options(object + "}", "Trainer config");
+  return mt::config::resolve(sources, mt::train::defaults_for);
 }
 
 nb::dict eval_dict(const mt::train::EvalResult& r) {
@@ -685,7 +689,7 @@ NB_MODULE(_mantissa, m) {
           "model", [](mt::train::Trainer& t) { return &t.model(); },
           nb::rv_policy::reference_internal)
       .def_prop_ro("config",
-                   [](const mt::train::Trainer& t) { return mt::train::to_toml(t.config()); })
+                   [](const mt::train::Trainer& t) { return mt::config::to_toml(t.config()); })
       .def_prop_ro("step", [](const mt::train::Trainer& t) { return t.state().step; })
       .def("step_losses", &mt::train::Trainer::step_losses)
       .def("next_batch",
@@ -699,5 +703,5 @@ NB_MODULE(_mantissa, m) {
              return std::pair(b->x(), b->y());
            })
       .def("save", &mt::train::Trainer::save, "path"_a);
-  m.def("config_toml", [](nb::dict config) { return mt::train::to_toml(config_of(config)); });
+  m.def("config_toml", [](nb::dict config) { return mt::config::to_toml(config_of(config)); });
 }

@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "mantissa/amp/amp.h"
+#include "mantissa/amp/precision.h"
 #include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/grad_mode.h"
 #include "mantissa/core/allocator.h"
@@ -38,45 +39,65 @@ struct BenchArgs {
   int64_t image_size = 28;
   int64_t in_channels = 1;
   std::string device = "cpu";
+  std::string fp8_layers = "inner";
   bool json = false;
 };
 
-// One precision to measure: "bf16" (O1), "bf16:O2", "fp16:O3", "bf16-pure", "tf32", ...
+// The models bench runs, for its messages and help.
+std::string bench_models() {
+  std::string out;
+  for (const std::string& m : nn::model_names()) {
+    const nn::ModelInput in = nn::model_input(m);
+    if (in == nn::ModelInput::Image || in == nn::ModelInput::Tokens)
+      out += (out.empty() ? "" : ", ") + m;
+  }
+  return out;
+}
+
+// One precision to measure: "bf16" (O1), "bf16:O2", "fp16:O3", "bf16-pure", "tf32",
+// "fp8:O2:mxfp8", ...
 struct Variant {
   std::string label;
-  train::TrainConfig config;  // precision, opt_level (what initialize_precision reads)
+  amp::Recipe recipe;
 };
 
-std::vector<Variant> parse_variants(const std::string& list) {
+Variant parse_variant(const std::string& item, amp::Fp8Layers fp8_layers) {
+  std::vector<std::string> parts;
+  for (size_t pos = 0; pos <= item.size();) {
+    const size_t colon = std::min(item.find(':', pos), item.size());
+    parts.push_back(item.substr(pos, colon - pos));
+    pos = colon + 1;
+  }
+  const std::string what = "bench: --precision entry '" + item + "': ";
+  Variant v;
+  try {
+    v.recipe.precision = amp::resolve(parse_word<amp::Precision>(parts[0], "--precision"));
+    if (parts.size() > 1) v.recipe.level = parse_word<amp::OptLevel>(parts[1], "opt level");
+    if (parts.size() > 2) v.recipe.fp8.recipe = parse_word<amp::Fp8Recipe>(parts[2], "fp8 recipe");
+  } catch (const Error& e) {
+    MT_CHECK(false, what, e.message());
+  }
+  const amp::Precision p = v.recipe.precision;
+  MT_CHECK(parts.size() <= (p == amp::Precision::FP8 ? 3u : 2u), what,
+           "use PRECISION[:LEVEL], or fp8[:LEVEL[:RECIPE]]");
+  MT_CHECK(!v.recipe.level || amp::accepts_level(p, *v.recipe.level), what, name_of(p),
+           " does not run at ", name_of(*v.recipe.level));
+  v.recipe.fp8_layers = fp8_layers;
+  v.label = std::string(name_of(p));
+  if (amp::precision_info(p).levels != amp::kLevelO0 && amp::precision_info(p).levels != 0)
+    v.label += " " + std::string(name_of(amp::level_of(v.recipe)));
+  if (p == amp::Precision::FP8) v.label += " " + std::string(name_of(v.recipe.fp8.recipe));
+  return v;
+}
+
+std::vector<Variant> parse_variants(const std::string& list, amp::Fp8Layers fp8_layers) {
   std::vector<Variant> out;
   size_t pos = 0;
   while (pos <= list.size()) {
     const size_t comma = std::min(list.find(',', pos), list.size());
     const std::string item = list.substr(pos, comma - pos);
     pos = comma + 1;
-    if (item.empty()) continue;
-    Variant v;
-    const size_t colon = item.find(':');
-    v.config.precision = item.substr(0, colon);
-    if (colon != std::string::npos) v.config.opt_level = item.substr(colon + 1);
-    // fp8[:LEVEL[:RECIPE]], e.g. fp8:O2:mxfp8
-    const size_t colon2 = v.config.opt_level.find(':');
-    if (colon2 != std::string::npos) {
-      v.config.fp8_recipe = v.config.opt_level.substr(colon2 + 1);
-      v.config.opt_level.resize(colon2);
-    }
-    v.config.precision = train::resolve_precision(v.config.precision);
-    try {
-      v.config.validate();
-    } catch (const Error& e) {
-      MT_CHECK(false, "bench: --precision entry '", item, "': ", e.message());
-    }
-    v.label = v.config.precision + (v.config.opt_level.empty() ? "" : " " + v.config.opt_level);
-    const bool half =
-        v.config.precision == "bf16" || v.config.precision == "fp16" || v.config.precision == "fp8";
-    if (half && v.config.opt_level.empty()) v.label += " O1";
-    if (v.config.precision == "fp8") v.label += " " + v.config.fp8_recipe;
-    out.push_back(std::move(v));
+    if (!item.empty()) out.push_back(parse_variant(item, fp8_layers));
   }
   MT_CHECK(!out.empty(), "bench: --precision needs at least one entry, e.g. fp32,bf16,bf16:O2");
   return out;
@@ -85,7 +106,7 @@ std::vector<Variant> parse_variants(const std::string& list) {
 // A model, its optimizer and its precision set-up, with one training step.
 class Runner {
  public:
-  Runner(const BenchArgs& a, const Variant& v, Device device) : config_(v.config) {
+  Runner(const BenchArgs& a, const Variant& v, Device device) : recipe_(v.recipe) {
     nn::ModelConfig mc;
     mc.image_size = a.image_size;
     mc.in_channels = a.in_channels;
@@ -102,44 +123,34 @@ class Runner {
     so.lr = 0.01;
     so.momentum = 0.9;
     opt_ = std::make_unique<optim::SGD>(model_->parameters(), so);
-    amp_ = std::make_unique<amp::Amp>(train::initialize_precision(*model_, *opt_, config_));
-    if (config_.precision == "fp8") {
-      fp8_ = std::make_unique<amp::Fp8Context>(
-          amp::Fp8Options{.recipe = *amp::parse_fp8_recipe(config_.fp8_recipe)});
-      amp::prepare_fp8(*model_, *fp8_);
-    }
+    amp_ = std::make_unique<amp::Amp>(amp::initialize(*model_, *opt_, recipe_));
     model_->train();
   }
 
   // Forward, cross-entropy, backward (scaled), optimizer step through the scaler.
   void step() {
-    set_matmul_precision(config_.precision == "tf32" ? MatmulPrecision::High
-                                                     : MatmulPrecision::Highest);
+    set_matmul_precision(amp::precision_info(recipe_.precision).gemm);
     opt_->zero_grad();
-    std::optional<amp::Fp8Autocast> f8;
-    if (fp8_) f8.emplace(*fp8_);
     Tensor logits = amp_->forward(*model_, x_);
-    f8.reset();
     if (tokens_) logits = logits.reshape({-1, logits.size(-1)});
     const Tensor loss = cross_entropy(logits, tokens_ ? y_.reshape({-1}) : y_);
     amp::GradScaler& sc = amp_->scaler();
     sc.scale(loss).backward();
     sc.step(*opt_);
     sc.update();
-    if (fp8_) fp8_->update();
+    if (amp_->fp8()) amp_->fp8()->update();
   }
 
   const nn::Module& model() const { return *model_; }
   bool tokens() const { return tokens_; }
 
  private:
-  train::TrainConfig config_;
+  amp::Recipe recipe_;
   std::shared_ptr<nn::Module> model_;
   Tensor x_, y_;
   bool tokens_ = false;
   std::unique_ptr<optim::SGD> opt_;
   std::unique_ptr<amp::Amp> amp_;
-  std::unique_ptr<amp::Fp8Context> fp8_;  // fp8 variants
 };
 
 struct Row {
@@ -160,7 +171,17 @@ int run_bench(const BenchArgs& a) {
   auto wait_idle = [&] {
     if (device.is_cuda()) cuda::synchronize(device.index);
   };
-  const std::vector<Variant> variants = parse_variants(a.precisions);
+  // The models a bench step runs: image classifiers and language models (the GAN and the
+  // recommenders train with two networks or two inputs: `mantissa train` measures them).
+  const std::string task = train::task_name(a.model);  // (an unknown model is refused here)
+  MT_CHECK(task == train::task_name("cnn") || task == train::task_name("gpt2_tiny"),
+           "bench: model '", a.model, "' is a ", task,
+           "; bench measures image classifiers and "
+           "language models (",
+           bench_models(), "); time a ", task, " with `mantissa train --model ", a.model,
+           " --steps N`");
+  const std::vector<Variant> variants =
+      parse_variants(a.precisions, parse_word<amp::Fp8Layers>(a.fp8_layers, "--fp8-layers"));
   std::vector<Row> rows(variants.size());
 
   // Memory, one variant at a time (nothing else alive): the peak of a step after warm-up,
@@ -265,7 +286,11 @@ Command add_bench_command(CLI::App& app) {
       "bench",
       "Time one training step (forward, loss, backward, SGD) of a model on synthetic data, in "
       "one or several precisions side by side");
-  cmd->add_option("--model", a->model, "Model name (as for train)")->capture_default_str();
+  cmd->add_option("--model", a->model, "Model: " + bench_models())->capture_default_str();
+  cmd->add_option("--fp8-layers", a->fp8_layers,
+                  "fp8 variants: which Linear layers run in fp8: " +
+                      word_list(words_of<amp::Fp8Layers>(), /*with_help=*/true))
+      ->capture_default_str();
   cmd->add_option("--precision", a->precisions,
                   "Comma-separated precisions to compare, each PRECISION[:LEVEL] as for train "
                   "(fp8[:LEVEL[:RECIPE]] for fp8), e.g. fp32,bf16,bf16:O2,fp16:O2,bf16-pure,"

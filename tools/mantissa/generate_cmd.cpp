@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "mantissa/amp/precision.h"
 #include "mantissa/autocast/autocast.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/tokenizer.h"
@@ -35,12 +36,10 @@ struct GenerateArgs {
 
 using Clock = std::chrono::steady_clock;
 
-// The low-precision dtype the run trained in (autocast for generation), or F32.
+// The low-precision dtype the run trained in (autocast for generation), or F32: its recipe's
+// half dtype (fp8's non-GEMM part is bf16, and generation runs its Linear layers in bf16 too).
 DType run_dtype(const train::TrainConfig& c) {
-  const std::string p = train::resolve_precision(c.precision);
-  if (p == "bf16" || p == "bf16-pure") return DType::BF16;
-  if (p == "fp16") return DType::F16;
-  return DType::F32;
+  return amp::precision_info(amp::resolve(c.precision)).dtype;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "mantissa/core/clock.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/text_corpus.h"
 #include "mantissa/data/tokenizer.h"
@@ -20,8 +21,6 @@ namespace mantissa::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
 struct TokenizeArgs {
   std::vector<std::string> inputs;
   std::string out = "out/tokens";
@@ -36,10 +35,6 @@ struct TokenizeArgs {
   int64_t show = 0;
   bool json = false;
 };
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // A token's bytes as a readable, quoted string: printable ASCII as is, the rest escaped.
 std::string quoted(std::string_view bytes) {
