@@ -103,7 +103,7 @@ TEST_P(OptLevels, ModelOptimizerAndScalerAreSetUpAsApexDefinesTheLevel) {
     saw_bn = saw_bn || bn;
     saw_other = saw_other || !bn;
     const DType expected = !cast || (bn && level == OptLevel::O2) ? DType::F32 : half;
-    EXPECT_EQ(dt, expected) << name << " at " << opt_level_name(level);
+    EXPECT_EQ(dt, expected) << name << " at " << name_of(level);
   }
   EXPECT_TRUE(saw_bn && saw_other);
 
@@ -138,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{OptLevel::O1, DType::BF16}, Case{OptLevel::O2, DType::BF16},
                       Case{OptLevel::O3, DType::BF16}),
     [](const auto& param_info) {
-      return std::string(opt_level_name(param_info.param.level)) +
+      return std::string(name_of(param_info.param.level)) +
              std::string(
                  param_info.param.level == OptLevel::O0 ? "" : dtype_name(param_info.param.dtype));
     });
@@ -189,8 +189,8 @@ TEST(AmpErrors, MisuseIsRefusedWithAMessage) {
     model->to(DType::BF16);
     expect_error([&] { initialize(*model, *opt, OptLevel::O2, DType::F16); }, "fp32 model");
   }
-  EXPECT_EQ(parse_opt_level("O2"), OptLevel::O2);
-  EXPECT_FALSE(parse_opt_level("o4").has_value());
+  EXPECT_EQ(find_word<OptLevel>("O2"), OptLevel::O2);
+  EXPECT_FALSE(find_word<OptLevel>("o4").has_value());
 }
 
 // fp16 O2: the half parameters' gradients are f16; unscale_ replaces them by f32 ones, so a

@@ -436,8 +436,7 @@ TEST(Fp8Linear, GradientsMatchTheBf16LinearWithinFp8Tolerance) {
       EXPECT_EQ(w.grad().dtype(), DType::F32);
       // E4M3 carries 3 mantissa bits (relative step 2^-3, error up to 2^-4 per value), E5M2 2;
       // errors of many products average down. The bf16 Linear's error, for scale, is ~2^-8.
-      const std::string what =
-          std::string(fp8_recipe_name(r)) + "/" + std::string(fp8_format_name(f));
+      const std::string what = std::string(name_of(r)) + "/" + std::string(name_of(f));
       EXPECT_LT(rel_err(y, yr), 0.06) << what;
       EXPECT_LT(rel_err(x.grad(), xr.grad()), f == Fp8Format::Hybrid ? 0.12 : 0.06) << what;
       EXPECT_LT(rel_err(w.grad(), wr.grad()), f == Fp8Format::Hybrid ? 0.12 : 0.06) << what;
@@ -546,9 +545,9 @@ TEST(Fp8Prepare, InnerKeepsTheFirstAndLastLinearAndTheRegionSwitchesFp8On) {
 TEST(Fp8Options, NamesParseBack) {
   for (Fp8Recipe r :
        {Fp8Recipe::Delayed, Fp8Recipe::Current, Fp8Recipe::MXFP8, Fp8Recipe::Blockwise})
-    EXPECT_EQ(parse_fp8_recipe(fp8_recipe_name(r)), r);
-  EXPECT_FALSE(parse_fp8_recipe("tensorwise").has_value());
-  EXPECT_EQ(parse_fp8_format("e4m3"), Fp8Format::E4M3);
+    EXPECT_EQ(find_word<Fp8Recipe>(name_of(r)), r);
+  EXPECT_FALSE(find_word<Fp8Recipe>("tensorwise").has_value());
+  EXPECT_EQ(find_word<Fp8Format>("e4m3"), Fp8Format::E4M3);
   EXPECT_EQ(fp8_dtype(Fp8Format::Hybrid, Fp8Role::GradOutput), DType::FP8_E5M2);
   EXPECT_EQ(fp8_dtype(Fp8Format::E4M3, Fp8Role::GradOutput), DType::FP8_E4M3);
   EXPECT_THROW(Fp8Context({.amax_history_len = 0}), Error);

@@ -212,7 +212,7 @@ TEST(CudaFp8Linear, ForwardAndBackwardFollowTheCpuInEveryRecipe) {
     // tensor cores' reduced precision within a k-group, up to 2^-10.7 of sum |terms| per
     // element (above), which cancelling terms (sum |terms| ~ sqrt(K) |sum| here) magnify in
     // relative terms: 2^-6. A wrong scale, operand or transposition is off by O(1).
-    const std::string what(amp::fp8_recipe_name(r));
+    const std::string what(name_of(r));
     const bool native = r == amp::Fp8Recipe::Delayed || r == amp::Fp8Recipe::Current;
     const double tol = native ? std::ldexp(1.0, -6) : 1e-5;
     EXPECT_LT(rel(g.y, c.y), tol) << what;

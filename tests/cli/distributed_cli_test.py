@@ -120,7 +120,11 @@ with tempfile.TemporaryDirectory() as tmp:
         time.sleep(0.05)
     job.send_signal(signal.SIGINT)
     output, _ = job.communicate(timeout=60)
-    check(os.path.exists(stop_ckpt) and "--resume " + stop_ckpt + " --distributed --zero 1" in output,
+    # The command that continues names the checkpoint and gives again the options of how this
+    # launch ran (a resumed run takes those from its own command line, not the checkpoint).
+    cont = [l for l in output.splitlines() if "--resume " + stop_ckpt in l]
+    check(os.path.exists(stop_ckpt) and cont and cont[0].strip().startswith("mpirun -n 2 ") and
+          all(f in cont[0] for f in (" --distributed", " --zero 1", " --no-progress")),
           f"Ctrl-C on mpirun: a checkpoint and the command that continues: {output[-800:]!r}")
     check(output.count("stopped after step") == 1, f"one rank reports the stop: {output[-800:]!r}")
     # Resumed to the end of the epoch it stopped in (8192 / (2 x 32) = 128 steps an epoch).

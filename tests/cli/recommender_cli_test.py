@@ -54,7 +54,7 @@ with tempfile.TemporaryDirectory() as tmp:
                        "--synthetic-size", "3000", "--steps", "20", "--log-every", "10",
                        "--precision", "bf16", "--threads", "2", "--workers", "0",
                        "--hash-buckets", "1000", "--batch-size", "128")
-    check(rc == 0 and "step 10/20" in err and "eval at step 20" in err,
+    check(rc == 0 and "step 10/20" in err and "held-out log loss" in err,
           f"progress lines ({rc}): {err[-500:]!r}")
     check("held-out log loss" in out and "Bayes" in out and "bf16 O1" in out,
           f"the final line: {out!r}")

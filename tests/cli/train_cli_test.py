@@ -97,10 +97,10 @@ with tempfile.TemporaryDirectory() as tmp:
           f"eval of an fp8 checkpoint reproduces its accuracy ({rc}, {out!r}, {err[-300:]!r})")
     for flags, needle in ((["--opt-level", "O2"], "half precision"),
                           (["--fp8-recipe", "current"], "apply to --precision fp8"),
-                          (["--precision", "fp8", "--fp8-recipe", "tensorwise"], "delayed, current"),
+                          (["--precision", "fp8", "--fp8-recipe", "tensorwise"], "unknown --fp8-recipe 'tensorwise'; use delayed: "),
                           (["--precision", "fp8", "--opt-level", "O3"], "bf16 O1 or O2"),
                           (["--precision", "bf16", "--rounding", "stochastic"], "half weights"),
-                          (["--precision", "fp16", "--opt-level", "O7"], "O0, O1, O2 or O3"),
+                          (["--precision", "fp16", "--opt-level", "O7"], "unknown --opt-level 'O7'"),
                           (["--precision", "fp16", "--loss-scale", "-3"], "loss-scale")):
         rc, out, err = run("train", "--data", "synthetic", *flags)
         check(rc == 2 and needle in err and out == "", f"{flags}: {rc} {err!r}")

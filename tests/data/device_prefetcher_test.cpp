@@ -115,11 +115,13 @@ TEST(DevicePrefetcherTest, EveryTransferIsAPassThroughOnTheCpu) {
 }
 
 TEST(DevicePrefetcherTest, TransferNamesAreTheConfigsAndAMistakeSaysWhatThereIs) {
-  EXPECT_EQ(transfer_from_name("prefetch"), Transfer::Prefetch);
-  EXPECT_EQ(transfer_from_name("pinned"), Transfer::Pinned);
-  EXPECT_EQ(transfer_from_name("pageable"), Transfer::Pageable);
-  EXPECT_HAS(testing::error_of([] { (void)transfer_from_name("async"); }),
-             "prefetch, pinned or pageable");
+  EXPECT_EQ(find_word<Transfer>("prefetch"), Transfer::Prefetch);
+  EXPECT_EQ(find_word<Transfer>("pinned"), Transfer::Pinned);
+  EXPECT_EQ(find_word<Transfer>("pageable"), Transfer::Pageable);
+  EXPECT_HAS(testing::error_of([] { (void)parse_word<Transfer>("async", "--input-pipeline"); }),
+             "unknown --input-pipeline 'async'");
+  EXPECT_HAS(testing::error_of([] { (void)parse_word<Transfer>("async", "--input-pipeline"); }),
+             "prefetch: the loader's workers pin raw pixels");
 }
 
 TEST(DevicePrefetcherTest, RawPixelsThroughThePixelTableAreTheNormalizedBatch) {

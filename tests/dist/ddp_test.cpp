@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/config/train_config.h"
 #include "mantissa/core/error.h"
 #include "mantissa/dist/communicator.h"
 #include "mantissa/dist/ddp.h"
@@ -17,7 +18,6 @@
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/optimizer.h"
 #include "mantissa/tensor/ops.h"
-#include "mantissa/train/config.h"
 
 namespace mantissa {
 namespace {
@@ -244,14 +244,13 @@ TEST(DistributedDataParallel, MistakesAreNamed) {
       Error);
   EXPECT_THROW(dist::DistributedDataParallel(*s.model, dist::single_process(), {.bucket_mb = 0}),
                Error);
-  train::TrainConfig c;
-  c.grad_comm = "bf16";
+  config::TrainConfig c;
+  c.set("grad-comm", "bf16");
   EXPECT_THROW(c.validate(), Error);  // --grad-comm without --distributed
   c.distributed = true;
   EXPECT_NO_THROW(c.validate());
-  c.grad_comm = "fp8";
-  EXPECT_THROW(c.validate(), Error);
-  c.grad_comm = "fp32";
+  EXPECT_THROW(c.set("grad-comm", "fp8"), Error);  // not a word of --grad-comm
+  c.set("grad-comm", "fp32");
   c.zero = 2;
   EXPECT_THROW(c.validate(), Error);  // no ZeRO-2 here
   c.zero = 1;

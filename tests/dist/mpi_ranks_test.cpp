@@ -464,13 +464,13 @@ TEST(Ranks, Fp8DelayedScalesAreTheSameOnEveryRank) {
 
   train::TrainConfig c;
   c.model = "mlp";
-  c.data = "synthetic";
+  c.set("data", "synthetic");
   c.synthetic_size = 512;
   c.batch_size = 16;
   c.max_steps = 6;
   c.epochs = 0;
-  c.precision = "fp8";
-  c.fp8_layers = "all";
+  c.set("precision", "fp8");
+  c.set("fp8-layers", "all");
   c.distributed = true;
   c.progress = false;
   c.workers = 0;
@@ -487,13 +487,13 @@ TEST(Ranks, Fp8DelayedScalesAreTheSameOnEveryRank) {
 train::TrainResult train_mlp(const std::string& grad_comm) {
   train::TrainConfig c;
   c.model = "mlp";
-  c.data = "fashion-mnist";  // synthetic images are learnt perfectly within 200 steps
+  c.set("data", "fashion-mnist");  // synthetic images are learnt perfectly within 200 steps
   c.batch_size = 32;
   c.max_steps = 200;
   c.epochs = 0;
   c.lr = 0.02;
   c.distributed = true;
-  c.grad_comm = grad_comm;
+  c.set("grad-comm", grad_comm);
   c.progress = false;
   c.workers = 0;
   c.threads = 1;

@@ -176,13 +176,13 @@ TEST(NcclRanks, TheTrainerRunsOnTheGpus) {
   NEED_GPUS(comm);
   train::TrainConfig c;
   c.model = "cnn";
-  c.data = "synthetic";
+  c.set("data", "synthetic");
   c.synthetic_size = 512;
   c.batch_size = 16;
   c.max_steps = 6;
   c.epochs = 0;
   c.device = "cuda";
-  c.precision = "bf16";
+  c.set("precision", "bf16");
   c.distributed = true;
   c.zero = 1;
   c.progress = false;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "mantissa/config/run_config.h"
+#include "mantissa/config/train_config.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/clicks.h"
 #include "mantissa/data/images.h"
@@ -19,8 +21,6 @@
 #include "mantissa/data/tokens.h"
 #include "mantissa/io/safetensors.h"
 #include "mantissa/numerics/inspect.h"
-#include "mantissa/train/config.h"
-#include "mantissa/train/run_config.h"
 
 namespace mantissa {
 namespace {
@@ -64,9 +64,12 @@ const std::map<std::string, std::function<void(const fs::path&)>>& loaders() {
          for (int f = 0; f < kNumFormats; ++f)
            inspect(Format(f), *x, RoundingMode::NearestEven);
        }},
-      {"config", [](const fs::path& p) { train::TrainConfig::from_json(contents(p)).validate(); }},
+      {"config", [](const fs::path& p) { config::TrainConfig::from_json(contents(p)).validate(); }},
       {"run_config",
-       [](const fs::path& p) { train::resolve_run_config({}, contents(p), p.string()); }},
+       [](const fs::path& p) {
+         config::resolve({.file = config::read_toml(contents(p), p.string())},
+                         [](const std::string&) { return config::TrainConfig{}; });
+       }},
       {"click_log",
        [](const fs::path& p) {
          // As the fuzz target reads it: the layout detected, with small tables; tab-separated

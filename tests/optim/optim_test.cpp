@@ -975,18 +975,19 @@ TEST(Schedule, CosineWithWarmup) {
   EXPECT_DOUBLE_EQ(plain.lr_at(4), 0.0);
 }
 
-TEST(Schedule, FromNameAndErrors) {
+TEST(Schedule, OfKindByNameAndErrors) {
   ScheduleOptions o;
   o.lr = 0.2;
   o.step_size = 5;
   o.gamma = 0.1;
   o.warmup_steps = 2;
   o.total_steps = 20;
-  EXPECT_EQ(LRSchedule::from_name("constant", o).lr_at(7), 0.2);
-  EXPECT_DOUBLE_EQ(LRSchedule::from_name("step", o).lr_at(7), 0.02);
-  EXPECT_EQ(LRSchedule::from_name("cosine", o).kind(), ScheduleKind::Cosine);
-  EXPECT_DOUBLE_EQ(LRSchedule::from_name("cosine", o).lr_at(0), 0.1);
-  const std::string msg = error_of([&] { LRSchedule::from_name("linear", o); });
+  EXPECT_EQ(LRSchedule::of_kind(ScheduleKind::Constant, o).lr_at(7), 0.2);
+  EXPECT_DOUBLE_EQ(LRSchedule::of_kind(ScheduleKind::Step, o).lr_at(7), 0.02);
+  EXPECT_EQ(LRSchedule::of_kind(ScheduleKind::Cosine, o).kind(), ScheduleKind::Cosine);
+  EXPECT_DOUBLE_EQ(LRSchedule::of_kind(ScheduleKind::Cosine, o).lr_at(0), 0.1);
+  EXPECT_EQ(find_word<ScheduleKind>("cosine"), ScheduleKind::Cosine);
+  const std::string msg = error_of([&] { parse_word<ScheduleKind>("linear", "--schedule"); });
   EXPECT_NE(msg.find("'linear'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("cosine"), std::string::npos) << msg;
   EXPECT_THROW(LRSchedule::step(0.1, 0, 0.5), Error);

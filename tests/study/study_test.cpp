@@ -42,20 +42,20 @@ TEST(StudyLadderTest, EachRungAddsOneThingToTheOneBefore) {
       EXPECT_EQ(c.back().device, device);
       EXPECT_EQ(c.back().max_steps, 120);
     }
-    EXPECT_EQ(c[0].precision, "fp32");
-    EXPECT_EQ(c[0].zero_grad, "zeros");
-    EXPECT_EQ(c[0].input_pipeline, "pageable");
+    EXPECT_EQ(config::value_text(c[0], config::Field::precision), "fp32");
+    EXPECT_EQ(config::value_text(c[0], config::Field::zero_grad), "zeros");
+    EXPECT_EQ(config::value_text(c[0], config::Field::input_pipeline), "pageable");
     // +AMP: bf16 on a GPU, and on a CPU with native bf16 dot products; fp16 O1 elsewhere.
     const bool bf16 = std::string(device) != "cpu" || cpu_features().avx512_bf16;
-    EXPECT_EQ(c[1].precision, bf16 ? "bf16" : "fp16");
-    EXPECT_EQ(c[1].opt_level, "O1");
+    EXPECT_EQ(config::value_text(c[1], config::Field::precision), bf16 ? "bf16" : "fp16");
+    EXPECT_EQ(config::value_text(c[1], config::Field::opt_level), "O1");
     EXPECT_EQ(changed(c[0], c[1]), (std::set<std::string>{"precision", "opt_level"}));
     EXPECT_EQ(changed(c[1], c[2]), std::set<std::string>{"zero_grad"});
-    EXPECT_EQ(c[2].zero_grad, "none");
+    EXPECT_EQ(config::value_text(c[2], config::Field::zero_grad), "none");
     EXPECT_EQ(changed(c[2], c[3]), std::set<std::string>{"input_pipeline"});
-    EXPECT_EQ(c[3].input_pipeline, "pinned");
+    EXPECT_EQ(config::value_text(c[3], config::Field::input_pipeline), "pinned");
     EXPECT_EQ(changed(c[3], c[4]), std::set<std::string>{"input_pipeline"});
-    EXPECT_EQ(c[4].input_pipeline, "prefetch");
+    EXPECT_EQ(config::value_text(c[4], config::Field::input_pipeline), "prefetch");
     for (size_t k = 0; k < rungs.size(); ++k)
       EXPECT_EQ(rungs[k].copies, k >= 3) << rungs[k].name;
   }

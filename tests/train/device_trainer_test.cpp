@@ -19,7 +19,7 @@ namespace {
 TrainConfig small(const std::string& device) {
   TrainConfig c;
   c.model = "cnn";
-  c.data = "synthetic";
+  c.set("data", "synthetic");
   c.synthetic_size = 512;
   c.batch_size = 64;
   c.eval_batch_size = 128;
@@ -141,13 +141,13 @@ TEST_F(TrainCudaTest, CheckpointsMoveBetweenDevices) {
   for (const char* precision : {"fp32", "fp16"}) {
     SCOPED_TRACE(precision);
     TrainConfig c = small("cuda");
-    c.precision = precision;
+    c.set("precision", precision);
     c.checkpoint_path = file(std::string(precision) + ".safetensors");
     Trainer gpu(c);
     const TrainResult first = gpu.fit(1);
     // Written from host copies; evaluated on the CPU and on the GPU.
-    const EvalResult on_cpu = evaluate_checkpoint(c.checkpoint_path, "", "cpu");
-    const EvalResult on_gpu = evaluate_checkpoint(c.checkpoint_path, "", "cuda");
+    const EvalResult on_cpu = evaluate_checkpoint(c.checkpoint_path, {.device = "cpu"});
+    const EvalResult on_gpu = evaluate_checkpoint(c.checkpoint_path, {.device = "cuda"});
     EXPECT_NEAR(on_cpu.accuracy, first.test.accuracy, 0.01);
     EXPECT_NEAR(on_gpu.accuracy, first.test.accuracy, 0.01);
     // Resumed on the GPU: the optimizer state and the scaler load onto the device.
@@ -166,7 +166,7 @@ TEST_F(TrainCudaTest, CheckpointsMoveBetweenDevices) {
 TEST_F(TrainCudaTest, Bf16RunsOnTheDevice) {
   MT_REQUIRE_CUDA();
   TrainConfig c = small("cuda");
-  c.precision = "bf16";
+  c.set("precision", "bf16");
   Trainer t(c);
   const TrainResult r = t.fit();
   EXPECT_GT(r.test.accuracy, 0.5) << "the synthetic classes are learnable";

@@ -88,7 +88,7 @@ class DivergenceTrainer : public testing::TempDirTest {
   TrainConfig small(const std::string& on_divergence) {
     TrainConfig c;
     c.model = "mlp";
-    c.data = "synthetic";
+    c.set("data", "synthetic");
     c.synthetic_size = 512;
     c.batch_size = 64;
     c.eval_batch_size = 128;
@@ -98,7 +98,7 @@ class DivergenceTrainer : public testing::TempDirTest {
     c.threads = 1;
     c.workers = 1;
     c.progress = false;
-    c.on_divergence = on_divergence;
+    c.set("on-divergence", on_divergence);
     c.divergence_patience = 3;
     c.checkpoint_path = file("run.safetensors");
     return c;
@@ -188,7 +188,7 @@ TEST_F(DivergenceTrainer, SkipAppliesNoStepWithNonFiniteGradientsAndStopsAfterTh
 
 TEST_F(DivergenceTrainer, Fp16StopsOnceTheLossScaleIsStuckAtItsMinimum) {
   TrainConfig c = small("stop");
-  c.precision = "fp16";
+  c.set("precision", "fp16");
   c.init_scale = 4;  // backs off 4 -> 2 -> 1, the minimum: then the patience counts
   c.metrics_path = file("metrics.jsonl");
   Trainer t(c);
@@ -224,14 +224,14 @@ TEST_F(DivergenceTrainer, Fp16StopsOnceTheLossScaleIsStuckAtItsMinimum) {
 TEST_F(DivergenceTrainer, DetectAnomalyNamesTheLayerAPlantedFp16OverflowComesFrom) {
   TrainConfig c = small("stop");
   c.model = "gpt2_tiny";
-  c.data = "synthetic-text";
+  c.set("data", "synthetic-text");
   c.synthetic_size = 4096;
   c.seq_len = 32;
   c.batch_size = 8;
   c.epochs = 2;
-  c.precision = "fp16";
-  c.opt_level = "O2";
-  c.loss_scale = "1";
+  c.set("precision", "fp16");
+  c.set("opt-level", "O2");
+  c.set("loss-scale", "1");
   c.detect_anomaly = true;
   c.checkpoint_path.clear();
   Trainer t(c);
@@ -252,16 +252,17 @@ TEST_F(DivergenceTrainer, DetectAnomalyNamesTheLayerAPlantedFp16OverflowComesFro
 }
 
 TEST_F(DivergenceTrainer, BadSettingsAreRefusedBeforeTraining) {
-  TrainConfig c = small("sometimes");
-  EXPECT_HAS(error_of([&] { c.validate(); }), "use stop, skip");
-  c = small("rollback");
+  // A word of no vocabulary is refused where it is set, naming the words there are.
+  EXPECT_HAS(error_of([&] { small("sometimes"); }),
+             "unknown --on-divergence 'sometimes'; use stop: ");
+  TrainConfig c = small("rollback");
   c.checkpoint_path.clear();
   EXPECT_HAS(error_of([&] { c.validate(); }),
              "--on-divergence rollback reloads the last "
              "checkpoint written: give --checkpoint FILE");
   c = small("stop");
   c.divergence_patience = 0;
-  EXPECT_HAS(error_of([&] { c.validate(); }), "--divergence-patience must be at least 1");
+  EXPECT_HAS(error_of([&] { c.validate(); }), "--divergence-patience must be positive, got 0");
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ namespace {
 
 TrainConfig fashion_mnist(const std::string& precision, const std::string& device) {
   TrainConfig c;  // the defaults of `mantissa train`
-  c.precision = precision;
+  c.set("precision", precision);
   c.device = device;
   c.workers = 4;
   c.progress = false;

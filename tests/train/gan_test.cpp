@@ -3,12 +3,14 @@
 // batches, a handful of steps, a 512-image data set (the feature network trains 4 steps).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "harness/errors.h"
 #include "harness/temp_dir.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/train/gan.h"
@@ -17,15 +19,15 @@
 namespace mantissa::train {
 namespace {
 
+// The DC-GAN's own defaults (Adam at 2e-4, beta1 0.5, ...), then a small run.
 TrainConfig small_gan(const std::string& precision) {
-  TrainConfig c;
-  c.model = "dcgan";
-  c.data = "synthetic";
+  TrainConfig c = defaults_for("dcgan");
+  c.set("data", "synthetic");
   c.synthetic_size = 512;
   c.batch_size = 32;
   c.max_steps = 6;
   c.log_every = 2;
-  c.precision = precision;
+  c.set("precision", precision);
   c.seed = 3;
   // Two OpenMP threads on a loaded CI machine wait for each other (docs/training.md).
   c.threads = 1;
@@ -85,7 +87,7 @@ class GanFiles : public mantissa::testing::TempDirTest {};
 
 TEST_F(GanFiles, TrainsInBf16AndTheFeatureNetworkIsCached) {
   TrainConfig c = small_gan("bf16");
-  c.opt_level = "O2";
+  c.set("opt-level", "O2");
   c.metrics_path = file("metrics.jsonl");
   const RunRecords first = run(c);
   check_run(first, c);
@@ -147,19 +149,96 @@ TEST(Gan, Fp16HasADynamicLossScale) {
 }
 
 TEST(Gan, RefusesWhatItDoesNotRun) {
+  // fp8 (its Linear-layer recipe), gradient accumulation and data parallelism are not the GAN's:
+  // each is refused by name before anything trains.
   TrainConfig c = small_gan("fp8");
-  EXPECT_THROW(train_gan(c), Error);
+  EXPECT_HAS(testing::error_of([&] { train_gan(c); }), "--precision fp8");
   c = small_gan("fp32");
-  c.checkpoint_path = "x.safetensors";
-  EXPECT_THROW(train_gan(c), Error);
+  c.grad_accum = 2;
+  EXPECT_HAS(testing::error_of([&] { train_gan(c); }), "--grad-accum 2: the GAN");
+  c = small_gan("fp32");
+  c.underflow_every = 1;
+  c.set("precision", "fp16");
+  EXPECT_HAS(testing::error_of([&] { train_gan(c); }), "--underflow-every 1: the GAN");
+  c = small_gan("fp32");
+  c.set("data", "text");
+  c.data_path = "somewhere";
+  EXPECT_HAS(testing::error_of([&] { train_gan(c); }), "trains on images");
   TrainConfig t;
   t.model = "dcgan_generator";
-  t.data = "synthetic";
-  try {
-    Trainer trainer(t);
-    ADD_FAILURE() << "the Trainer built a GAN half";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("train_gan"), std::string::npos) << e.what();
+  t.set("data", "synthetic");
+  EXPECT_HAS(testing::error_of([&] { Trainer trainer(t); }),
+             "half of the DC-GAN; train the pair with --model dcgan");
+  t.model = "cnn";
+  EXPECT_HAS(testing::error_of([&] { train_gan(t); }), "model 'cnn' is not one");
+}
+
+// Each option the GAN takes is the one that runs, an explicit default included: SGD with
+// momentum and a step schedule instead of the DC-GAN's constant Adam, in both networks.
+TEST(Gan, HonoursTheOptimizerAndScheduleItIsGiven) {
+  TrainConfig c = small_gan("fp32");
+  c.set("optimizer", "sgd");
+  c.lr = 0.05;  // TrainConfig's own default: given here, so it is what runs
+  c.momentum = 0.5;
+  c.set("schedule", "step");
+  c.step_size = 2;
+  c.gamma = 0.5;
+  c.log_every = 1;
+  const RunRecords r = run(c);
+  EXPECT_EQ(r.records.front()["config"]["optimizer"], "sgd");
+  EXPECT_EQ(r.records.front()["config"]["lr"], 0.05);
+  std::vector<double> lrs;
+  for (const auto& j : r.records)
+    if (j["kind"] == "train") lrs.push_back(j["lr"]);
+  ASSERT_EQ(lrs.size(), 6u);
+  // Steps 1-2 at 0.05, 3-4 at 0.025, 5-6 at 0.0125 (the lr of step s is recorded after it).
+  EXPECT_DOUBLE_EQ(lrs[0], 0.05);
+  EXPECT_DOUBLE_EQ(lrs[2], 0.025);
+  EXPECT_DOUBLE_EQ(lrs[5], 0.0125);
+}
+
+// Both networks, their optimizers and scalers are in the checkpoint: a GAN stopped after its
+// first epoch and resumed takes the straight run's steps bit for bit.
+class GanResume : public mantissa::testing::TempDirTest {};
+
+TEST_F(GanResume, ResumesTheSecondEpochBitwise) {
+  for (const char* precision : {"fp32", "fp16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = small_gan(precision);
+    c.synthetic_size = 256;  // 8 steps of 32 an epoch
+    c.max_steps = 0;
+    c.epochs = 2;
+    c.fd_feature_steps = 2;
+    Trainer straight(c);
+    straight.set_quiet(true);
+    straight.fit();
+    const std::vector<float> all = straight.step_losses();
+    ASSERT_EQ(all.size(), 16u);
+
+    TrainConfig first = c;
+    first.checkpoint_path = file(std::string(precision) + ".safetensors");
+    Trainer a(first);
+    a.set_quiet(true);
+    a.fit(/*max_epochs=*/1);
+    TrainConfig resumed = c;
+    resumed.resume_path = first.checkpoint_path;
+    Trainer b(resumed);
+    b.set_quiet(true);
+    b.fit();
+    const std::vector<float>& second = b.step_losses();
+    ASSERT_EQ(second.size(), 8u);
+    for (size_t i = 0; i < 8; ++i)
+      EXPECT_EQ(std::bit_cast<uint32_t>(second[i]), std::bit_cast<uint32_t>(all[8 + i]))
+          << "step " << 9 + i;
+    const auto wa = straight.model().state_dict(), wb = b.model().state_dict();
+    ASSERT_EQ(wa.size(), wb.size());
+    for (size_t i = 0; i < wa.size(); ++i)
+      EXPECT_EQ(wa[i].second.to_vector<double>(), wb[i].second.to_vector<double>()) << wa[i].first;
+    const Checkpoint ckpt = load_checkpoint(first.checkpoint_path);
+    bool discriminator = false;
+    for (const auto& [name, t] : ckpt.model)
+      discriminator |= name.starts_with("discriminator.");
+    EXPECT_TRUE(discriminator) << "the discriminator's weights are in the checkpoint";
   }
 }
 

@@ -25,14 +25,14 @@ class LmTrainerTest : public testing::TempDirTest {
   static TrainConfig small(const std::string& model = "gpt2_tiny") {
     TrainConfig c;
     c.model = model;
-    c.data = "synthetic-text";
+    c.set("data", "synthetic-text");
     c.synthetic_size = 40000;
     c.vocab_size = 64;
     c.seq_len = 16;
     c.batch_size = 16;
     c.eval_batch_size = 32;
     c.eval_batches = 4;
-    c.optimizer = "adamw";
+    c.set("optimizer", "adamw");
     c.lr = 3e-3;
     c.weight_decay = 0.1;
     c.warmup_steps = 5;
@@ -42,6 +42,15 @@ class LmTrainerTest : public testing::TempDirTest {
     c.threads = 2;
     c.workers = 0;
     c.progress = false;
+    return c;
+  }
+  // small() on the token shards at `path`: synthetic-text's size is not an option of theirs, and
+  // their vocabulary is the shards'.
+  static TrainConfig on_text(TrainConfig c, const std::string& path) {
+    c.set("data", "text");
+    c.synthetic_size = TrainConfig{}.synthetic_size;
+    c.vocab_size = 0;
+    c.data_path = path;
     return c;
   }
 };
@@ -116,8 +125,8 @@ TEST_F(LmTrainerTest, GradientAccumulationEqualsTheBigBatch) {
 // one does: the same skipped steps, the same final scale.
 TEST_F(LmTrainerTest, AccumulationUnderFp16KeepsTheScalersTrajectory) {
   TrainConfig big = small();
-  big.precision = "fp16";
-  big.opt_level = "O2";
+  big.set("precision", "fp16");
+  big.set("opt-level", "O2");
   big.init_scale = 1u << 30;  // too high: the first steps overflow and back off
   TrainConfig acc = big;
   acc.batch_size = 4;
@@ -155,7 +164,7 @@ TEST_F(LmTrainerTest, NoDecayOnBiasesNormsAndEmbeddings) {
   EXPECT_FALSE(exempt("blocks.0.attn.qkv.weight"));
   EXPECT_FALSE(exempt("blocks.3.mlp.fc2.weight"));
   TrainConfig all = small();
-  all.decay = "all";
+  all.set("decay", "all");
   EXPECT_EQ(Trainer(all).optimizer().num_groups(), 1u);
 }
 
@@ -166,7 +175,7 @@ TEST_F(LmTrainerTest, ActivationCheckpointingChangesNoBit) {
   for (const std::string precision : {"fp32", "bf16", "fp8"}) {
     SCOPED_TRACE(precision);
     TrainConfig plain = small();
-    plain.precision = precision;
+    plain.set("precision", precision);
     plain.dropout = 0.1;
     plain.max_steps = 6;
     TrainConfig recompute = plain;
@@ -184,7 +193,7 @@ TEST_F(LmTrainerTest, ActivationCheckpointingChangesNoBit) {
     }
   }
   TrainConfig cnn = small("cnn");
-  cnn.data = "synthetic";
+  cnn.set("data", "synthetic");
   cnn.checkpoint_activations = true;
   EXPECT_THROW(Trainer{cnn}, Error) << "a model without blocks refuses it";
 }
@@ -223,9 +232,7 @@ TEST_F(LmTrainerTest, TextDataFromShardsOnDisk) {
   fs::create_directories(file("corpus"));
   data::write_token_shard(file("corpus/train.bin"), train.tokens, train.vocab_size);
   data::write_token_shard(file("corpus/val.bin"), val.tokens, train.vocab_size);
-  TrainConfig c = small();
-  c.data = "text";
-  c.data_path = file("corpus");
+  TrainConfig c = on_text(small(), file("corpus"));
   c.max_steps = 5;
   Trainer t(c);
   const TrainResult r = t.fit();
@@ -243,16 +250,16 @@ TEST_F(LmTrainerTest, MistakesAreNamed) {
     return std::string("no error");
   };
   TrainConfig images = small();
-  images.data = "fashion-mnist";
-  EXPECT_NE(message(images).find("trains on tokens: use --data text"), std::string::npos);
+  images.set("data", "fashion-mnist");
+  EXPECT_NE(message(images).find("trains on tokens (--data text or synthetic-text), not --data "
+                                 "fashion-mnist"),
+            std::string::npos)
+      << message(images);
   TrainConfig cnn = small("cnn");
   EXPECT_NE(message(cnn).find("trains on images"), std::string::npos);
-  TrainConfig no_path = small();
-  no_path.data = "text";
+  TrainConfig no_path = on_text(small(), "");
   EXPECT_NE(message(no_path).find("--data text needs --data-path"), std::string::npos);
-  TrainConfig missing = small();
-  missing.data = "text";
-  missing.data_path = file("nowhere");
+  TrainConfig missing = on_text(small(), file("nowhere"));
   EXPECT_NE(message(missing).find("does not exist"), std::string::npos);
   TrainConfig long_window = small();
   long_window.synthetic_size = 300;
@@ -260,7 +267,7 @@ TEST_F(LmTrainerTest, MistakesAreNamed) {
   EXPECT_NE(message(long_window).find("is longer than"), std::string::npos);
   TrainConfig accum = small();
   accum.grad_accum = 0;
-  EXPECT_NE(message(accum).find("--grad-accum must be at least 1"), std::string::npos);
+  EXPECT_NE(message(accum).find("--grad-accum must be positive, got 0"), std::string::npos);
 }
 
 }  // namespace

@@ -101,12 +101,12 @@ TEST(UnderflowPicture, UpdatesLostWithoutAMasterAreCountedPerFormat) {
 TEST(UnderflowPicture, ActivationGradientsOfEveryLayerOnce) {
   TrainConfig c;
   c.model = "mlp";
-  c.data = "synthetic";
+  c.set("data", "synthetic");
   c.synthetic_size = 256;
   c.batch_size = 64;
   c.eval_batch_size = 128;
   c.max_steps = 1;
-  c.precision = "fp16";
+  c.set("precision", "fp16");
   c.underflow_every = 1;
   c.threads = 2;
   c.progress = false;
