@@ -213,6 +213,19 @@
     (std::span<Tensor> params, std::span<const Tensor> grads, std::span<Tensor> exp_avgs,         \
     std::span<Tensor> exp_avg_sqs, const AdamWStep& hyper),                                       \
     (params, grads, exp_avgs, exp_avg_sqs, hyper))                                                \
+  /* Row-sparse AdamW over whole tables (LazyAdam; PyTorch's SparseAdam with a count per row): */ \
+  /* tables[i] (rows, dim), rows[i] I64 (U) distinct row ids, grads[i] (U, dim) those rows' */     \
+  /* gradients, exp_avgs/exp_avg_sqs[i] the tables' moments (rows, dim, the state dtype), */      \
+  /* row_steps[i] I64 (rows) each row's update count. Each listed row advances its count and */   \
+  /* takes adamw_step's update at that count; the other rows keep weight, moments and count. */   \
+  /* hyper.options as adamw_step's but for step_counts (unused: the counts are per row); element */\
+  /* j of row r draws its stochastic bits at the row's count and element offset r * dim + j, so */ \
+  /* a call that lists every row is adamw_step's, bit for bit. */                                  \
+  _(MultiTensor, void, sparse_adamw_step,                                                         \
+    (std::span<Tensor> tables, std::span<const Tensor> rows, std::span<const Tensor> grads,       \
+    std::span<Tensor> exp_avgs, std::span<Tensor> exp_avg_sqs, std::span<Tensor> row_steps,      \
+    const AdamWStep& hyper),                                                                      \
+    (tables, rows, grads, exp_avgs, exp_avg_sqs, row_steps, hyper))                               \
   /* out (one element, F64) = the norm_type-norm of all elements of all tensors together: (sum */ \
   /* |x|^p)^(1/p) for p > 0, max |x| for p = inf (NaN propagates). Accumulates in fp32 per */     \
   /* chunk (f64 for f64), chunks combined in f64 in a fixed order. */                             \

@@ -68,4 +68,52 @@ void check_step_call(const char* kernel, Device device, std::span<const Tensor> 
   if (o.found_inf != nullptr) check_found_inf(kernel, device, *o.found_inf);
 }
 
+void check_sparse_step_call(const char* kernel, Device device, std::span<const Tensor> tables,
+                            std::span<const Tensor> rows, std::span<const Tensor> grads,
+                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
+                            std::span<const Tensor> row_steps, const MultiTensorOptions& o) {
+  const size_t n = tables.size();
+  MT_ASSERT(rows.size() == n && grads.size() == n && exp_avgs.size() == n &&
+                exp_avg_sqs.size() == n && row_steps.size() == n && o.ids.size() == n,
+            kernel, ": rows, gradients, two moments, row counts and an id per table");
+  MT_ASSERT(o.masters.empty() || o.masters.size() == n, kernel, ": one master entry per table");
+  MT_ASSERT(o.element_offsets.empty(), kernel, ": tables are whole, without element offsets");
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& t = tables[i];
+    MT_ASSERT(t.is_floating_point() && t.dim() == 2 && t.is_contiguous() && t.device() == device,
+              kernel, ": table ", i, " is ", t.describe());
+    const Tensor& r = rows[i];
+    MT_ASSERT(r.dtype() == DType::I64 && r.dim() == 1 && r.is_contiguous() &&
+                  r.device() == device && r.numel() <= t.size(0),
+              kernel, ": the rows of table ", i, " are ", r.describe());
+    const Tensor& g = grads[i];
+    MT_ASSERT(g.is_floating_point() && g.is_contiguous() && g.device() == device && g.dim() == 2 &&
+                  g.size(0) == r.numel() && g.size(1) == t.size(1),
+              kernel, ": gradient ", i, " is ", g.describe(), " for ", r.numel(), " rows of ",
+              t.describe());
+    for (const Tensor* s : {&exp_avgs[i], &exp_avg_sqs[i]}) {
+      MT_ASSERT(s->dtype() == optimizer_state_dtype(t.dtype()) && s->is_contiguous() &&
+                    s->shape() == t.shape() && s->device() == device,
+                kernel, ": state ", s->describe(), " of table ", t.describe());
+    }
+    const Tensor& c = row_steps[i];
+    MT_ASSERT(c.dtype() == DType::I64 && c.is_contiguous() && c.dim() == 1 &&
+                  c.size(0) == t.size(0) && c.device() == device,
+              kernel, ": the row counts of table ", i, " are ", c.describe());
+    if (i < o.masters.size() && o.masters[i].defined()) {
+      const Tensor& m = o.masters[i];
+      MT_ASSERT(m.dtype() == DType::F32 && m.is_contiguous() && m.shape() == t.shape() &&
+                    m.device() == device && t.dtype() != DType::F32 && t.dtype() != DType::F64,
+                kernel, ": master ", m.describe(), " of table ", t.describe());
+    }
+    if (device.is_cpu()) {
+      const int64_t* ids = static_cast<const int64_t*>(r.data_ptr());
+      for (int64_t u = 0; u < r.numel(); ++u)
+        MT_ASSERT(ids[u] >= 0 && ids[u] < t.size(0), kernel, ": row ", ids[u], " of table ", i,
+                  " (", t.size(0), " rows)");
+    }
+  }
+  if (o.found_inf != nullptr) check_found_inf(kernel, device, *o.found_inf);
+}
+
 }  // namespace mantissa::backend

@@ -29,4 +29,14 @@ void check_step_call(const char* kernel, Device device, std::span<const Tensor> 
                      std::span<const Tensor> grads, std::initializer_list<std::span<Tensor>> states,
                      const MultiTensorOptions& options);
 
+// Backend::sparse_adamw_step: per table (contiguous (rows, dim) floats on `device`) its distinct
+// row ids (I64, U, each in [0, rows)), its rows' gradients (U, dim), its two moments (the state
+// dtype, the table's shape), its row counts (I64, rows), an id and a master entry as
+// check_step_call's. Reads the ids (host memory on the CPU; a device backend checks their
+// shapes only).
+void check_sparse_step_call(const char* kernel, Device device, std::span<const Tensor> tables,
+                            std::span<const Tensor> rows, std::span<const Tensor> grads,
+                            std::span<const Tensor> exp_avgs, std::span<const Tensor> exp_avg_sqs,
+                            std::span<const Tensor> row_steps, const MultiTensorOptions& options);
+
 }  // namespace mantissa::backend

@@ -116,7 +116,7 @@ MT_VOCABULARY(OptimizerKind, MT_FORALL_OPTIMIZER_KINDS)
 MT_VOCABULARY(Decay, MT_FORALL_DECAYS)
 
 #define MT_FORALL_EMBEDDING_UPDATES(_)                                                            \
-  _(Auto, "auto", "lazy with --optimizer adamw, dense with sgd")                                  \
+  _(Auto, "auto", "lazy with --optimizer adamw, dense with sgd (on every device)")                \
   _(Lazy, "lazy", "AdamW on the table rows a batch touched only (LazyAdam, per-row step counts)") \
   _(Dense, "dense", "the optimizer over every row of every table, every step")
 MT_VOCABULARY(EmbeddingUpdate, MT_FORALL_EMBEDDING_UPDATES)

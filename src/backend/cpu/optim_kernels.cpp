@@ -1,11 +1,11 @@
-// CPU multi-tensor kernels: the fused optimizer steps (SGD, AdamW), the global gradient norm and
-// the in-place scale that clipping needs. Each call is one pass over all its tensors: the work
-// is cut into (tensor, chunk) items of kChunk elements, numbered across tensors, and the items
-// are spread over one OpenMP parallel region. An item loads its parameter chunk from storage
-// into compute-type buffers (or works on the parameter's fp32 master copy), updates it together
-// with the state (kept in the compute type), and rounds it once on store (to nearest even or
-// stochastically). No element depends on another, and the norm's per-chunk partial sums
-// are combined in item order, so results do not depend on the thread count.
+// CPU multi-tensor kernels: the fused optimizer steps (SGD, AdamW, row-sparse AdamW), the global
+// gradient norm and the in-place scale that clipping needs. Each call is one pass over all its
+// tensors: the work is cut into (tensor, chunk) items of kChunk elements, numbered across tensors,
+// and the items are spread over one OpenMP parallel region. An item loads its parameter chunk from
+// storage into compute-type buffers (or works on the parameter's fp32 master copy), updates it
+// together with the state (kept in the compute type), and rounds it once on store (to nearest even
+// or stochastically). No element depends on another, and the norm's per-chunk partial sums are
+// combined in item order, so results do not depend on the thread count.
 #include <omp.h>
 
 #if defined(__SSE__)
@@ -190,19 +190,12 @@ void adamw_moments(C* m, C* v, const C* g, C* v_out, int64_t n, C w, C b2, C omb
   }
 }
 
-template <typename T>
-void adamw_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
-                 const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t step,
-                 const AdamWBiasCorrection& k, int64_t start, int64_t n, const AdamWStep& h) {
-  const bool first = step == 1;
-  using C = compute_t<T>;
-  ParamChunk<T> chunk(param, master, start, n);
-  C* p = chunk.data();
-  alignas(64) C g[kChunk];
-  load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
-  C* m = static_cast<C*>(exp_avg.data_ptr()) + start;
-  C* v = static_cast<C*>(exp_avg_sq.data_ptr()) + start;
-
+// AdamW's update of n elements at one step count (PyTorch's torch.optim.AdamW, backend.h): the
+// parameters p (compute type, updated in place), their gradients g and moments m, v. The one
+// element formula of the dense and the row-sparse step.
+template <typename C>
+void adamw_update(C* p, const C* g, C* m, C* v, int64_t n, bool first, const AdamWBiasCorrection& k,
+                  const AdamWStep& h) {
   const C decay = C(1.0 - h.lr * h.weight_decay);
   const C w = C(1.0 - h.beta1);  // lerp weight
   const C b2 = C(h.beta2), omb2 = C(1.0 - h.beta2), eps = C(h.eps);
@@ -222,7 +215,41 @@ void adamw_chunk(size_t t, const Tensor& param, const Tensor* master, const Tens
   sqrt_inplace(denom, n);
   for (int64_t i = 0; i < n; ++i)
     p[i] = p[i] * decay + neg_step * m[i] / (denom[i] / bc2_sqrt + eps);
+}
+
+template <typename T>
+void adamw_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
+                 const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t step,
+                 const AdamWBiasCorrection& k, int64_t start, int64_t n, const AdamWStep& h) {
+  using C = compute_t<T>;
+  ParamChunk<T> chunk(param, master, start, n);
+  alignas(64) C g[kChunk];
+  load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
+  C* m = static_cast<C*>(exp_avg.data_ptr()) + start;
+  C* v = static_cast<C*>(exp_avg_sq.data_ptr()) + start;
+  adamw_update(chunk.data(), g, m, v, n, step == 1, k, h);
   chunk.store(h.options, t, step);
+}
+
+// One listed row of a table (sparse_adamw_step): its u-th gradient row, at the row's count.
+template <typename T>
+void sparse_adamw_row(size_t t, const Tensor& table, const Tensor* master, const Tensor& grad,
+                      const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t u, int64_t row,
+                      int64_t step, const AdamWStep& h) {
+  using C = compute_t<T>;
+  const int64_t dim = table.size(1);
+  const AdamWBiasCorrection k =
+      adamw_bias_correction(h.lr, h.beta1, h.beta2, step, [](double x) { return std::sqrt(x); });
+  for (int64_t j0 = 0; j0 < dim; j0 += kChunk) {
+    const int64_t n = std::min(kChunk, dim - j0), start = row * dim + j0;
+    ParamChunk<T> chunk(table, master, start, n);
+    alignas(64) C g[kChunk];
+    load_any<C>(grad.data_ptr(), grad.dtype(), u * dim + j0, n, g);
+    C* m = static_cast<C*>(exp_avg.data_ptr()) + start;
+    C* v = static_cast<C*>(exp_avg_sq.data_ptr()) + start;
+    adamw_update(chunk.data(), g, m, v, n, step == 1, k, h);
+    chunk.store(h.options, t, step);
+  }
 }
 
 // ---- norm and scale ----------------------------------------------------------------------------
@@ -317,6 +344,44 @@ void CpuBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> gr
                      consts[t], start, n, hyper);
     });
   });
+}
+
+void CpuBackend::sparse_adamw_step(std::span<Tensor> tables, std::span<const Tensor> rows,
+                                   std::span<const Tensor> grads, std::span<Tensor> exp_avgs,
+                                   std::span<Tensor> exp_avg_sqs, std::span<Tensor> row_steps,
+                                   const AdamWStep& hyper) {
+  g_multi_tensor_calls.fetch_add(1, std::memory_order_relaxed);
+  check_sparse_step_call("sparse_adamw_step", Device::cpu(), tables, rows, grads, exp_avgs,
+                         exp_avg_sqs, row_steps, hyper.options);
+  if (skipped(hyper.options)) return;
+  // Every (table, listed row) pair is an item; the rows of a table are distinct, so no two
+  // items touch the same elements.
+  std::vector<std::pair<size_t, int64_t>> items;
+  int64_t elements = 0;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    for (int64_t u = 0; u < rows[t].numel(); ++u)
+      items.emplace_back(t, u);
+    elements += rows[t].numel() * tables[t].size(1);
+  }
+  auto body = [&](int64_t i) {
+    const auto [t, u] = items[size_t(i)];
+    const int64_t row = static_cast<const int64_t*>(rows[t].data_ptr())[u];
+    const int64_t step = ++static_cast<int64_t*>(row_steps[t].data_ptr())[row];
+    const Tensor* master = master_of(hyper.options, t);
+    dispatch_param(tables[t].dtype(), [&]<typename T>() {
+      sparse_adamw_row<T>(t, tables[t], master, grads[t], exp_avgs[t], exp_avg_sqs[t], u, row, step,
+                          hyper);
+    });
+  };
+  const auto n = int64_t(items.size());
+  if (elements < kParallelGrain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i)
+      body(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    body(i);
 }
 
 void CpuBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm_type, Tensor& out) {

@@ -1,8 +1,8 @@
-// CUDA multi-tensor kernels (docs/design.md §5): the fused optimizer steps (SGD, AdamW), the global
-// norm and the in-place scale of clipping, the loss scaler's fused unscale + inf/NaN check and
-// its scale update. Each call is one kernel over all its tensors: the host cuts every tensor
-// into chunks of kChunk elements and passes the (tensor, chunk) table with the tensors'
-// pointers as the kernel's parameters (no metadata copy, no host wait); block b works on
+// CUDA multi-tensor kernels (docs/design.md §5): the fused optimizer steps (SGD, AdamW, row-sparse
+// AdamW), the global norm and the in-place scale of clipping, the loss scaler's fused unscale +
+// inf/NaN check and its scale update. Each call is one kernel over all its tensors: the host cuts
+// every tensor into chunks of kChunk elements and passes the (tensor, chunk) table with the
+// tensors' pointers as the kernel's parameters (no metadata copy, no host wait); block b works on
 // chunk b. A call with more tensors or chunks than one parameter block holds is launched in
 // batches of kMaxTensors / kMaxBlocks, in order on the same stream.
 //
@@ -258,39 +258,48 @@ struct AdamWOp {
   StoreRounding rounding;
   const float* found_inf;
 
+  // Element j of the parameter of `a` (gradient element gj, moments at j) at update t: the one
+  // element formula of the dense and the row-sparse step.
   template <typename C>
-  __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
+  __device__ __forceinline__ void element(const TensorArg& a, int64_t j, int64_t gj, int64_t t,
+                                          const AdamWBiasCorrection& bc) const {
     // Not `1.0 - lr * weight_decay`: nvcc contracts that into one fma (rounded once), the CPU
     // rounds the product and then the difference; in f64 parameters the decay would differ.
     const C decay = C(sub_rn(1.0, mul_rn(lr, weight_decay)));
     const C w = C(1.0 - beta1);  // lerp weight
     const C one_minus_w = C(1) - w;
     const C b2 = C(beta2), omb2 = C(1.0 - beta2), eps_c = C(eps);
-    // The bias corrections in double from the device's step count (step_math.h, as the CPU).
-    const int64_t t = *a.step_count;
-    const bool first = t == 1;
-    const AdamWBiasCorrection bc =
-        adamw_bias_correction(lr, beta1, beta2, t, [](double x) { return __dsqrt_rn(x); });
     const C neg_step = C(-bc.step_size), bc2_sqrt = C(bc.bc2_sqrt);
     const bool lerp_low = w < C(0.5);  // torch.lerp's choice of formula
+    const bool first = t == 1;
     C* m = static_cast<C*>(a.state0);
     C* v = static_cast<C*>(a.state1);
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-      const int64_t j = start + k;
-      const C g = load_c<C>(a.grad, a.grad_dtype, j);
-      // The state starts at zero (PyTorch's zeros_like): on a first update it was never written.
-      const C mo = first ? C(0) : m[j];
-      const C vo = first ? C(0) : v[j];
-      const C mn = lerp_low ? add_rn(mo, mul_rn(w, sub_rn(g, mo)))
-                            : sub_rn(g, mul_rn(sub_rn(g, mo), one_minus_w));
-      const C vn = add_rn(mul_rn(vo, b2), mul_rn(mul_rn(omb2, g), g));
-      m[j] = mn;
-      v[j] = vn;
-      const C denom = add_rn(div_rn(sqrt_rn(vn), bc2_sqrt), eps_c);
-      C p = load_param<C>(a, j);
-      p = add_rn(mul_rn(p, decay), div_rn(mul_rn(neg_step, mn), denom));
-      store_param<C>(a, j, p, rounding, t);
-    }
+    const C g = load_c<C>(a.grad, a.grad_dtype, gj);
+    // The state starts at zero (PyTorch's zeros_like): on a first update it was never written.
+    const C mo = first ? C(0) : m[j];
+    const C vo = first ? C(0) : v[j];
+    const C mn = lerp_low ? add_rn(mo, mul_rn(w, sub_rn(g, mo)))
+                          : sub_rn(g, mul_rn(sub_rn(g, mo), one_minus_w));
+    const C vn = add_rn(mul_rn(vo, b2), mul_rn(mul_rn(omb2, g), g));
+    m[j] = mn;
+    v[j] = vn;
+    const C denom = add_rn(div_rn(sqrt_rn(vn), bc2_sqrt), eps_c);
+    C p = load_param<C>(a, j);
+    p = add_rn(mul_rn(p, decay), div_rn(mul_rn(neg_step, mn), denom));
+    store_param<C>(a, j, p, rounding, t);
+  }
+
+  __device__ AdamWBiasCorrection correction(int64_t t) const {
+    // The bias corrections in double from the device's step count (step_math.h, as the CPU).
+    return adamw_bias_correction(lr, beta1, beta2, t, [](double x) { return __dsqrt_rn(x); });
+  }
+
+  template <typename C>
+  __device__ void chunk(const TensorArg& a, int64_t start, int64_t n) const {
+    const int64_t t = *a.step_count;
+    const AdamWBiasCorrection bc = correction(t);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+      element<C>(a, start + k, start + k, t, bc);
   }
 
   __device__ void operator()(const TensorArg& a, int64_t start, int64_t n, int64_t) const {
@@ -302,6 +311,35 @@ struct AdamWOp {
     }
   }
 };
+
+// Row-sparse AdamW (Backend::sparse_adamw_step) on one table: `a` is the table (state0/1 its
+// moments), rows its U listed rows and steps their counts, read here (the update of a row's t-th
+// count is its t-th update) and advanced by sparse_advance_kernel after it. Element (u, j) is
+// element rows[u] * dim + j of the table and element u * dim + j of the gradient.
+__global__ void sparse_adamw_kernel(TensorArg a, const int64_t* rows, const int64_t* steps,
+                                    int64_t num_rows, int64_t dim, AdamWOp op) {
+  if (skipped(op.found_inf)) return;
+  const int64_t total = num_rows * dim;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t u = i / dim, j = i - u * dim, row = rows[u];
+    const int64_t t = steps[row] + 1;
+    const AdamWBiasCorrection bc = op.correction(t);
+    if (a.dtype == DType::F64) {
+      op.element<double>(a, row * dim + j, i, t, bc);
+    } else {
+      op.element<float>(a, row * dim + j, i, t, bc);
+    }
+  }
+}
+
+__global__ void sparse_advance_kernel(const int64_t* rows, int64_t* steps, int64_t num_rows,
+                                      const float* found_inf) {
+  if (skipped(found_inf)) return;
+  for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < num_rows;
+       u += int64_t(gridDim.x) * blockDim.x)
+    ++steps[rows[u]];
+}
 
 // ---- norm and scale ----------------------------------------------------------------------------
 enum class NormKind { Two, One, Inf, P };
@@ -532,6 +570,47 @@ void CudaBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> g
       },
       [&](const Batch& b, int blocks) { launch_step_batch(b, blocks, op, stream); });
   o.step_counts->bump_version();
+}
+
+void CudaBackend::sparse_adamw_step(std::span<Tensor> tables, std::span<const Tensor> rows,
+                                    std::span<const Tensor> grads, std::span<Tensor> exp_avgs,
+                                    std::span<Tensor> exp_avg_sqs, std::span<Tensor> row_steps,
+                                    const AdamWStep& hyper) {
+  DeviceGuard guard(device_);
+  const MultiTensorOptions& o = hyper.options;
+  check_sparse_step_call("sparse_adamw_step", Device::cuda(device_), tables, rows, grads, exp_avgs,
+                         exp_avg_sqs, row_steps, o);
+  const AdamWOp op{hyper.lr,           hyper.beta1,    hyper.beta2, hyper.eps,
+                   hyper.weight_decay, rounding_of(o), flag_ptr(o)};
+  const cudaStream_t stream = stream_for(device_);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const int64_t num_rows = rows[i].numel(), dim = tables[i].size(1);
+    if (num_rows == 0 || dim == 0) continue;
+    TensorArg a;
+    a.data = tables[i].data_ptr();
+    a.grad = grads[i].data_ptr();
+    a.state0 = exp_avgs[i].data_ptr();
+    a.state1 = exp_avg_sqs[i].data_ptr();
+    a.numel = tables[i].numel();
+    a.dtype = tables[i].dtype();
+    a.grad_dtype = grads[i].dtype();
+    a.id = o.ids[i];
+    if (i < o.masters.size() && o.masters[i].defined())
+      a.master = static_cast<float*>(o.masters[i].data_ptr());
+    const auto* ids = static_cast<const int64_t*>(rows[i].data_ptr());
+    auto* steps = static_cast<int64_t*>(row_steps[i].data_ptr());
+    const int64_t total = num_rows * dim;
+    const auto blocks =
+        unsigned(std::min<int64_t>((total + kBlockThreads - 1) / kBlockThreads, 4096));
+    sparse_adamw_kernel<<<blocks, kBlockThreads, 0, stream>>>(a, ids, steps, num_rows, dim, op);
+    MT_CUDA_CHECK_LAUNCH();
+    const auto row_blocks =
+        unsigned(std::min<int64_t>((num_rows + kBlockThreads - 1) / kBlockThreads, 1024));
+    sparse_advance_kernel<<<row_blocks, kBlockThreads, 0, stream>>>(ids, steps, num_rows,
+                                                                    flag_ptr(o));
+    MT_CUDA_CHECK_LAUNCH();
+    row_steps[i].bump_version();
+  }
 }
 
 void CudaBackend::multi_tensor_norm(std::span<const Tensor> tensors, double norm_type,

@@ -94,14 +94,12 @@ bool is_table(const std::string& name) {
   return name.starts_with("embeddings.") && name.ends_with(".weight");
 }
 
-// Whether the tables update lazily: --embedding-update lazy, or auto with AdamW on the CPU (the
-// lazy update runs on the host).
-bool lazy_tables(const TrainConfig& c, Device device) {
+// Whether the tables update lazily: --embedding-update lazy, or auto with AdamW (on every device:
+// the update is the backend's sparse_adamw_step).
+bool lazy_tables(const TrainConfig& c) {
   const bool lazy = c.embedding_update == config::EmbeddingUpdate::Lazy ||
                     (c.embedding_update == config::EmbeddingUpdate::Auto &&
-                     c.optimizer == config::OptimizerKind::AdamW && device.is_cpu());
-  MT_CHECK(!lazy || device.is_cpu(), "--embedding-update lazy updates the tables on the host; on ",
-           device.str(), " use --embedding-update dense (or auto)");
+                     c.optimizer == config::OptimizerKind::AdamW);
   MT_CHECK(!lazy || c.clip_grad_norm == 0,
            "--clip-grad-norm with lazy embedding updates is not there yet: use "
            "--embedding-update dense");
@@ -122,7 +120,7 @@ void RecommenderTask::defaults(TrainConfig& c) {
 
 TaskData RecommenderTask::build(Run& run) {
   const TrainConfig& c = run.config;
-  const bool lazy = lazy_tables(c, run.device);
+  const bool lazy = lazy_tables(c);
   ClickData data = load_clicks(c);
   held_out_ = data.held_out;
   bayes_log_loss_ = data.bayes_log_loss;
@@ -153,8 +151,8 @@ TaskData RecommenderTask::build(Run& run) {
     if (!g->params.empty()) groups.push_back(std::move(*g));
   // The lazy update's masters start from the fp32 tables, before the precision casts them.
   if (lazy && !tables.empty()) {
-    lazy_ = std::make_unique<LazyEmbeddingAdam>(
-        tables, LazyAdamOptions{.beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps});
+    lazy_ = std::make_unique<optim::SparseAdamW>(
+        tables, optim::SparseAdamWOptions{.beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps});
   }
   Trainee& t = run.add_trainee("", std::move(model), std::move(groups));
   // The tables' own optimizer (dense) or the lazy update get the main one's masters and rounding.
@@ -181,7 +179,7 @@ StepOutput RecommenderTask::step(const data::Batch& batch, Run& run) {
   const Tensor& ids = batch["categorical"];
   const Tensor& y = batch["label"];
   Tensor logits;
-  LazyEmbeddingAdam::Batch rows;
+  optim::SparseAdamW::Batch rows;
   if (lazy_) {
     rows = lazy_->gather(ids);
     NamedTensors replaced;
@@ -197,11 +195,11 @@ StepOutput RecommenderTask::step(const data::Batch& batch, Run& run) {
   // A lazy step's tables with inf/NaN gradients skip the whole step, as the scaler would.
   const bool scaled = t.scaler().options().mode != amp::ScaleMode::Disabled;
   const float inv_scale = lazy_ && scaled ? float(1.0 / t.scaler().get_scale()) : 1.0f;
-  const bool tables_overflow = lazy_ && scaled && !lazy_->finite(rows, inv_scale);
+  const bool tables_overflow = lazy_ && !lazy_->unscale(rows, inv_scale) && scaled;
   const auto t0 = Clock::now();
   const bool skipped = t.step(run, tables_overflow);
   const auto t1 = Clock::now();
-  if (lazy_ && !skipped) lazy_->step(rows, run.lr(), inv_scale);
+  if (lazy_ && !skipped) lazy_->step(rows, run.lr());
   if (run.device.is_cpu()) {
     rest_seconds_ += std::chrono::duration<double>(t1 - t0).count();
     table_seconds_ += seconds_since(t1);

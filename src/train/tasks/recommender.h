@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "train/lazy_embeddings.h"
+#include "mantissa/optim/sparse_adamw.h"
 #include "train/task.h"
 
 namespace mantissa::train {
@@ -39,7 +39,7 @@ class RecommenderTask final : public Task {
   std::shared_ptr<const data::Dataset> held_out_;
   double bayes_log_loss_ = 0, constant_log_loss_ = 0;
   std::vector<std::string> table_names_;
-  std::unique_ptr<LazyEmbeddingAdam> lazy_;
+  std::unique_ptr<optim::SparseAdamW> lazy_;
   // On the CPU, where the optimizer time goes (seconds summed over all steps): the embedding
   // tables' update (the lazy update, or the tables' dense optimizer) and the other parameters'.
   double table_seconds_ = 0, rest_seconds_ = 0;
