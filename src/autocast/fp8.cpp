@@ -96,160 +96,6 @@ Tensor codes_bf16(const Tensor& codes) {
   return codes.contiguous().to(DType::BF16);
 }
 
-// a (M, K) @ b (N, K)^T in f32 from bf16 operands: the backend's GEMM with fp32 accumulation.
-Tensor gemm_f32(const Tensor& a, const Tensor& b) {
-  Tensor out = Tensor::empty({1, a.size(0), b.size(0)}, DType::F32, a.device());
-  backend::backend_for(a.device())
-      .matmul(a.unsqueeze(0), b.t().unsqueeze(0), nullptr, out, backend::MatmulOptions{});
-  return out.view({a.size(0), b.size(0)});
-}
-
-// out (M, N) in out_dtype = scale * (a (M, K) @ b (N, K)^T) + bias, bf16 operands, in one CPU
-// GEMM: fp32 sums, scaled and rounded to fp32, the bias added in fp32, one rounding into
-// out_dtype, all in oneDNN's epilogue (MatmulOptions::output_scale) instead of passes of their
-// own.
-Tensor gemm_epilogue(const Tensor& a, const Tensor& b, const Tensor& bias, DType out_dtype,
-                     float scale) {
-  backend::MatmulOptions options;
-  options.output_scale = scale;
-  Tensor out = Tensor::empty({1, a.size(0), b.size(0)}, out_dtype, a.device());
-  // (The backend widens a bias to f32 where the epilogue needs it.)
-  backend::backend_for(out.device())
-      .matmul(a.unsqueeze(0), b.t().unsqueeze(0), bias.defined() ? &bias : nullptr, out, options);
-  return out.view({a.size(0), b.size(0)});
-}
-
-// The scale_inv of each of t's n rows in K slice k, as a vector (CPU), from its scales s made
-// contiguous (row blocks, K blocks).
-std::vector<float> block_scales(const Fp8Tensor& t, const Tensor& s, int64_t k, int64_t n) {
-  const int64_t nbc = s.size(1);
-  const float* p = s.data<float>();
-  std::vector<float> out(static_cast<size_t>(n));
-  if (t.block_rows == 1) {  // a scale per row (the 1 x 128 tiles)
-    for (int64_t r = 0; r < n; ++r)
-      out[size_t(r)] = p[r * nbc + k];
-    return out;
-  }
-  for (int64_t r0 = 0, rb = 0; r0 < n; r0 += t.block_rows, ++rb)
-    std::fill(out.begin() + r0, out.begin() + std::min(n, r0 + t.block_rows), p[rb * nbc + k]);
-  return out;
-}
-
-// One output row of a block-scaled CPU GEMM from its K slices' fp32 sums (S rows, `stride`
-// apart in parts): ar = part_0 * f_0, then ar + part_s * f_s for s = 1 .. S-1, with f_s = fa[s] *
-// sb[s][n], each product and sum rounded to fp32 in that order (the tensor ops' arithmetic, which
-// the GPU runs), then + bias[n]. Compiled for AVX-512 too (x86-64-v4), picked at load time: the
-// loops are the same IEEE operations in the same order in both builds (no contraction: the
-// library builds with -ffp-contract=off), so the bits are the same.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))
-#endif
-void sum_row(const float* parts, int64_t S, int64_t stride, int64_t N, const float* fa,
-             const float* const* sb, float* ar, const float* bias) {
-  for (int64_t s = 0; s < S; ++s) {
-    const float f = fa[s];
-    const float* sbp = sb[s];
-    const float* pr = parts + s * stride;
-    if (s == 0) {
-      for (int64_t n = 0; n < N; ++n)
-        ar[n] = pr[n] * (f * sbp[n]);
-    } else {
-      for (int64_t n = 0; n < N; ++n)
-        ar[n] = ar[n] + pr[n] * (f * sbp[n]);
-    }
-  }
-  if (bias) {
-    for (int64_t n = 0; n < N; ++n)
-      ar[n] = ar[n] + bias[n];
-  }
-}
-
-// The K slices [k0, k0 + S * w) of a (rows, K) operand as a batch (S, rows, w) of views, where
-// K is its outer dimension (a transposed operand, as in the weight gradient); undefined
-// otherwise (the slices' rows would interleave).
-Tensor slice_batch(const Tensor& t, int64_t k0, int64_t S, int64_t w) {
-  if (t.stride(0) != 1 || t.stride(1) < t.size(0)) return Tensor();
-  return t.narrow(1, k0, S * w).t().view({S, w, t.size(0)}).transpose(1, 2);
-}
-
-// fp8_gemm with block scales on the CPU: the codes' values ab (M, K) and bb (N, K) (exact in
-// bf16) through one GEMM per K slice of bk, each slice's fp32 sums times its scales, summed in
-// fp32 (sum_row). The output is made a chunk of rows at a time: the chunk's slice sums (one
-// batched GEMM where the operands are transposed views, else a GEMM per slice), at most 1 MiB
-// of them so that they stay in the cache, then each row summed over its slices and rounded
-// into the output at once. (A pass per slice over all M x N sums, read and written from memory
-// each time, took 7 % of a blockwise step, and a last pass rounded them.)
-Tensor block_scaled_gemm_cpu(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& ab,
-                             const Tensor& bb, const Tensor& bias, DType out_dtype, int64_t bk) {
-  const int64_t M = ab.size(0), K = ab.size(1), N = bb.size(0);
-  const int64_t slices = (K + bk - 1) / bk, whole = K / bk;
-  constexpr int64_t kChunkBytes = int64_t(1) << 20;
-  const int64_t chunk = std::clamp<int64_t>(kChunkBytes / (slices * N * 4), 1, M);
-  const bool rounded_here = out_dtype == DType::BF16 || out_dtype == DType::F16;
-  Tensor out = Tensor::empty({M, N}, rounded_here ? out_dtype : DType::F32);
-  const Tensor bias_f32 = bias.defined() ? bias.to(DType::F32).contiguous() : Tensor();
-  const float* bias_p = bias.defined() ? bias_f32.data<float>() : nullptr;
-  // Each slice's scales per row of a and of b. (A transposed operand's scales are a transposed
-  // view: made contiguous once.)
-  const Tensor a_scales = a.scale_inv.contiguous(), b_scales = b.scale_inv.contiguous();
-  std::vector<std::vector<float>> sa, sb;
-  std::vector<const float*> sbp;
-  for (int64_t k = 0; k < slices; ++k) {
-    sa.push_back(block_scales(a, a_scales, k, M));
-    sb.push_back(block_scales(b, b_scales, k, N));
-    sbp.push_back(sb.back().data());
-  }
-  backend::Backend& be = backend::backend_for(ab.device());
-  Tensor storage = Tensor::empty({slices * chunk * N}, DType::F32);
-  for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-    const int64_t rows = std::min(chunk, M - m0);
-    const Tensor ac = ab.narrow(0, m0, rows);
-    Tensor parts = storage.narrow(0, 0, slices * rows * N).view({slices, rows, N});
-    int64_t s = 0;
-    if (whole > 1) {
-      const Tensor a3 = slice_batch(ac, 0, whole, bk), b3 = slice_batch(bb, 0, whole, bk);
-      if (a3.defined() && b3.defined()) {
-        Tensor p = parts.narrow(0, 0, whole);
-        be.matmul(a3, b3.transpose(1, 2), nullptr, p, backend::MatmulOptions{});
-        s = whole;
-      }
-    }
-    for (; s < slices; ++s) {
-      const int64_t k0 = s * bk, kl = std::min(bk, K - k0);
-      Tensor p = parts.narrow(0, s, 1);
-      be.matmul(ac.narrow(1, k0, kl).unsqueeze(0), bb.narrow(1, k0, kl).t().unsqueeze(0), nullptr,
-                p, backend::MatmulOptions{});
-    }
-    const float* pp = parts.data<float>();
-#pragma omp parallel if (rows * N >= (int64_t(1) << 16) && !omp_in_parallel())
-    {
-      std::vector<float> row(rounded_here ? static_cast<size_t>(N) : 0);
-      std::vector<float> fa(static_cast<size_t>(slices));
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t m = m0 + r;
-        for (int64_t k = 0; k < slices; ++k)
-          fa[size_t(k)] = sa[size_t(k)][size_t(m)];
-        float* ar = rounded_here ? row.data() : out.data<float>() + m * N;
-        sum_row(pp + r * N, slices, rows * N, N, fa.data(), sbp.data(), ar, bias_p);
-        if (out_dtype == DType::BF16) {
-          convert(ar, out.data<bfloat16>() + m * N, size_t(N));
-        } else if (out_dtype == DType::F16) {
-          convert(ar, out.data<half>() + m * N, size_t(N));
-        }
-      }
-    }
-  }
-  return out.to(out_dtype);
-}
-
-// The one value of a per-tensor scale on the CPU.
-float scalar_of(const Tensor& t) {
-  MT_ASSERT(t.numel() == 1 && t.dtype() == DType::F32 && t.device().is_cpu(),
-            "fp8: a per-tensor scale is one f32 value on the CPU, got ", t.describe());
-  return *static_cast<const float*>(t.data_ptr());
-}
-
 // Records one quantization of `role` into the layer's state (amaxes into the history only while
 // training: evaluation must not move the scales).
 void observe(Fp8LinearState& st, Fp8Role role, const Fp8Tensor& q, const Fp8Options& o,
@@ -404,7 +250,16 @@ namespace {
 
 // fp8_quantize, or with codes false (CPU only) its values and scales without the codes, which
 // the CPU's emulated GEMMs do not read: a quarter less time a value.
-Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, bool codes) {
+// What a quantization writes: the codes (what a device's fp8 GEMM reads and per-tensor backward
+// keeps) and the values (each code's value in bf16, what the emulated GEMMs read). Without codes
+// is the CPU's (its fp8_quantize can write the values alone).
+struct Outputs {
+  bool codes = true;
+  bool values = true;
+};
+
+Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, Outputs want) {
+  const bool codes = want.codes;
   MT_CHECK(dtype == DType::FP8_E4M3 || dtype == DType::FP8_E5M2,
            "fp8_quantize: the target must be fp8_e4m3 or fp8_e5m2, got ", dtype_name(dtype));
   MT_CHECK(x_arg.defined() && x_arg.dim() == 2 && x_arg.is_floating_point() &&
@@ -430,7 +285,7 @@ Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, bool c
   q.scale_inv = Tensor::empty({nbr, nbc}, DType::F32, x.device());
   q.amax = Tensor::empty({nbr, nbc}, DType::F32, x.device());
   q.power_of_two_scales = s.rule == Fp8ScaleRule::AmaxPow2;
-  q.values = Tensor::empty({R, C}, DType::BF16, x.device());
+  if (want.values) q.values = Tensor::empty({R, C}, DType::BF16, x.device());
   if (x.numel() == 0) return q;
   backend::Fp8QuantizeParams p;
   p.block_rows = q.block_rows;
@@ -438,29 +293,29 @@ Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, bool c
   p.rule = backend::Fp8ScaleRule(int(s.rule));
   p.scale = s.scale;
   p.values_only = !codes;
-  backend::backend_for(x.device()).fp8_quantize(x, p, written, q.scale_inv, q.amax, &q.values);
+  backend::backend_for(x.device())
+      .fp8_quantize(x, p, written, q.scale_inv, q.amax, want.values ? &q.values : nullptr);
   return q;
 }
 
-Fp8Tensor quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& s, bool codes) {
+Fp8Tensor quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& s, Outputs want) {
   MT_CHECK(x.defined() && x.dim() == 2, "fp8_quantize_transposed: x must be a 2-D matrix, got ",
            x.defined() ? x.describe() : std::string("an undefined tensor"));
-  if (!x.device().is_cpu()) return quantize(x.t(), dtype, s, codes);
   // A block of x^T (br rows, bc columns) is a block of x (bc rows, br columns); 0 still means
   // the whole dimension.
   Fp8Scaling swapped = s;
   std::swap(swapped.block_rows, swapped.block_cols);
-  return transposed(quantize(x, dtype, swapped, codes));
+  return transposed(quantize(x, dtype, swapped, want));
 }
 
 }  // namespace
 
 Fp8Tensor fp8_quantize(const Tensor& x, DType dtype, const Fp8Scaling& s) {
-  return quantize(x, dtype, s, true);
+  return quantize(x, dtype, s, {});
 }
 
 Fp8Tensor fp8_quantize_transposed(const Tensor& x, DType dtype, const Fp8Scaling& s) {
-  return quantize_transposed(x, dtype, s, true);
+  return quantize_transposed(x, dtype, s, {});
 }
 
 Tensor fp8_dequantize(const Fp8Tensor& t) {
@@ -481,67 +336,41 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
   const int64_t bka = std::min(a.block_cols, K), bkb = std::min(b.block_cols, K);
   MT_CHECK(bka == bkb, "fp8_gemm: the blocks of a and b along K differ (", a.block_cols, " and ",
            b.block_cols, "); quantize both with the same block width");
-  Tensor acc;
+  const bool per_tensor = a.block_rows >= M && b.block_rows >= N && bka >= K;
   const bool both_e5m2 = a.codes.defined() && b.codes.defined() &&
                          a.codes.dtype() == DType::FP8_E5M2 && b.codes.dtype() == DType::FP8_E5M2;
-  if (!la.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K && !both_e5m2) {
-    // Per-tensor scales on a device: the backend's fp8 GEMM (cuBLASLt's on fp8 tensor cores),
-    // its operands with K innermost (a transposed view in backward is copied, a byte a value).
+  backend::Backend& be = backend::backend_for(la.device());
+  if (per_tensor && !both_e5m2 && a.codes.defined() && b.codes.defined() &&
+      !(a.values.defined() && b.values.defined())) {
+    // Codes alone (a device's quantization): the backend's fp8 GEMM (cuBLASLt's on fp8 tensor
+    // cores, else emulated), its operands with K innermost (a transposed view in backward is
+    // copied, a byte a value).
     auto k_inner = [](const Tensor& c) { return c.stride(1) == 1 ? c : c.contiguous(); };
     Tensor out = Tensor::empty({M, N}, bias.defined() ? DType::F32 : out_dtype, la.device());
-    backend::backend_for(out.device())
-        .fp8_gemm(k_inner(a.codes), a.scale_inv, k_inner(b.codes), b.scale_inv, out);
+    be.fp8_gemm(k_inner(a.codes), a.scale_inv, k_inner(b.codes), b.scale_inv, out);
     return bias.defined() ? add(out, bias.to(DType::F32)).to(out_dtype) : out;
   }
-  if (la.device().is_cpu() && a.block_rows >= M && b.block_rows >= N && bka >= K) {
-    // Per-tensor scales on the CPU: one GEMM of the codes' values (exact in bf16) scaled by the
-    // scales' product in its epilogue. (Power-of-two scales' values are already scaled: their
-    // codes are taken instead.)
-    auto code_values = [](const Fp8Tensor& t) {
-      return t.values.defined() && !t.power_of_two_scales ? t.values : codes_bf16(t.codes);
-    };
-    return gemm_epilogue(code_values(a), code_values(b), bias, out_dtype,
-                         scalar_of(a.scale_inv) * scalar_of(b.scale_inv));
-  }
-  if (a.power_of_two_scales && b.power_of_two_scales) {
-    // Power-of-two scales (MXFP8): code * 2^e is exact in bf16 (unless a block's amax is below
-    // 2^-118, where it would be a bf16 subnormal), so the scaled operands go through one GEMM
-    // whose fp32 sums are those of the scaled products.
-    auto scaled_bf16 = [](const Fp8Tensor& t) {
-      return t.values.defined() ? t.values : fp8_dequantize(t).to(DType::BF16);
-    };
-    if (la.device().is_cpu()) {
-      return gemm_epilogue(scaled_bf16(a), scaled_bf16(b), bias, out_dtype, 1.0f);
-    }
-    acc = gemm_f32(scaled_bf16(a), scaled_bf16(b));
+  // The emulation: the codes' values (exact in bf16), scaled per block in the backend's
+  // block_scaled_gemm. Power-of-two scales (MXFP8) are in the values already, exactly (code *
+  // 2^e is exact in bf16 unless a block's amax is below 2^-118, where it would be a bf16
+  // subnormal): one GEMM of the scaled values, with unit scales.
+  const bool pow2 = a.power_of_two_scales && b.power_of_two_scales;
+  auto operand = [pow2](const Fp8Tensor& t) {
+    if (pow2) return t.values.defined() ? t.values : fp8_dequantize(t).to(DType::BF16);
+    return t.values.defined() && !t.power_of_two_scales ? t.values : codes_bf16(t.codes);
+  };
+  Tensor out = Tensor::empty({M, N}, out_dtype, la.device());
+  if (pow2) {
+    const Tensor one = Tensor::ones({1, 1}, DType::F32, la.device());
+    be.block_scaled_gemm(operand(a), one, std::max<int64_t>(M, 1), operand(b), one,
+                         std::max<int64_t>(N, 1), std::max<int64_t>(K, 1),
+                         bias.defined() ? &bias : nullptr, out);
   } else {
-    // The codes (exact in bf16) through one GEMM per K slice; each slice's fp32 sums times its
-    // scales, accumulated in fp32 (per tensor: one slice, one factor).
-    const bool va = a.values.defined() && !a.power_of_two_scales;
-    const bool vb = b.values.defined() && !b.power_of_two_scales;
-    const Tensor ab = va ? a.values : codes_bf16(a.codes), bb = vb ? b.values : codes_bf16(b.codes);
-    const int64_t slices = (K + bka - 1) / bka;
-    if (la.device().is_cpu() && slices > 0) {
-      return block_scaled_gemm_cpu(a, b, ab, bb, bias, out_dtype, bka);
-    }
-    for (int64_t k = 0; k < slices; ++k) {
-      const int64_t k0 = k * bka, kl = std::min(bka, K - k0);
-      const Tensor part = gemm_f32(ab.narrow(1, k0, kl), bb.narrow(1, k0, kl));
-      // a's scales of slice k per row of a, b's per row of b: factor = sa (M | 1, 1) sb (1, N | 1),
-      // a single number for per-tensor scales.
-      const Tensor sa = a.block_rows >= M
-                            ? a.scale_inv.narrow(1, k, 1)
-                            : expand_blocks(a.scale_inv.narrow(1, k, 1), a.block_rows, 1, M, 1);
-      const Tensor sb = b.block_rows >= N
-                            ? b.scale_inv.narrow(1, k, 1)
-                            : expand_blocks(b.scale_inv.narrow(1, k, 1), b.block_rows, 1, N, 1);
-      const Tensor scaled = mul(part, mul(sa, sb.t()));
-      acc = acc.defined() ? add(acc, scaled) : scaled;
-    }
-    if (!acc.defined()) acc = Tensor::zeros({M, N}, DType::F32, la.device());
+    be.block_scaled_gemm(operand(a), a.scale_inv, a.block_rows, operand(b), b.scale_inv,
+                         b.block_rows, std::max<int64_t>(bka, 1), bias.defined() ? &bias : nullptr,
+                         out);
   }
-  if (bias.defined()) acc = add(acc, bias.to(DType::F32));
-  return acc.to(out_dtype);
+  return out;
 }
 
 // ---- the op --------------------------------------------------------------------------------
@@ -579,15 +408,20 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   // block scales run along the reduction dimension, which differs in each GEMM, so the block
   // recipes keep the inputs and quantize them again along the other dimension.
   const bool keep_codes = per_tensor(o.recipe);
-  // The CPU's GEMMs read the values only: codes are written where a GPU reads them or backward
-  // keeps them.
+  // What each quantization writes, the one choice by device: the CPU's GEMMs are emulated and
+  // read the values, so codes are written only where backward keeps them; on a device the
+  // per-tensor GEMMs read the codes (fp8 tensor cores) and the block recipes' emulated GEMMs
+  // the values (its quantization writes the codes in any case).
   const bool on_cpu = x.device().is_cpu();
-  const bool fwd_codes = !on_cpu || (keep_codes && training);
+  const auto outputs = [on_cpu, keep_codes](bool kept) {
+    return Outputs{.codes = !on_cpu || kept, .values = on_cpu || !keep_codes};
+  };
+  const Outputs fwd = outputs(keep_codes && training), once = outputs(false);
   const Tensor x2 = x.reshape({-1, in}).contiguous();  // (M, in)
   Fp8Tensor qx =
-      quantize(x2, fwd_dtype, scaling_for(o, Fp8Role::Input, state[Fp8Role::Input]), fwd_codes);
+      quantize(x2, fwd_dtype, scaling_for(o, Fp8Role::Input, state[Fp8Role::Input]), fwd);
   Fp8Tensor qw =
-      quantize(w, fwd_dtype, scaling_for(o, Fp8Role::Weight, state[Fp8Role::Weight]), fwd_codes);
+      quantize(w, fwd_dtype, scaling_for(o, Fp8Role::Weight, state[Fp8Role::Weight]), fwd);
   observe(state, Fp8Role::Input, qx, o, training);
   observe(state, Fp8Role::Weight, qw, o, training);
   Shape out_shape = x.shape();
@@ -614,9 +448,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
         const Tensor& g = grads[0];
         if (!g.defined()) return {Tensor(), Tensor(), Tensor()};
         const Tensor g2 = g.reshape({-1, out_features}).contiguous();  // (M, out)
-        Fp8Tensor qg =
-            quantize(g2, grad_dtype,
-                     scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]), !on_cpu);
+        Fp8Tensor qg = quantize(
+            g2, grad_dtype, scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]), once);
         observe(*st, Fp8Role::GradOutput, qg, o, true);
         Tensor dx, dw, db;
         if (keep_codes) {
@@ -628,11 +461,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
           const Fp8Scaling sg = scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]);
           const Fp8Scaling sx = scaling_for(o, Fp8Role::Input, (*st)[Fp8Role::Input]);
           if (gx) {  // dx (M, in) = g (M, out) . w^T (in, out): reduction along out
-            dx = fp8_gemm(qg, quantize_transposed(wv, fwd_dtype, sw, !on_cpu), Tensor(), x_dtype);
+            dx = fp8_gemm(qg, quantize_transposed(wv, fwd_dtype, sw, once), Tensor(), x_dtype);
           }
           if (gw) {  // dw (out, in) = g^T (out, M) . x^T (in, M): reduction along M
-            dw = fp8_gemm(quantize_transposed(g2, grad_dtype, sg, !on_cpu),
-                          quantize_transposed(xv, fwd_dtype, sx, !on_cpu), Tensor(), w_dtype);
+            dw = fp8_gemm(quantize_transposed(g2, grad_dtype, sg, once),
+                          quantize_transposed(xv, fwd_dtype, sx, once), Tensor(), w_dtype);
           }
         }
         if (gb) {

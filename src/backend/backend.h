@@ -29,10 +29,6 @@ struct Scalars {
 struct MatmulOptions {
   // Round fp32 inputs to this format first (TF32 for set_matmul_precision("high")); FP32 = none.
   Format input_rounding = Format::FP32;
-  // matmul only, and only on the CPU (the other backends and conv2d refuse another value): out =
-  // output_scale * (a @ b) + bias, the scaled fp32 sums rounded to fp32 before the bias is added
-  // in fp32, then rounded once into out's dtype (the fp8 GEMM's epilogue: its scales' product).
-  float output_scale = 1.0f;
 };
 
 // fp8 scaling (autocast/fp8.h): how fp8_quantize picks each block's scale.

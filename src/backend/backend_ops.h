@@ -92,8 +92,7 @@
     int64_t correction),                                                                          \
     (op, x, dims, out, indices, correction))                                                      \
   /* ---- linear algebra ---------------------------------------------------------------------- */\
-  /* out(B, M, N) = a(B, M, K) @ b(B, K, N) [+ bias(N)]; any strides; B may be 1; the CPU    */ \
-  /* takes an output scale (MatmulOptions). */                                                    \
+  /* out(B, M, N) = a(B, M, K) @ b(B, K, N) [+ bias(N)]; any strides; B may be 1. */             \
   _(Linalg, void, matmul,                                                                         \
     (const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out, const MatmulOptions&      \
     options),                                                                                     \
@@ -107,6 +106,17 @@
     (const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,     \
     Tensor& out),                                                                                 \
     (a, a_scale_inv, b, b_scale_inv, out))                                                        \
+  /* The emulated GEMM of block-scaled fp8 operands (autocast/fp8.h), given their values: out */   \
+  /* (M, N) = sum over the K slices s of width bk (the last may be short; bk >= K: one slice) */   \
+  /* of (a[:, s] . b[:, s]^T) * (sa[m / a_rows, s] * sb[n / b_rows, s]), + bias. a (M, K) and b */ \
+  /* (N, K) are BF16 (fp8 codes' values, exact in bf16; any strides), sa (ceil(M / a_rows), S) */  \
+  /* and sb (ceil(N / b_rows), S) F32. Each slice's sums in fp32 (any order), times its factor, */ \
+  /* the slices added in order, the bias (widened) added: each an fp32 operation, one rounding */  \
+  /* into out (contiguous F32, BF16 or F16). Per tensor it is fp8_gemm's emulation. */             \
+  _(Linalg, void, block_scaled_gemm,                                                              \
+    (const Tensor& a, const Tensor& a_scales, int64_t a_rows, const Tensor& b, const Tensor&     \
+    b_scales, int64_t b_rows, int64_t bk, const Tensor* bias, Tensor& out),                       \
+    (a, a_scales, a_rows, b, b_scales, b_rows, bk, bias, out))                                    \
   /* ---- convolution and pooling (NCHW) ------------------------------------------------------ */\
   _(Convolution, void, conv2d,                                                                    \
     (const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, const Conv2dParams& p,    \

@@ -4,6 +4,7 @@
 // device too and the CPU and the GPU pick the same scales bit for bit.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -93,6 +94,35 @@ inline void check_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
       "fp8_gemm wants fp8 a (M, K) and b (N, K) with unit stride along K (not both e5m2), "
       "one-element F32 scales and a contiguous f32/bf16/f16 out (M, N); got ",
       a.describe(), ", ", b.describe(), " -> ", out.describe());
+}
+
+// block_scaled_gemm's arguments as its contract (backend_ops.h) wants them; host side, shared by
+// the backends.
+inline void check_block_scaled_gemm(const Tensor& a, const Tensor& a_scales, int64_t a_rows,
+                                    const Tensor& b, const Tensor& b_scales, int64_t b_rows,
+                                    int64_t bk, const Tensor* bias, const Tensor& out) {
+  const Device d = out.device();
+  const bool operands = a.dim() == 2 && b.dim() == 2 && a.dtype() == DType::BF16 &&
+                        b.dtype() == DType::BF16 && a.size(1) == b.size(1) && a.device() == d &&
+                        b.device() == d;
+  const int64_t M = operands ? a.size(0) : 0, N = operands ? b.size(0) : 0;
+  const int64_t K = operands ? a.size(1) : 0;
+  const int64_t S = bk > 0 ? std::max<int64_t>((K + bk - 1) / bk, 1) : 0;
+  auto scales = [&](const Tensor& s, int64_t rows, int64_t block) {
+    return block > 0 && s.dtype() == DType::F32 && s.dim() == 2 && s.device() == d &&
+           s.size(0) == std::max<int64_t>((rows + block - 1) / block, 1) && s.size(1) == S;
+  };
+  MT_ASSERT(
+      operands && bk > 0 && scales(a_scales, M, a_rows) && scales(b_scales, N, b_rows) &&
+          out.dim() == 2 && out.size(0) == M && out.size(1) == N && out.is_contiguous() &&
+          (out.dtype() == DType::F32 || out.dtype() == DType::BF16 || out.dtype() == DType::F16) &&
+          (!bias || (bias->dim() == 1 && bias->size(0) == N && bias->device() == d &&
+                     bias->is_floating_point())),
+      "block_scaled_gemm wants bf16 a (M, K) and b (N, K), F32 scales (row blocks, K "
+      "slices) for each and a contiguous f32/bf16/f16 out (M, N); got ",
+      a.describe(), " (scales ", a_scales.describe(), " per ", a_rows, " rows), ", b.describe(),
+      " (scales ", b_scales.describe(), " per ", b_rows, " rows), slices of ", bk, " -> ",
+      out.describe());
 }
 
 }  // namespace mantissa::backend

@@ -4,6 +4,7 @@
 // tests skip themselves without one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -125,6 +126,58 @@ TEST(Fp8GemmOp, CpuTakesRowsWithAStrideAndAnEmptySum) {
   cpu.fp8_gemm(e, scalar_f32(1), f, scalar_f32(1), z);
   for (double v : host_f64(z))
     EXPECT_EQ(v, 0.0);
+}
+
+// block_scaled_gemm is its contract's arithmetic: each K slice's fp32 sums (the backend's own
+// matmul of the slice), times sa * sb, the slices added in order and the bias added, every step
+// an fp32 operation, then one rounding; in every output dtype, with ragged blocks and slices and
+// a transposed operand (as the weight gradient's).
+TEST(Fp8GemmOp, BlockScaledGemmIsItsFormulaInFp32) {
+  Backend& cpu = cpu_backend();
+  const int64_t M = 37, N = 21, K = 300, bk = 128, a_rows = 1, b_rows = 16;
+  const int64_t S = (K + bk - 1) / bk;
+  const Tensor a = random_codes(M, K, DType::FP8_E4M3, 7).to(DType::BF16);
+  const Tensor bt = random_codes(K, N, DType::FP8_E4M3, 8).to(DType::BF16);  // b^T stored
+  const Tensor b = bt.t();                                                   // (N, K), K outer
+  const Tensor sa = Tensor::uniform({M, S}, 0.01, 2, 9);
+  const Tensor sb = Tensor::uniform({(N + b_rows - 1) / b_rows, S}, 0.01, 2, 10);
+  const Tensor bias = Tensor::uniform({N}, -1, 1, 11).to(DType::BF16);
+  // The formula on the host, from the slices' fp32 sums.
+  std::vector<float> want(size_t(M * N), 0.0f);
+  const std::vector<float> fsa = sa.to_vector<float>(), fsb = sb.to_vector<float>();
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t k0 = s * bk, kl = std::min(bk, K - k0);
+    Tensor part = Tensor::empty({1, M, N}, DType::F32);
+    cpu.matmul(a.narrow(1, k0, kl).unsqueeze(0), b.narrow(1, k0, kl).t().unsqueeze(0), nullptr,
+               part, MatmulOptions{});
+    const std::vector<float> p = part.to_vector<float>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const float f = fsa[size_t(m / a_rows * S + s)] * fsb[size_t(n / b_rows * S + s)];
+        float& w = want[size_t(m * N + n)];
+        w = s == 0 ? p[size_t(m * N + n)] * f : w + p[size_t(m * N + n)] * f;
+      }
+  }
+  const std::vector<float> fb = bias.to(DType::F32).to_vector<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      want[size_t(m * N + n)] += fb[size_t(n)];
+  const Tensor want_t = Tensor::from_vector(want, {M, N});
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor out = Tensor::empty({M, N}, dt);
+    cpu.block_scaled_gemm(a, sa, a_rows, b, sb, b_rows, bk, &bias, out);
+    EXPECT_EQ(host_f64(out), host_f64(want_t.to(dt)));
+  }
+  // Per tensor, it is fp8_gemm's emulation.
+  const Tensor ca = random_codes(M, K, DType::FP8_E4M3, 12),
+               cb = random_codes(N, K, DType::FP8_E5M2, 13);
+  Tensor via_fp8 = Tensor::empty({M, N}, DType::BF16),
+         via_block = Tensor::empty({M, N}, DType::BF16);
+  cpu.fp8_gemm(ca, scalar_f32(0.25f), cb, scalar_f32(3.0f), via_fp8);
+  cpu.block_scaled_gemm(ca.to(DType::BF16), scalar_f32(0.25f), M, cb.to(DType::BF16),
+                        scalar_f32(3.0f), N, K, nullptr, via_block);
+  EXPECT_EQ(host_f64(via_block), host_f64(via_fp8));
 }
 
 // The op layer's CPU emulation (codes through bf16 values, per tensor) and the backend op agree

@@ -155,7 +155,7 @@ TEST(SparseAdamW, EveryRowListedIsTheDenseStepBitForBit) {
     for (int64_t u = 0; u < kR; ++u)
       for (int64_t j = 0; j < kD; ++j)
         gs[size_t(u * kD + j)] = g[size_t(order[size_t(u)] * kD + j)];
-    be::AdamWStep h{.lr = 0.01, .weight_decay = 0.1};
+    be::AdamWStep h{.lr = 0.01, .weight_decay = 0.1, .options = {}};
     h.options.ids = ids;
     h.options.store_rounding = mt::RoundingMode::Stochastic;
     h.options.seed = 11;
@@ -182,7 +182,7 @@ TEST(SparseAdamW, EveryRowListedIsTheDenseStepBitForBit) {
   // Skipped: nothing moves.
   const std::vector<float> before = bits(sparse_w);
   mt::Tensor flag = mt::Tensor::from_vector(std::vector<float>{1.f}, {1});
-  be::AdamWStep h{.lr = 0.01};
+  be::AdamWStep h{.lr = 0.01, .options = {}};
   h.options.ids = ids;
   h.options.found_inf = &flag;
   std::vector<mt::Tensor> sp{sparse_w}, smv{sm}, svv{sv}, st{row_steps};

@@ -15,6 +15,12 @@ class CpuBackend final : public Backend {
   MT_BACKEND_OVERRIDE_ALL
 };
 
+// out (B, M, N) = scale * (a @ b) + bias (matmul's contract; scale 1 is matmul): the scaled
+// fp32 sums rounded to fp32, the bias added in fp32, one rounding into out's dtype, all in
+// oneDNN's epilogue (block_scaled_gemm's per-tensor product: its scales' product).
+void scaled_matmul(CpuBackend& be, const Tensor& a, const Tensor& b, const Tensor* bias,
+                   Tensor& out, const MatmulOptions& options, float scale);
+
 // How many multi-tensor kernel calls (sgd_step, adamw_step, multi_tensor_norm,
 // multi_tensor_scale) this process has made: tests show that an optimizer step is one call.
 int64_t multi_tensor_calls();

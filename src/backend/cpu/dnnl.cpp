@@ -971,8 +971,13 @@ void matmul_f64(CpuBackend& be, const Tensor& a_in, const Tensor& b_in, const Te
 
 // ---- the backend entry points -------------------------------------------------------------------
 
-void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor* bias, Tensor& out,
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out,
                         const MatmulOptions& options) {
+  scaled_matmul(*this, a, b, bias, out, options, 1.0f);
+}
+
+void scaled_matmul(CpuBackend& be, const Tensor& a_in, const Tensor& b_in, const Tensor* bias,
+                   Tensor& out, const MatmulOptions& options, float scale) {
   MT_ASSERT(a_in.dim() == 3 && b_in.dim() == 3 && out.dim() == 3 && out.is_contiguous(),
             "matmul wants (B, M, K) @ (B, K, N) -> contiguous (B, M, N), got ", a_in.describe(),
             " @ ", b_in.describe(), " -> ", out.describe());
@@ -985,9 +990,9 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor* bi
   if (out.numel() == 0) return;
   if (K == 0) {
     if (bias) {
-      copy(*bias, out);
+      be.copy(*bias, out);
     } else {
-      fill(out, 0.0);
+      be.fill(out, 0.0);
     }
     return;
   }
@@ -995,35 +1000,32 @@ void CpuBackend::matmul(const Tensor& a_in, const Tensor& b_in, const Tensor* bi
   if (nbatch > 1 && a.size(0) == 1 && b.size(0) == 1) {
     // Every batch is the same product: compute it once.
     Tensor one = Tensor::empty({1, M, N}, out.dtype(), out.device());
-    matmul(a, b, bias, one, options);
-    copy(one, out);
+    scaled_matmul(be, a, b, bias, one, options, scale);
+    be.copy(one, out);
     return;
   }
-  const bool scaled = options.output_scale != 1.0f;
+  const bool scaled = scale != 1.0f;
   if (a.dtype() == DType::F64 || b.dtype() == DType::F64) {
     MT_ASSERT(!scaled, "matmul: an output scale is for f32/bf16/f16 operands, got f64");
-    matmul_f64(*this, a, b, bias, out);
+    matmul_f64(be, a, b, bias, out);
     return;
   }
   const DType kd = kernel_dtype(a.dtype(), options.input_rounding);
-  const Tensor ak = prepare(*this, a, kd, options.input_rounding);
-  const Tensor bk = prepare(*this, b, kd, options.input_rounding);
+  const Tensor ak = prepare(be, a, kd, options.input_rounding);
+  const Tensor bk = prepare(be, b, kd, options.input_rounding);
   Tensor bias_k;
   if (bias) {
     const bool ok =
         bias->is_contiguous() && (bias->dtype() == DType::F32 || (bias->dtype() == kd && !scaled));
-    bias_k = ok ? *bias : converted(*this, *bias, DType::F32);
+    bias_k = ok ? *bias : converted(be, *bias, DType::F32);
   }
   Tensor dst = native_output(out.dtype(), kd) ? out : Tensor::empty(out.shape(), DType::F32);
-  with_dnnl("matmul", [&] {
-    dnnl_matmul(*this, ak, bk, bias ? &bias_k : nullptr, dst, options.output_scale);
-  });
-  if (!dst.is_same(out)) copy(dst, out);  // the one rounding into f16 / fp8
+  with_dnnl("matmul", [&] { dnnl_matmul(be, ak, bk, bias ? &bias_k : nullptr, dst, scale); });
+  if (!dst.is_same(out)) be.copy(dst, out);  // the one rounding into f16 / fp8
 }
 
 void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
                         const Conv2dParams& p, const MatmulOptions& options) {
-  MT_ASSERT(options.output_scale == 1.0f, "conv2d takes no output scale");
   MT_ASSERT(x.dim() == 4 && w.dim() == 4 && out.dim() == 4 &&
                 (out.is_contiguous() || is_channels_last(out)),
             "conv2d wants NCHW tensors, got ", x.describe(), ", ", w.describe(), " -> ",
@@ -1054,7 +1056,6 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Te
 void CpuBackend::conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& w,
                                  Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias,
                                  const Conv2dParams& p, const MatmulOptions& options) {
-  MT_ASSERT(options.output_scale == 1.0f, "conv2d_backward takes no output scale");
   MT_ASSERT(grad_out.dim() == 4 && x.dim() == 4 && w.dim() == 4, "conv2d_backward shapes");
   for (Tensor* g : {grad_x, grad_w, grad_bias}) {
     MT_ASSERT(!g || g->is_contiguous() || is_channels_last(*g),

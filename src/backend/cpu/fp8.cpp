@@ -495,21 +495,4 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
   });
 }
 
-void CpuBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
-                          const Tensor& b_scale_inv, Tensor& out) {
-  check_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out);
-  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
-  if (out.numel() == 0) return;
-  // The codes as bf16 (exact), one GEMM with fp32 sums scaled by the scales' product (in fp32)
-  // in its epilogue, rounded once into out's dtype.
-  Tensor ab = Tensor::empty({M, K}, DType::BF16), bb = Tensor::empty({N, K}, DType::BF16);
-  copy(a, ab);
-  copy(b, bb);
-  MatmulOptions scaled;
-  scaled.output_scale = *static_cast<const float*>(a_scale_inv.data_ptr()) *
-                        *static_cast<const float*>(b_scale_inv.data_ptr());
-  Tensor out3 = out.view({1, M, N});
-  matmul(ab.unsqueeze(0), bb.t().unsqueeze(0), nullptr, out3, scaled);
-}
-
 }  // namespace mantissa::backend::cpu

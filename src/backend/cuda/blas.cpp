@@ -447,7 +447,6 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor* bias, T
                          const MatmulOptions& options) {
   DeviceGuard guard(device_);
   check_shapes(a, b, bias, out);
-  MT_ASSERT(options.output_scale == 1.0f, "matmul: an output scale is not wired on CUDA");
   if (out.numel() == 0) return;
   if (a.size(2) == 0) {  // an empty sum: the bias alone
     if (bias) {
@@ -537,21 +536,12 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
                 ? "cuBLASLt's fp8 GEMM needs K and the output width to be multiples of 16 "
                   "and 16-byte aligned buffers"
                 : "this GPU has no fp8 tensor cores (compute capability 8.9 or later)"));
-  Tensor ab = Tensor::empty({1, M, K}, DType::BF16, out.device());
-  Tensor bb = Tensor::empty({1, N, K}, DType::BF16, out.device());
-  copy(a.unsqueeze(0), ab);
-  copy(b.unsqueeze(0), bb);
-  Tensor acc = Tensor::empty({1, M, N}, DType::F32, out.device());
-  matmul(ab, bb.transpose(1, 2), nullptr, acc, MatmulOptions{});
-  Tensor factor = Tensor::empty({1}, DType::F32, out.device());
-  binary(BinaryOp::Mul, a_scale_inv.reshape({1}), b_scale_inv.reshape({1}), factor);
-  Tensor scaled = out.dtype() == DType::F32 ? out.view({1, M, N})
-                                            : Tensor::empty({1, M, N}, DType::F32, out.device());
-  binary(BinaryOp::Mul, acc, factor.view({1, 1, 1}), scaled);
-  if (out.dtype() != DType::F32) {
-    Tensor o3 = out.view({1, M, N});
-    copy(scaled, o3);
-  }
+  Tensor ab = Tensor::empty({M, K}, DType::BF16, out.device());
+  Tensor bb = Tensor::empty({N, K}, DType::BF16, out.device());
+  copy(a, ab);
+  copy(b, bb);
+  block_scaled_gemm(ab, a_scale_inv.view({1, 1}), M, bb, b_scale_inv.view({1, 1}), N, K, nullptr,
+                    out);
 }
 
 }  // namespace mantissa::backend::cuda

@@ -274,7 +274,6 @@ Tensor rounded_f32(CudaBackend& be, const Tensor& t, Format rounding) {
 void CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
                          const Conv2dParams& p, const MatmulOptions& options) {
   DeviceGuard guard(device_);
-  MT_ASSERT(options.output_scale == 1.0f, "conv2d takes no output scale");
   MT_ASSERT(x.dim() == 4 && w.dim() == 4 && out.dim() == 4 && out.is_contiguous(),
             "conv2d wants NCHW tensors, got ", x.describe(), ", ", w.describe(), " -> ",
             out.describe());
@@ -323,7 +322,6 @@ void CudaBackend::conv2d_backward(const Tensor& grad_out, const Tensor& x, const
                                   Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias,
                                   const Conv2dParams& p, const MatmulOptions& options) {
   DeviceGuard guard(device_);
-  MT_ASSERT(options.output_scale == 1.0f, "conv2d_backward takes no output scale");
   MT_ASSERT(grad_out.dim() == 4 && x.dim() == 4 && w.dim() == 4, "conv2d_backward shapes");
   for (Tensor* g : {grad_x, grad_w, grad_bias}) {
     MT_ASSERT(!g || (g->is_contiguous() && g->dtype() == grad_out.dtype()),

@@ -1,8 +1,9 @@
 // CUDA fp8 quantization (the contract is in backend_ops.h; the scale arithmetic is
 // backend/fp8_math.h, the CPU's too): row amaxes per column block, one thread per block to reduce
 // them and pick the scale, then one rounding per element through round.h's encoder with
-// saturation. Straightforward rather than fast: the fp8 GEMMs of this backend are emulated
-// (autocast/fp8.h), and a fused cuBLASLt path is still to come.
+// saturation; and block_scaled_gemm, the emulated GEMM of block-scaled operands (a cuBLAS GEMM per
+// K slice, its sums scaled and added in fp32 as the CPU adds them). Straightforward rather than
+// fast: cuBLASLt's block-scaled fp8 GEMMs are still to come.
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
@@ -66,7 +67,58 @@ __global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, in
   }
 }
 
+// One K slice s of block_scaled_gemm: acc (M, N) = (s == 0 ? 0 : acc) + part * (sa * sb), with
+// the bias added after the last slice: the CPU's sum_row (cpu/fp8_gemm.cpp), operation for
+// operation, each rounded to fp32.
+__global__ void scale_accumulate_kernel(float* acc, const float* part, const float* sa,
+                                        int64_t a_rows, const float* sb, int64_t b_rows, int64_t M,
+                                        int64_t N, int64_t S, int64_t s, const float* bias) {
+  MT_GRID_STRIDE_LOOP(i, M * N) {
+    const int64_t m = i / N, n = i - m * N;
+    const float f = mul_rn(sa[(m / a_rows) * S + s], sb[(n / b_rows) * S + s]);
+    const float v = mul_rn(part[i], f);
+    float r = s == 0 ? v : add_rn(acc[i], v);
+    if (bias != nullptr) r = add_rn(r, bias[n]);
+    acc[i] = r;
+  }
+}
+
+// A contiguous copy of t on this backend's device (t itself when it is one).
+Tensor contiguous_here(Backend& be, const Tensor& t, DType dtype) {
+  if (t.is_contiguous() && t.dtype() == dtype) return t;
+  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
+  be.copy(t, out);
+  return out;
+}
+
 }  // namespace
+
+void CudaBackend::block_scaled_gemm(const Tensor& a, const Tensor& a_scales, int64_t a_rows,
+                                    const Tensor& b, const Tensor& b_scales, int64_t b_rows,
+                                    int64_t bk, const Tensor* bias, Tensor& out) {
+  DeviceGuard guard(device_);
+  check_block_scaled_gemm(a, a_scales, a_rows, b, b_scales, b_rows, bk, bias, out);
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1), S = a_scales.size(1);
+  if (out.numel() == 0) return;
+  const Tensor sa = contiguous_here(*this, a_scales, DType::F32);
+  const Tensor sb = contiguous_here(*this, b_scales, DType::F32);
+  const Tensor bias_f = bias ? contiguous_here(*this, *bias, DType::F32) : Tensor();
+  Tensor acc = out.dtype() == DType::F32 ? out : Tensor::empty({M, N}, DType::F32, out.device());
+  Tensor part = Tensor::empty({1, M, N}, DType::F32, out.device());
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t k0 = s * bk, kl = std::min(bk, K - k0);
+    if (kl > 0) {
+      matmul(a.narrow(1, k0, kl).unsqueeze(0), b.narrow(1, k0, kl).t().unsqueeze(0), nullptr, part,
+             MatmulOptions{});
+    } else {
+      fill(part, 0.0);  // K == 0: no sums
+    }
+    launch(M * N, device_, scale_accumulate_kernel, device_ptr<float>(acc), device_ptr<float>(part),
+           device_ptr<float>(sa), a_rows, device_ptr<float>(sb), b_rows, M, N, S, s,
+           s + 1 == S && bias ? device_ptr<float>(bias_f) : nullptr);
+  }
+  if (!acc.is_same(out)) copy(acc, out);  // the one rounding into the output dtype
+}
 
 void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes,
                                Tensor& scale_inv, Tensor& amax, Tensor* values) {
