@@ -65,14 +65,15 @@ int main(int argc, char** argv) {
   Tensor scale_inv = Tensor::empty({R * C / 32}, DType::F32);
   Tensor amax = Tensor::empty({R * C / 32}, DType::F32);
 
+  const Tensor given = Tensor::full({1}, 30.0, DType::F32);
   std::vector<Row> rows = {
-      {"per tensor, given", {0, 0, Fp8ScaleRule::Given, 30.0f}},
-      {"per tensor, current", {0, 0, Fp8ScaleRule::Amax, 1}},
-      {"mxfp8 1x32", {1, 32, Fp8ScaleRule::AmaxPow2, 1}},
-      {"mxfp8 32x1", {32, 1, Fp8ScaleRule::AmaxPow2, 1}},
-      {"blockwise 1x128", {1, 128, Fp8ScaleRule::Amax, 1}},
-      {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, 1}},
-      {"blockwise 128x128", {128, 128, Fp8ScaleRule::Amax, 1}},
+      {"per tensor, given", {0, 0, Fp8ScaleRule::Given, &given}},
+      {"per tensor, current", {0, 0, Fp8ScaleRule::Amax, nullptr}},
+      {"mxfp8 1x32", {1, 32, Fp8ScaleRule::AmaxPow2, nullptr}},
+      {"mxfp8 32x1", {32, 1, Fp8ScaleRule::AmaxPow2, nullptr}},
+      {"blockwise 1x128", {1, 128, Fp8ScaleRule::Amax, nullptr}},
+      {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, nullptr}},
+      {"blockwise 128x128", {128, 128, Fp8ScaleRule::Amax, nullptr}},
   };
   for (int round = 0; round < rounds; ++round) {
     for (Row& r : rows) {

@@ -33,18 +33,12 @@ float fp8_max_of(DType d) {
   return float(format_info(*dtype_format(d)).max_finite);
 }
 
-// max that lets a NaN win (a non-finite amax must not hide behind a finite one).
-float nan_max(float a, float b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
-  return std::max(a, b);
-}
-
 // The scaling of `role` in the GEMM whose reduction runs along the columns of the quantized
 // matrix. Weights in the blockwise recipe are 128 x 128 blocks; everything else 1 x width.
 Fp8Scaling scaling_for(const Fp8Options& o, Fp8Role role, const Fp8TensorMeta& meta) {
   switch (o.recipe) {
     case Fp8Recipe::Delayed:
-      return {0, 0, Fp8ScaleRule::Given, meta.scale};
+      return {0, 0, Fp8ScaleRule::Given, 1, meta.scale};
     case Fp8Recipe::Current:
       return {0, 0, Fp8ScaleRule::Amax, 1};
     case Fp8Recipe::MXFP8:
@@ -101,23 +95,15 @@ Tensor codes_bf16(const Tensor& codes) {
 void observe(Fp8LinearState& st, Fp8Role role, const Fp8Tensor& q, const Fp8Options& o,
              bool training) {
   Fp8TensorMeta& m = st[role];
-  float amax = 0, max_scale_inv = 0;
-  for (float a : q.amax.to_vector<float>())
-    amax = nan_max(amax, a);
-  for (float s : q.scale_inv.to_vector<float>())
-    max_scale_inv = nan_max(max_scale_inv, s);
+  m.place(q.scale_inv.device());
   ++m.quantizations;
-  m.last_amax = amax;
-  m.last_scale = 1.0f / max_scale_inv;
-  if (!std::isfinite(amax)) {
-    ++m.nonfinite;
-    warn("fp8:nonfinite", "fp8: the " + std::string(fp8_role_name(role)) + " of layer '" + st.name +
-                              "' holds inf or NaN; its GEMM gives NaN, so the loss scaler skips "
-                              "the step (the amax is not recorded)");
-    return;
-  }
-  if (training && o.recipe == Fp8Recipe::Delayed && !m.amax_history.empty())
-    m.amax_history[0] = std::max(m.amax_history[0], amax);
+  if (q.amax.numel() == 0) return;  // an empty tensor
+  const bool record = training && o.recipe == Fp8Recipe::Delayed && m.amax_history.defined();
+  backend::backend_for(q.scale_inv.device())
+      .fp8_observe(q.amax.contiguous(), q.scale_inv.contiguous(), m.stats,
+                   record ? &m.amax_history : nullptr);
+  m.stats.bump_version();
+  if (record) m.amax_history.bump_version();
 }
 
 }  // namespace
@@ -158,42 +144,43 @@ std::shared_ptr<Fp8LinearState> Fp8Context::add_layer(const std::string& name) {
   st->name = name;
   if (options_.recipe == Fp8Recipe::Delayed) {
     for (Fp8TensorMeta& m : st->meta)
-      m.amax_history.assign(size_t(options_.amax_history_len), 0.0f);
+      m.amax_history = Tensor::zeros({options_.amax_history_len}, DType::F32);
   }
   layers_.push_back(st);
   return st;
 }
 
 void Fp8Context::update(const AmaxReduce& reduce) {
-  if (options_.recipe != Fp8Recipe::Delayed) return;
-  if (reduce) {
-    std::vector<float> amaxes;
-    amaxes.reserve(layers_.size() * kNumFp8Roles);
-    for (const auto& l : layers_)
-      for (const Fp8TensorMeta& m : l->meta)
-        amaxes.push_back(m.amax_history[0]);
-    reduce(amaxes);
-    size_t i = 0;
-    for (const auto& l : layers_)
-      for (Fp8TensorMeta& m : l->meta)
-        m.amax_history[0] = amaxes[i++];
-  }
+  if (options_.recipe != Fp8Recipe::Delayed || layers_.empty()) return;
+  NoGrad ng;
+  const Device device = layers_.front()->meta[0].amax_history.device();
+  std::vector<Tensor> histories, scales;
+  std::vector<float> fp8_max;
   for (const auto& l : layers_) {
     for (int r = 0; r < kNumFp8Roles; ++r) {
       Fp8TensorMeta& m = l->meta[size_t(r)];
-      const float amax = options_.amax_compute == AmaxCompute::Max
-                             ? *std::max_element(m.amax_history.begin(), m.amax_history.end())
-                             : m.amax_history[0];
-      // Transformer Engine's formula, in fp32: (fp8_max / amax) / 2^margin.
-      const float fp8_max = fp8_max_of(fp8_dtype(options_.format, Fp8Role(r)));
-      if (amax > 0.0f && std::isfinite(amax)) {
-        const float s = (fp8_max / amax) / std::ldexp(1.0f, options_.margin);
-        if (std::isfinite(s)) m.scale = s;
-      }
-      std::rotate(m.amax_history.begin(), m.amax_history.begin() + 1, m.amax_history.end());
-      m.amax_history[0] = 0.0f;
+      m.place(device);
+      histories.push_back(m.amax_history);
+      scales.push_back(m.scale);
+      fp8_max.push_back(fp8_max_of(fp8_dtype(options_.format, Fp8Role(r))));
     }
   }
+  if (reduce) {
+    // This step's amaxes in one vector, reduced, and back into slot 0.
+    std::vector<Tensor> slot0;
+    for (const Tensor& h : histories)
+      slot0.push_back(h.narrow(0, 0, 1));
+    Tensor amaxes = cat(slot0, 0);
+    reduce(amaxes);
+    for (size_t i = 0; i < histories.size(); ++i)
+      histories[i].narrow(0, 0, 1).copy_(amaxes.narrow(0, int64_t(i), 1));
+  }
+  backend::backend_for(device).fp8_update_scales(
+      histories, scales, fp8_max, options_.amax_compute == AmaxCompute::Max, options_.margin);
+  for (Tensor& t : histories)
+    t.bump_version();
+  for (Tensor& t : scales)
+    t.bump_version();
 }
 
 std::map<std::string, Tensor> Fp8Context::state_dict() const {
@@ -203,9 +190,8 @@ std::map<std::string, Tensor> Fp8Context::state_dict() const {
     for (int r = 0; r < kNumFp8Roles; ++r) {
       const Fp8TensorMeta& m = l->meta[size_t(r)];
       const std::string key = "fp8." + l->name + "." + std::string(kRoleNames[r]);
-      out[key + ".scale"] = Tensor::from_vector(std::vector<float>{m.scale}, {1});
-      out[key + ".amax_history"] =
-          Tensor::from_vector(m.amax_history, {int64_t(m.amax_history.size())});
+      out[key + ".scale"] = m.scale;
+      out[key + ".amax_history"] = m.amax_history;
     }
   }
   return out;
@@ -213,6 +199,7 @@ std::map<std::string, Tensor> Fp8Context::state_dict() const {
 
 void Fp8Context::load_state_dict(const std::map<std::string, Tensor>& state) {
   if (options_.recipe != Fp8Recipe::Delayed) return;
+  NoGrad ng;
   for (const auto& l : layers_) {
     for (int r = 0; r < kNumFp8Roles; ++r) {
       Fp8TensorMeta& m = l->meta[size_t(r)];
@@ -222,14 +209,54 @@ void Fp8Context::load_state_dict(const std::map<std::string, Tensor>& state) {
       MT_CHECK(s != state.end() && h != state.end(), "fp8: the checkpoint has no '", key,
                ".scale' and '.amax_history': it was not written by a delayed-scaling fp8 run of "
                "this model; resume with the precision it was trained in");
-      MT_CHECK(s->second.numel() == 1 && h->second.numel() == int64_t(m.amax_history.size()),
-               "fp8: '", key, ".amax_history' holds ", h->second.numel(),
-               " entries but this run's history has ", m.amax_history.size(),
-               "; resume with the same --fp8-amax-history");
-      m.scale = s->second.to(DType::F32).to_vector<float>()[0];
-      m.amax_history = h->second.to(DType::F32).to_vector<float>();
+      MT_CHECK(s->second.numel() == 1 && h->second.numel() == m.amax_history.numel(), "fp8: '", key,
+               ".amax_history' holds ", h->second.numel(), " entries but this run's history has ",
+               m.amax_history.numel(), "; resume with the same --fp8-amax-history");
+      m.scale.copy_(s->second.reshape({1}).to(m.scale.device()).to(DType::F32));
+      m.amax_history.copy_(h->second.reshape({-1}).to(m.amax_history.device()).to(DType::F32));
     }
   }
+}
+
+// ---- a tensor's state ----------------------------------------------------------------------
+
+Fp8TensorMeta::Fp8TensorMeta()
+    : scale(Tensor::ones({1}, DType::F32)),
+      stats(Tensor::from_vector(std::vector<float>{0.0f, 1.0f, 0.0f}, {3})) {}
+
+float Fp8TensorMeta::scale_value() const {
+  return scale.to(Device::cpu()).to_vector<float>()[0];
+}
+std::vector<float> Fp8TensorMeta::history() const {
+  return amax_history.defined() ? amax_history.to(Device::cpu()).to_vector<float>()
+                                : std::vector<float>{};
+}
+float Fp8TensorMeta::last_amax() const {
+  return stats.to(Device::cpu()).to_vector<float>()[0];
+}
+float Fp8TensorMeta::last_scale() const {
+  return stats.to(Device::cpu()).to_vector<float>()[1];
+}
+int64_t Fp8TensorMeta::nonfinite() const {
+  return int64_t(stats.to(Device::cpu()).to_vector<float>()[2]);
+}
+void Fp8TensorMeta::set_scale(float s) {
+  NoGrad ng;
+  scale.copy_(Tensor::from_vector(std::vector<float>{s}, {1}).to(scale.device()));
+}
+void Fp8TensorMeta::set_history(const std::vector<float>& h) {
+  NoGrad ng;
+  MT_CHECK(amax_history.defined() && int64_t(h.size()) == amax_history.numel(),
+           "fp8: a history of ", h.size(), " entries for one of ",
+           amax_history.defined() ? amax_history.numel() : 0);
+  amax_history.copy_(Tensor::from_vector(h, {int64_t(h.size())}).to(amax_history.device()));
+}
+void Fp8TensorMeta::place(Device device) {
+  if (scale.device() == device) return;
+  NoGrad ng;
+  scale = scale.to(device);
+  stats = stats.to(device);
+  if (amax_history.defined()) amax_history = amax_history.to(device);
 }
 
 // ---- the region ----------------------------------------------------------------------------
@@ -269,7 +296,8 @@ Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, Output
   MT_CHECK(s.block_rows >= 0 && s.block_cols >= 0, "fp8_quantize: block sizes must be >= 0");
   MT_CHECK(s.rule != Fp8ScaleRule::Given || (s.block_rows == 0 && s.block_cols == 0),
            "fp8_quantize: a given scale is for a whole tensor (block 0 x 0)");
-  MT_CHECK(s.rule != Fp8ScaleRule::Given || (std::isfinite(s.scale) && s.scale > 0),
+  MT_CHECK(s.rule != Fp8ScaleRule::Given || s.scale_tensor.defined() ||
+               (std::isfinite(s.scale) && s.scale > 0),
            "fp8_quantize: the scale must be finite and positive, got ", s.scale);
   NoGrad ng;
   const Tensor x = x_arg.contiguous();
@@ -291,7 +319,16 @@ Fp8Tensor quantize(const Tensor& x_arg, DType dtype, const Fp8Scaling& s, Output
   p.block_rows = q.block_rows;
   p.block_cols = q.block_cols;
   p.rule = backend::Fp8ScaleRule(int(s.rule));
-  p.scale = s.scale;
+  Tensor given;
+  if (s.rule == Fp8ScaleRule::Given) {
+    given = s.scale_tensor.defined()
+                ? s.scale_tensor
+                : Tensor::from_vector(std::vector<float>{s.scale}, {1}).to(x.device());
+    MT_CHECK(given.device() == x.device() && given.numel() == 1 && given.dtype() == DType::F32,
+             "fp8_quantize: the given scale tensor must be one f32 element on ", x.device().str(),
+             ", got ", given.describe());
+    p.given = &given;
+  }
   p.values_only = !codes;
   backend::backend_for(x.device())
       .fp8_quantize(x, p, written, q.scale_inv, q.amax, want.values ? &q.values : nullptr);
@@ -395,6 +432,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
              "CPU's numbers); cuBLASLt's block-scaled fp8 GEMMs are not wired (the per-tensor "
              "recipes, delayed and current, use its fp8 GEMM)");
   }
+  for (Fp8TensorMeta& m : state.meta)
+    m.place(x.device());  // the scaling state lives with the tensors
   const int64_t in = w.size(1), out_features = w.size(0);
   DType out_dtype = promote_types(x.dtype(), w.dtype());
   if (b.defined()) out_dtype = promote_types(out_dtype, b.dtype());

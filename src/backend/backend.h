@@ -33,7 +33,7 @@ struct MatmulOptions {
 
 // fp8 scaling (autocast/fp8.h): how fp8_quantize picks each block's scale.
 enum class Fp8ScaleRule : uint8_t {
-  Given,     // p.scale for every block (per-tensor delayed scaling: the scale from the history)
+  Given,     // *p.given for every block (per-tensor delayed scaling: the scale from the history)
   Amax,      // fp8_max / amax in fp32 (current scaling; DeepSeek-V3's blocks)
   AmaxPow2,  // 2^-e, e = ceil(log2(amax / fp8_max)) in [-127, 127] (MXFP8's E8M0 scales)
 };
@@ -42,7 +42,9 @@ struct Fp8QuantizeParams {
   // The block extent; 0 means the whole dimension (0, 0: per tensor; 1, 32: MXFP8).
   int64_t block_rows = 0, block_cols = 0;
   Fp8ScaleRule rule = Fp8ScaleRule::Given;
-  float scale = 1;  // Given only
+  // Given only: the scale, one F32 element on x's device, read there (delayed scaling's state
+  // stays where the tensors are: no host read per quantization).
+  const Tensor* given = nullptr;
   // CPU, with values given: write the values only; codes then names the fp8 dtype and is not
   // written (any shape). The CPU's emulated GEMMs read only the values.
   bool values_only = false;

@@ -43,6 +43,21 @@
     (const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes, Tensor& scale_inv, Tensor&      \
     amax, Tensor* values),                                                                        \
     (x, p, codes, scale_inv, amax, values))                                                       \
+  /* fp8 scaling's bookkeeping of one quantization, where its tensors live (autocast/fp8.h): */   \
+  /* amax and scale_inv its blocks' (F32); stats (F32, 3) = {the max amax (NaN winning), 1 / the */\
+  /* max scale_inv, stats[2] + 1 when that amax is not finite}; history (F32, len), when given */  \
+  /* and the amax finite: history[0] = max(history[0], amax). */                                   \
+  _(Data, void, fp8_observe,                                                                      \
+    (const Tensor& amax, const Tensor& scale_inv, Tensor& stats, Tensor* history),                \
+    (amax, scale_inv, stats, history))                                                            \
+  /* Delayed scaling's update of tensor i (once a step): amax = the max of histories[i] (NaN */     \
+  /* ignored: use_max) or its slot 0; where amax > 0 and finite, s = fp8_max[i] / amax / 2^margin */\
+  /* in fp32 and, when finite, scales[i] (F32, 1) = s; then the history rolls one slot left, */    \
+  /* slot 0 (moved to the end) then zeroed. Transformer Engine's DelayedScaling. */                \
+  _(Data, void, fp8_update_scales,                                                                \
+    (std::span<Tensor> histories, std::span<Tensor> scales, std::span<const float> fp8_max, bool \
+    use_max, int margin),                                                                         \
+    (histories, scales, fp8_max, use_max, margin))                                                \
   /* ---- elementwise (inputs broadcast to out's shape) --------------------------------------- */\
   _(Elementwise, void, unary,                                                                     \
     (UnaryOp op, const Tensor& x, Tensor& out, Scalars s),                                        \

@@ -169,6 +169,19 @@ struct Arg<const AdamWStep&> : StepArg<AdamWStep> {
   using StepArg::StepArg;
 };
 
+// fp8_quantize's parameters: the given scale is a tensor on the caller's device.
+template <>
+struct Arg<const Fp8QuantizeParams&> {
+  Fp8QuantizeParams params;
+  Arg<const Tensor*> given;
+  explicit Arg(const Fp8QuantizeParams& p) : params(p), given(p.given) {}
+  const Fp8QuantizeParams& get() {
+    params.given = given.get();
+    return params;
+  }
+  void finish() {}
+};
+
 // Runs `op` of the CPU backend on CPU copies of `args` (the parameters P of the op), then writes
 // back what it wrote.
 template <typename R, typename... P, typename... A>

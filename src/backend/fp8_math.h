@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <span>
 
 #include "backend/backend.h"
 #include "backend/step_math.h"
@@ -123,6 +124,52 @@ inline void check_block_scaled_gemm(const Tensor& a, const Tensor& a_scales, int
       a.describe(), " (scales ", a_scales.describe(), " per ", a_rows, " rows), ", b.describe(),
       " (scales ", b_scales.describe(), " per ", b_rows, " rows), slices of ", bk, " -> ",
       out.describe());
+}
+
+// Delayed scaling (fp8_update_scales): the amax a history gives, the max over it or its most
+// recent entry (slot 0), and the scale it makes, Transformer Engine's (fp8_max / amax) / 2^margin
+// in fp32, kept as `old` where the amax is 0 or not finite or the scale would not be finite.
+MT_HOST_DEVICE constexpr float delayed_amax(const float* history, int64_t n, bool use_max) {
+  if (!use_max) return history[0];
+  float m = history[0];
+  for (int64_t i = 1; i < n; ++i)
+    m = history[i] > m ? history[i] : m;
+  return m;
+}
+MT_HOST_DEVICE constexpr float delayed_scale(float amax, float fp8_max, int margin, float old) {
+  if (!(amax > 0.0f) || !is_finite_value(double(amax))) return old;
+  const float s = (fp8_max / amax) / fp8_pow2(margin);
+  return is_finite_value(double(s)) ? s : old;
+}
+
+// fp8_observe's and fp8_update_scales's arguments as their contracts (backend_ops.h) want them.
+inline void check_fp8_observe(const Tensor& amax, const Tensor& scale_inv, const Tensor& stats,
+                              const Tensor* history, Device device) {
+  auto f32_on = [&](const Tensor& t) {
+    return t.dtype() == DType::F32 && t.is_contiguous() && t.device() == device;
+  };
+  MT_ASSERT(f32_on(amax) && f32_on(scale_inv) && f32_on(stats) && stats.numel() == 3 &&
+                amax.numel() > 0 && scale_inv.numel() == amax.numel() &&
+                (!history || (f32_on(*history) && history->numel() > 0)),
+            "fp8_observe wants contiguous F32 amax and scale_inv blocks, stats (3) and a history "
+            "on ",
+            device.str(), "; got ", amax.describe(), ", ", scale_inv.describe(), ", ",
+            stats.describe());
+}
+
+inline void check_fp8_update_scales(std::span<const Tensor> histories,
+                                    std::span<const Tensor> scales, std::span<const float> fp8_max,
+                                    Device device) {
+  MT_ASSERT(histories.size() == scales.size() && fp8_max.size() == scales.size(),
+            "fp8_update_scales: one scale and one fp8_max per history");
+  for (size_t i = 0; i < histories.size(); ++i) {
+    const Tensor &h = histories[i], &s = scales[i];
+    MT_ASSERT(h.dtype() == DType::F32 && h.is_contiguous() && h.numel() > 0 &&
+                  h.device() == device && s.dtype() == DType::F32 && s.numel() == 1 &&
+                  s.device() == device,
+              "fp8_update_scales: history ", h.describe(), " and scale ", s.describe(), " on ",
+              device.str());
+  }
 }
 
 }  // namespace mantissa::backend

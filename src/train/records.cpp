@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mantissa/autocast/fp8.h"
+#include "mantissa/core/warning.h"
 #include "mantissa/dist/communicator.h"
 #include "mantissa/numerics/format.h"
 #include "train/run.h"
@@ -25,13 +26,18 @@ Json fp8_record(const Run& run) {
     e["layer"] = l->name;
     for (int r = 0; r < amp::kNumFp8Roles; ++r) {
       const amp::Fp8Role role = amp::Fp8Role(r);
-      const amp::Fp8TensorMeta& m = (*l)[role];
+      // {amax, scale, nonfinite}: read from the device here, once per record.
+      const std::vector<float> st = (*l)[role].stats.to(Device::cpu()).to_vector<float>();
       const double fp8_max =
           format_info(*dtype_format(amp::fp8_dtype(fp8.options().format, role))).max_finite;
       e[std::string(amp::fp8_role_name(role))] = {
-          {"amax", m.last_amax},
-          {"scale", m.last_scale},
-          {"range_used", double(m.last_amax) * double(m.last_scale) / fp8_max}};
+          {"amax", st[0]}, {"scale", st[1]}, {"range_used", double(st[0]) * st[1] / fp8_max}};
+      if (st[2] > 0) {
+        warn("fp8:nonfinite", "fp8: the " + std::string(amp::fp8_role_name(role)) + " of layer '" +
+                                  l->name +
+                                  "' held inf or NaN; its GEMM gave NaN, so the loss scaler "
+                                  "skipped the step (the amax was not recorded)");
+      }
     }
     layers.push_back(e);
   }
@@ -100,7 +106,7 @@ std::string summary_of(const Run& run, const TrainResult& result) {
     int64_t nonfinite = 0;
     for (const auto& l : fp8->layers())
       for (const amp::Fp8TensorMeta& m : l->meta)
-        nonfinite += m.nonfinite;
+        nonfinite += m.nonfinite();
     j["fp8"] = {{"recipe", std::string(name_of(run.config.fp8_recipe))},
                 {"format", std::string(name_of(run.config.fp8_format))},
                 {"layers", fp8->layers().size()},

@@ -192,13 +192,10 @@ bool Trainee::step(Run& run, bool overflow) {
   // ranks (every rank quantizes with the same scales, and rank 0's checkpoint holds them all).
   if (amp::Fp8Context* fp8 = amp_->fp8()) {
     amp::Fp8Context::AmaxReduce over_ranks;
-    if (run.host_comm) {
-      over_ranks = [comm = run.host_comm](std::span<float> amaxes) {
-        Tensor t = Tensor::from_vector(std::vector<float>(amaxes.begin(), amaxes.end()),
-                                       {int64_t(amaxes.size())});
-        comm->all_reduce(t, dist::ReduceOp::Max);
-        const std::vector<float> all = t.to_vector<float>();
-        std::copy(all.begin(), all.end(), amaxes.begin());
+    if (run.comm) {
+      // On the device, through the gradients' communicator (NCCL for GPUs): no host read.
+      over_ranks = [comm = run.comm](Tensor& amaxes) {
+        comm->all_reduce(amaxes, dist::ReduceOp::Max);
       };
     }
     fp8->update(over_ranks);

@@ -98,7 +98,8 @@ Expected reference(const std::vector<float>& x, Format f, const Fp8QuantizeParam
       }
     }
     e.amax.push_back(nan ? std::numeric_limits<float>::quiet_NaN() : m);
-    scale[size_t(b)] = fp8_block_scale(e.amax.back(), fp8_max, p.rule, p.scale);
+    const float given = p.given ? *static_cast<const float*>(p.given->data_ptr()) : 1.0f;
+    scale[size_t(b)] = fp8_block_scale(e.amax.back(), fp8_max, p.rule, given);
     e.scale_inv.push_back(1.0f / scale[size_t(b)]);
   }
   if (p.rule == Fp8ScaleRule::Given) e.amax.assign(1, e.amax[0]);
@@ -181,15 +182,16 @@ TEST(Fp8QuantizeKernel, EveryBuildMatchesTheScalarDefinition) {
     const char* name;
     Fp8QuantizeParams p;
   };
+  const Tensor given = Tensor::full({1}, 37.5, DType::F32);
   const Case cases[] = {
-      {"per tensor, given scale", {0, 0, Fp8ScaleRule::Given, 37.5f}},
-      {"per tensor, current", {0, 0, Fp8ScaleRule::Amax, 1}},
-      {"mxfp8 1x32", {1, 32, Fp8ScaleRule::AmaxPow2, 1}},
-      {"blockwise 1x128", {1, 128, Fp8ScaleRule::Amax, 1}},
-      {"blockwise 128x128", {128, 128, Fp8ScaleRule::Amax, 1}},
+      {"per tensor, given scale", {0, 0, Fp8ScaleRule::Given, &given}},
+      {"per tensor, current", {0, 0, Fp8ScaleRule::Amax, nullptr}},
+      {"mxfp8 1x32", {1, 32, Fp8ScaleRule::AmaxPow2, nullptr}},
+      {"blockwise 1x128", {1, 128, Fp8ScaleRule::Amax, nullptr}},
+      {"blockwise 128x128", {128, 128, Fp8ScaleRule::Amax, nullptr}},
       // A transposed operand's blocks (fp8_quantize_transposed): a column wide, rows tall.
-      {"mxfp8 32x1", {32, 1, Fp8ScaleRule::AmaxPow2, 1}},
-      {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, 1}},
+      {"mxfp8 32x1", {32, 1, Fp8ScaleRule::AmaxPow2, nullptr}},
+      {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, nullptr}},
   };
   Backend& cpu = cpu_backend();
   for (const Dims d : kShapes)

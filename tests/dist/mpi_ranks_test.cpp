@@ -458,7 +458,9 @@ TEST(Ranks, ZeroOneSkipsOnBothRanksWhenAnInfReachesOneOwner) {
 TEST(Ranks, Fp8DelayedScalesAreTheSameOnEveryRank) {
   amp::Fp8Context local;
   auto st = local.add_layer("l");
-  (*st)[amp::Fp8Role::Input].amax_history[0] = 1.0f + float(world().rank());
+  std::vector<float> h = (*st)[amp::Fp8Role::Input].history();
+  h[0] = 1.0f + float(world().rank());
+  (*st)[amp::Fp8Role::Input].set_history(h);
   local.update();
   EXPECT_FALSE(same_on_every_rank(local.state_dict().at("fp8.l.input.scale")));
 

@@ -31,7 +31,8 @@
 //
 // A tensor holding inf or NaN quantizes to NaN (finite values beyond fp8's range saturate), so
 // the step's gradients are not finite and the loss scaler skips the step; its amax is not
-// recorded, and mantissa::warn says which layer it was (key "fp8:nonfinite").
+// recorded, and it is counted (Fp8TensorMeta::nonfinite; the trainer's fp8 records warn, key
+// "fp8:nonfinite", naming the layer).
 #pragma once
 
 #include <array>
@@ -84,16 +85,28 @@ std::string_view fp8_role_name(Fp8Role r);  // "input", "weight", "grad_output"
 DType fp8_dtype(Fp8Format format, Fp8Role role);
 
 // What one tensor of one layer has seen, and (delayed scaling) the scale its next quantization
-// uses.
+// uses. The state is tensors on the layer's device (F32; they move there with its first
+// quantization), updated there by backend ops (fp8_observe, fp8_update_scales): a step reads
+// nothing back to the host. The readers below wait for the device (a GPU's: once per call).
 struct Fp8TensorMeta {
-  float scale = 1;                  // Delayed: the scale of the next quantization
-  std::vector<float> amax_history;  // Delayed: slot 0 collects this step's amax (TE's layout)
-  // The last quantization (training or not), for the metrics: the amax over the whole tensor,
-  // and the smallest scale a block used (per tensor: the scale).
-  float last_amax = 0;
-  float last_scale = 1;
+  Tensor scale;         // (1): delayed: the scale of the next quantization
+  Tensor amax_history;  // (len): delayed: slot 0 collects this step's amax (TE's layout)
+  // The last quantization (training or not), for the metrics: {the amax over the whole tensor,
+  // the smallest scale a block used (per tensor: the scale), quantizations that met inf or NaN}.
+  Tensor stats;
   int64_t quantizations = 0;
-  int64_t nonfinite = 0;  // quantizations that met inf or NaN
+
+  Fp8TensorMeta();
+  float scale_value() const;
+  std::vector<float> history() const;
+  float last_amax() const;
+  float last_scale() const;
+  int64_t nonfinite() const;
+  // Sets the delayed-scaling state from host values (tests, a warmed-up start), on its device.
+  void set_scale(float s);
+  void set_history(const std::vector<float>& h);
+  // Moves the state to `device` (a no-op where it is).
+  void place(Device device);
 };
 
 // The scaling state of one fp8 Linear layer.
@@ -114,9 +127,10 @@ class Fp8Context {
   std::shared_ptr<Fp8LinearState> add_layer(const std::string& name);
   const std::vector<std::shared_ptr<Fp8LinearState>>& layers() const { return layers_; }
 
-  // Every tensor's amax of this step (history slot 0), in a fixed order of layers and roles:
-  // what `reduce` of update() sees.
-  using AmaxReduce = std::function<void(std::span<float> amaxes)>;
+  // Every tensor's amax of this step (history slot 0), in a fixed order of layers and roles, as
+  // one F32 vector on the layers' device: what `reduce` of update() turns in place into their
+  // maximum over the data-parallel ranks.
+  using AmaxReduce = std::function<void(Tensor& amaxes)>;
 
   // Once per optimizer step, after backward. Delayed: `reduce`, when given, first turns this
   // step's amaxes into their maximum over the data-parallel ranks (an all-reduce), so that every
@@ -166,6 +180,9 @@ struct Fp8Scaling {
   int64_t block_rows = 0, block_cols = 0;  // 0: the whole dimension (0, 0: per tensor)
   Fp8ScaleRule rule = Fp8ScaleRule::Given;
   float scale = 1;  // Given only
+  // Given only, instead of `scale` when defined: the scale as one F32 element on x's device
+  // (delayed scaling's state, read where it lives).
+  Tensor scale_tensor;
 };
 
 // A matrix in fp8: codes (R, C) and one scale_inv per block (F32, (ceil(R/br), ceil(C/bc))); the

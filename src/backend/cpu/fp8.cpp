@@ -291,7 +291,7 @@ void quantize_columns(const S* x, int64_t C, const float* scale, uint8_t* codes,
 // one vectorized loop; MXFP8's in one too (then its rare blocks, an amax of zero, subnormal or
 // not finite, one at a time); Given's one at a time.
 void block_scales(const float* amax, int64_t n, float fp8_max, const Fp8QuantizeParams& p,
-                  float* scale, float* scale_inv) {
+                  float given, float* scale, float* scale_inv) {
   if (p.rule == Fp8ScaleRule::Amax) {
     MT_ISA_CALL(amax_scales(amax, n, fp8_max, scale, scale_inv));
   }
@@ -305,14 +305,14 @@ void block_scales(const float* amax, int64_t n, float fp8_max, const Fp8Quantize
   for (int64_t b = 0; b < n; ++b) {
     const uint32_t ab = std::bit_cast<uint32_t>(amax[b]);
     if (pow2 && ab - 0x00800000u < 0x7f000000u) continue;  // computed by pow2_scales
-    scale[b] = fp8_block_scale(amax[b], fp8_max, p.rule, p.scale);
+    scale[b] = fp8_block_scale(amax[b], fp8_max, p.rule, given);
     scale_inv[b] = 1.0f / scale[b];
   }
 }
 
 template <typename T, Format F>
-void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float fp8_max,
-              uint8_t* out, float* scale_inv, float* amax, bfloat16* values) {
+void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, float given,
+              float fp8_max, uint8_t* out, float* scale_inv, float* amax, bfloat16* values) {
   const bool scaled = p.rule == Fp8ScaleRule::AmaxPow2;
   const int64_t br = p.block_rows == 0 ? R : p.block_rows;
   const int64_t bc = p.block_cols == 0 ? C : p.block_cols;
@@ -324,11 +324,11 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
     // The scale is known: each row is measured (for the history) and quantized while it is in
     // the cache.
     std::vector<float> row_amax(static_cast<size_t>(R));
-    const float given_inv = 1.0f / p.scale;
+    const float given_inv = 1.0f / given;
     parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
       with_row(x, r, C, buf, [&]<typename S>(const S* row) {
         amax_of_row(row, C, C, &row_amax[size_t(r)]);
-        quantize_row<F>(row, C, C, &p.scale, row_codes(r), row_values(r), &given_inv, false);
+        quantize_row<F>(row, C, C, &given, row_codes(r), row_values(r), &given_inv, false);
       });
     });
     float m = 0.0f;
@@ -357,7 +357,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
         float* ga = amax + r0 * nbc;
         float* gs = scale_inv + r0 * nbc;
         amax_of_row(x + r0 * C, n, bc, ga);
-        block_scales(ga, blocks, fp8_max, p, scale, gs);
+        block_scales(ga, blocks, fp8_max, p, given, scale, gs);
         if (bc > 32 || vector_isa() == VectorIsa::Avx512) {
           quantize_row<F>(x + r0 * C, n, bc, scale, row_codes(r0), row_values(r0), gs, scaled);
           return;
@@ -386,7 +386,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
       float* rs = scale_inv + r * nbc;
       with_row(x, r, C, buf, [&]<typename S>(const S* row) {
         amax_of_row(row, C, bc, ra);
-        block_scales(ra, nbc, fp8_max, p, scale, rs);
+        block_scales(ra, nbc, fp8_max, p, given, scale, rs);
         quantize_row<F>(row, C, bc, scale, row_codes(r), row_values(r), rs, scaled);
       });
     });
@@ -415,7 +415,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
         const uint32_t m = bits[size_t(c)];
         ba[c] = m > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(m);
       }
-      block_scales(ba, C, fp8_max, p, scale, bs);
+      block_scales(ba, C, fp8_max, p, given, scale, bs);
       for (int64_t r = r0; r < r1; ++r) {
         with_row(x, r, C, buf, [&]<typename S>(const S* row) {
           quantize_columns<F>(row, C, scale, row_codes(r), row_values(r), bs, scaled);
@@ -440,7 +440,7 @@ void quantize(const T* x, int64_t R, int64_t C, const Fp8QuantizeParams& p, floa
       m = amax_max(m, row_amax[size_t(r * nbc + cb)]);
     amax[b] = m;
   }
-  block_scales(amax, nblocks, fp8_max, p, scale.data(), scale_inv);
+  block_scales(amax, nblocks, fp8_max, p, given, scale.data(), scale_inv);
   parallel_rows<float>(R, R * C, kStoredInLoop<T> ? 0 : C, [&](int64_t r, float* buf) {
     with_row(x, r, C, buf, [&]<typename S>(const S* row) {
       quantize_row<F>(row, C, bc, scale.data() + (r / br) * nbc, row_codes(r), row_values(r),
@@ -473,12 +473,19 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
                 amax.numel() == scale_inv.numel(),
             "fp8_quantize: ", scale_inv.describe(), " does not hold one scale per block");
   const float fp8_max = float(format_info(*dtype_format(codes.dtype())).max_finite);
+  float given = 1;
+  if (p.rule == Fp8ScaleRule::Given) {
+    MT_ASSERT(p.given && p.given->dtype() == DType::F32 && p.given->numel() == 1 &&
+                  p.given->device().is_cpu(),
+              "fp8_quantize: a given scale is one f32 element on the cpu");
+    given = *static_cast<const float*>(p.given->data_ptr());
+  }
   dispatch_float(x.dtype(), "fp8_quantize", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
       MT_CHECK(false, "fp8_quantize takes f32, bf16 or f16 values, got f64");
     } else {
       auto run = [&]<Format F>() {
-        quantize<T, F>(static_cast<const T*>(x.data_ptr()), R, C, p, fp8_max,
+        quantize<T, F>(static_cast<const T*>(x.data_ptr()), R, C, p, given, fp8_max,
                        p.values_only ? nullptr : static_cast<uint8_t*>(codes.data_ptr()),
                        static_cast<float*>(scale_inv.data_ptr()),
                        static_cast<float*>(amax.data_ptr()),
@@ -493,6 +500,41 @@ void CpuBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tenso
       }
     }
   });
+}
+
+void CpuBackend::fp8_observe(const Tensor& amax, const Tensor& scale_inv, Tensor& stats,
+                             Tensor* history) {
+  check_fp8_observe(amax, scale_inv, stats, history, Device::cpu());
+  const float* a = static_cast<const float*>(amax.data_ptr());
+  const float* si = static_cast<const float*>(scale_inv.data_ptr());
+  float m = 0, max_inv = 0;
+  for (int64_t i = 0; i < amax.numel(); ++i)
+    m = amax_max(m, a[i]);
+  for (int64_t i = 0; i < scale_inv.numel(); ++i)
+    max_inv = amax_max(max_inv, si[i]);
+  float* st = static_cast<float*>(stats.data_ptr());
+  st[0] = m;
+  st[1] = 1.0f / max_inv;
+  const bool finite = std::isfinite(m);
+  if (!finite) st[2] += 1.0f;
+  if (history && finite) {
+    float* h = static_cast<float*>(history->data_ptr());
+    h[0] = std::max(h[0], m);
+  }
+}
+
+void CpuBackend::fp8_update_scales(std::span<Tensor> histories, std::span<Tensor> scales,
+                                   std::span<const float> fp8_max, bool use_max, int margin) {
+  check_fp8_update_scales(histories, scales, fp8_max, Device::cpu());
+  for (size_t i = 0; i < histories.size(); ++i) {
+    float* h = static_cast<float*>(histories[i].data_ptr());
+    const int64_t n = histories[i].numel();
+    const float amax = delayed_amax(h, n, use_max);
+    float* s = static_cast<float*>(scales[i].data_ptr());
+    *s = delayed_scale(amax, fp8_max[i], margin, *s);
+    std::rotate(h, h + 1, h + n);
+    h[0] = 0.0f;
+  }
 }
 
 }  // namespace mantissa::backend::cpu

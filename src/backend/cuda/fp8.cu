@@ -32,8 +32,9 @@ __global__ void row_amax_kernel(const S* x, int64_t R, int64_t C, int64_t bc, in
 }
 
 __global__ void block_scale_kernel(const float* row_amax, int64_t R, int64_t br, int64_t nbc,
-                                   int64_t nblocks, float fp8_max, Fp8ScaleRule rule, float given,
-                                   float* scale, float* scale_inv, float* amax) {
+                                   int64_t nblocks, float fp8_max, Fp8ScaleRule rule,
+                                   const float* given, float* scale, float* scale_inv,
+                                   float* amax) {
   MT_GRID_STRIDE_LOOP(b, nblocks) {
     const int64_t rb = b / nbc, cb = b % nbc;
     const int64_t end = rb * br + br < R ? rb * br + br : R;
@@ -41,7 +42,7 @@ __global__ void block_scale_kernel(const float* row_amax, int64_t R, int64_t br,
     for (int64_t r = rb * br; r < end; ++r)
       m = amax_step(m, row_amax[r * nbc + cb]);
     amax[b] = m;
-    const float s = fp8_block_scale(m, fp8_max, rule, given);
+    const float s = fp8_block_scale(m, fp8_max, rule, given != nullptr ? *given : 1.0f);
     scale[b] = s;
     scale_inv[b] = 1.0f / s;
   }
@@ -65,6 +66,33 @@ __global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, in
       values[i] = NativeFloat<__nv_bfloat16>::from_float(scaled ? __fmul_rn(d, scale_inv[b]) : d);
     }
   }
+}
+
+// fp8_observe in one thread (a few hundred blocks at most): the CPU's loop, NaN winning.
+__global__ void fp8_observe_kernel(const float* amax, const float* scale_inv, int64_t n,
+                                   float* stats, float* history) {
+  float m = 0.0f, max_inv = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    m = amax_step(m, amax[i]);
+    max_inv = amax_step(max_inv, scale_inv[i]);
+  }
+  stats[0] = m;
+  stats[1] = 1.0f / max_inv;
+  const bool finite = is_finite_value(double(m));
+  if (!finite) stats[2] += 1.0f;
+  if (history != nullptr && finite) history[0] = history[0] > m ? history[0] : m;
+}
+
+// fp8_update_scales for one history, in one thread.
+__global__ void fp8_update_scale_kernel(float* history, int64_t n, float* scale, float fp8_max,
+                                        bool use_max, int margin) {
+  const float amax = delayed_amax(history, n, use_max);
+  *scale = delayed_scale(amax, fp8_max, margin, *scale);
+  const float first = history[0];
+  for (int64_t i = 0; i + 1 < n; ++i)
+    history[i] = history[i + 1];
+  history[n - 1] = first;
+  history[0] = 0.0f;
 }
 
 // One K slice s of block_scaled_gemm: acc (M, N) = (s == 0 ? 0 : acc) + part * (sa * sb), with
@@ -92,6 +120,28 @@ Tensor contiguous_here(Backend& be, const Tensor& t, DType dtype) {
 }
 
 }  // namespace
+
+void CudaBackend::fp8_observe(const Tensor& amax, const Tensor& scale_inv, Tensor& stats,
+                              Tensor* history) {
+  DeviceGuard guard(device_);
+  check_fp8_observe(amax, scale_inv, stats, history, Device::cuda(device_));
+  fp8_observe_kernel<<<1, 1, 0, stream_for(device_)>>>(
+      device_ptr<float>(amax), device_ptr<float>(scale_inv), amax.numel(), device_ptr<float>(stats),
+      history ? device_ptr<float>(*history) : nullptr);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::fp8_update_scales(std::span<Tensor> histories, std::span<Tensor> scales,
+                                    std::span<const float> fp8_max, bool use_max, int margin) {
+  DeviceGuard guard(device_);
+  check_fp8_update_scales(histories, scales, fp8_max, Device::cuda(device_));
+  for (size_t i = 0; i < histories.size(); ++i) {
+    fp8_update_scale_kernel<<<1, 1, 0, stream_for(device_)>>>(
+        device_ptr<float>(histories[i]), histories[i].numel(), device_ptr<float>(scales[i]),
+        fp8_max[i], use_max, margin);
+    MT_CUDA_CHECK_LAUNCH();
+  }
+}
 
 void CudaBackend::block_scaled_gemm(const Tensor& a, const Tensor& a_scales, int64_t a_rows,
                                     const Tensor& b, const Tensor& b_scales, int64_t b_rows,
@@ -134,6 +184,10 @@ void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tens
   const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
   MT_ASSERT(scale_inv.numel() == nbr * nbc && amax.numel() == nbr * nbc,
             "fp8_quantize: one scale per block");
+  MT_ASSERT(
+      p.rule != Fp8ScaleRule::Given || (p.given && p.given->dtype() == DType::F32 &&
+                                        p.given->numel() == 1 && p.given->device() == x.device()),
+      "fp8_quantize: a given scale is one f32 element on ", x.device().str());
   if (x.numel() == 0) return;
   const float fp8_max = float(format_info(*dtype_format(codes.dtype())).max_finite);
   Tensor row_amax = Tensor::empty({R, nbc}, DType::F32, x.device());
@@ -145,8 +199,9 @@ void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tens
       launch(R * nbc, device_, row_amax_kernel<S>, device_ptr<S>(x), R, C, bc, nbc,
              device_ptr<float>(row_amax));
       launch(nbr * nbc, device_, block_scale_kernel, device_ptr<float>(row_amax), R, br, nbc,
-             nbr * nbc, fp8_max, p.rule, p.scale, device_ptr<float>(scale),
-             device_ptr<float>(scale_inv), device_ptr<float>(amax));
+             nbr * nbc, fp8_max, p.rule,
+             p.rule == Fp8ScaleRule::Given ? device_ptr<float>(*p.given) : nullptr,
+             device_ptr<float>(scale), device_ptr<float>(scale_inv), device_ptr<float>(amax));
       auto run = [&]<typename O>() {
         launch(R * C, device_, quantize_kernel<S, O>, device_ptr<S>(x), R, C, br, bc, nbc,
                device_ptr<float>(scale), device_ptr<float>(scale_inv),
