@@ -37,7 +37,8 @@ void validate_precision(const TrainConfig& c) {
   if (c.rounding && *c.rounding != StoreRounding::Nearest) {
     MT_CHECK(half_weights, "--rounding ", name_of(*c.rounding),
              " applies to half weights (--opt-level O2 or O3, or --precision bf16-pure); with ",
-             name, c.opt_level ? " " + level_text(c.opt_level) : "", " the weights are fp32");
+             name, c.opt_level ? " " : "", c.opt_level ? level_text(c.opt_level) : std::string(),
+             " the weights are fp32");
   }
   MT_CHECK(p != amp::Precision::BF16Pure || !c.rounding || *c.rounding == StoreRounding::Stochastic,
            "--precision bf16-pure keeps no fp32 master and needs --rounding stochastic; for ",

@@ -219,7 +219,7 @@ TEST(Fp8Quantize, ZeroTensorsNeedNoDivisionByZero) {
 // scales, the dequantized values (exact too), written by the quantize kernel in the same pass.
 TEST(Fp8Quantize, ValuesAreTheCodesOrTheirExactDequantization) {
   const Tensor x = randn({9, 70}, 13, 5.0);
-  for (const Fp8Scaling s :
+  for (const Fp8Scaling& s :
        {Fp8Scaling{0, 0, Fp8ScaleRule::Given, 30.0f}, Fp8Scaling{1, 128, Fp8ScaleRule::Amax, 1},
         Fp8Scaling{1, 32, Fp8ScaleRule::AmaxPow2, 1}}) {
     const Fp8Tensor q = fp8_quantize(x, DType::FP8_E5M2, s);
@@ -239,7 +239,7 @@ TEST(Fp8Quantize, TransposedIsTheQuantizationOfTheTranspose) {
   x = x * exp(Tensor::arange(70, DType::F64).to(DType::F32) * 0.2 - 3.0);  // columns' ranges
   for (const DType input : {DType::F32, DType::BF16}) {
     const Tensor xi = x.to(input);
-    for (const Fp8Scaling s :
+    for (const Fp8Scaling& s :
          {Fp8Scaling{0, 0, Fp8ScaleRule::Given, 12.0f}, Fp8Scaling{0, 0, Fp8ScaleRule::Amax, 1},
           Fp8Scaling{1, 32, Fp8ScaleRule::AmaxPow2, 1}, Fp8Scaling{1, 128, Fp8ScaleRule::Amax, 1},
           Fp8Scaling{128, 128, Fp8ScaleRule::Amax, 1}}) {

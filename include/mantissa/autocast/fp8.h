@@ -182,7 +182,7 @@ struct Fp8Scaling {
   float scale = 1;  // Given only
   // Given only, instead of `scale` when defined: the scale as one F32 element on x's device
   // (delayed scaling's state, read where it lives).
-  Tensor scale_tensor;
+  Tensor scale_tensor{};
 };
 
 // A matrix in fp8: codes (R, C) and one scale_inv per block (F32, (ceil(R/br), ceil(C/bc))); the

@@ -42,9 +42,9 @@ using DefaultsFor = std::function<TrainConfig(const std::string& model)>;
 // Where a configuration comes from, the later winning: `stored` (--config-from) or the model's
 // defaults, the file's options, then the command line's (or a Python dict's).
 struct ConfigSources {
-  std::optional<TrainConfig> stored;
-  GivenOptions file;
-  GivenOptions command_line;
+  std::optional<TrainConfig> stored{};
+  GivenOptions file{};
+  GivenOptions command_line{};
 };
 
 // The configuration of those sources, validated. One rule on top: --steps given (by the file or

@@ -231,7 +231,7 @@ std::vector<optim::ParamGroup> decay_groups(nn::Module& model, double weight_dec
 // token shards, tokenizer or held-out data given here instead of the stored paths.
 struct EvalOptions {
   std::string device = "cpu";
-  std::string data_dir, data_path, val_path, tokenizer;
+  std::string data_dir{}, data_path{}, val_path{}, tokenizer{};
 };
 EvalResult evaluate_checkpoint(const std::string& path, const EvalOptions& options = {});
 

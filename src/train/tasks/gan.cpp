@@ -48,9 +48,13 @@ class FeatureNet {
     std::string cache;
     if (!gan.metrics_path.empty()) {
       std::filesystem::path dir = std::filesystem::path(gan.metrics_path).parent_path();
-      std::string name = "fd_cnn_" + std::string(name_of(gan.data));
-      if (gan.data == config::DataKind::Synthetic) name += "_" + std::to_string(gan.synthetic_size);
-      if (gan.fd_feature_steps > 0) name += "_steps" + std::to_string(gan.fd_feature_steps);
+      // Appended piece by piece: gcc 12 reports a false -Wrestrict for "_" + std::to_string().
+      std::string name = "fd_cnn_";
+      name += name_of(gan.data);
+      if (gan.data == config::DataKind::Synthetic)
+        name.append("_").append(std::to_string(gan.synthetic_size));
+      if (gan.fd_feature_steps > 0)
+        name.append("_steps").append(std::to_string(gan.fd_feature_steps));
       cache = (dir / (name + ".safetensors")).string();
     }
     nn::ModelConfig mc;
