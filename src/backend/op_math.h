@@ -23,13 +23,8 @@
 
 #include <type_traits>
 
+#include "backend/host_device.h"
 #include "backend/op_tables.h"
-
-#if defined(__CUDACC__)
-#define MT_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define MT_HOST_DEVICE inline __attribute__((always_inline))
-#endif
 
 namespace mantissa::backend::op_math {
 

@@ -9,12 +9,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
-
-#if defined(__CUDACC__)
-#define MT_HOST_DEVICE __host__ __device__
-#else
-#define MT_HOST_DEVICE
-#endif
+#include "backend/host_device.h"
 
 namespace mantissa::backend {
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/dispatch.h"
 #include "mantissa/core/error.h"
 #include "mantissa/numerics/convert.h"
 #include "mantissa/numerics/philox.h"
@@ -222,36 +223,26 @@ class PhiloxStream {
   PhiloxBlock words_{};
 };
 
-// Calls f.template operator()<T>() with T the storage type of dtype. The cases come from
-// MT_FORALL_DTYPES: a new dtype is dispatched without a line here.
+// Calls f.template operator()<T>() with T the storage type of dtype (dispatch.h's switch).
 template <typename F>
 decltype(auto) dispatch_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-#define MT_DISPATCH_CASE(e, name, T, ...) \
-  case DType::e:                          \
-    return f.template operator()<T>();
-    MT_FORALL_DTYPES(MT_DISPATCH_CASE)
-#undef MT_DISPATCH_CASE
-  }
-  MT_ASSERT(false, "unknown dtype");
-  return f.template operator()<float>();
+  return switch_dtype<DTypeSet::All, DTypeTraits>(
+      dtype, [&]<typename S>(Tag<S>) -> decltype(auto) { return f.template operator()<S>(); },
+      [&]() -> decltype(auto) {
+        MT_ASSERT(false, "unknown dtype");
+        return f.template operator()<float>();
+      });
 }
 
 // Floating dtypes only (the ops that need real numbers): the list's rows of kind Float.
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-#define MT_DISPATCH_FLOAT_CASE(e, name, T, C, kind, ...) \
-  case DType::e:                                         \
-    if constexpr (DTypeKind::kind == DTypeKind::Float) { \
-      return f.template operator()<T>();                 \
-    }                                                    \
-    break;
-    MT_FORALL_DTYPES(MT_DISPATCH_FLOAT_CASE)
-#undef MT_DISPATCH_FLOAT_CASE
-  }
-  MT_CHECK(false, op, " needs a floating tensor, got ", dtype_name(dtype));
-  return f.template operator()<float>();
+  return switch_dtype<DTypeSet::Float, DTypeTraits>(
+      dtype, [&]<typename S>(Tag<S>) -> decltype(auto) { return f.template operator()<S>(); },
+      [&]() -> decltype(auto) {
+        MT_CHECK(false, op, " needs a floating tensor, got ", dtype_name(dtype));
+        return f.template operator()<float>();
+      });
 }
 
 }  // namespace mantissa::backend::cpu

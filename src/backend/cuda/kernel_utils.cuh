@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/dispatch.h"
 #include "mantissa/core/dtype.h"
 #include "mantissa/numerics/philox.h"
 #include "mantissa/numerics/round.h"
@@ -161,28 +162,15 @@ __device__ __forceinline__ void store(S* p, T v) {
 // ---- dtype dispatch ---------------------------------------------------------------------------
 // f(Tag<S>{}) with S the device storage type of `dtype`; errors name the op for other dtypes. The
 // cases come from MT_FORALL_DTYPES: a new dtype is dispatched without a line here.
-template <typename S>
-struct Tag {
-  using type = S;
-};
-
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-#define MT_DISPATCH_FLOAT_CASE(e, name, T, C, kind, ...) \
-  case DType::e:                                         \
-    if constexpr (DTypeKind::kind == DTypeKind::Float) { \
-      return f(Tag<DeviceStorage<DType::e>::type>{});    \
-    }                                                    \
-    break;
-    MT_FORALL_DTYPES(MT_DISPATCH_FLOAT_CASE)
-#undef MT_DISPATCH_FLOAT_CASE
-  }
-  // Not dtype_name(dtype): after the switch gcc cannot see dtype is in range and warns about
-  // reading past the dtype table (-Warray-bounds).
-  MT_CHECK(false, op, " on cuda: needs a floating dtype, got an integer or bool one (",
-           static_cast<int>(dtype), ")");
-  return f(Tag<float>{});  // unreachable
+  return switch_dtype<DTypeSet::Float, DeviceStorage>(dtype, f, [&]() -> decltype(auto) {
+    // Not dtype_name(dtype): gcc cannot see here that dtype is in range and warns about reading
+    // past the dtype table (-Warray-bounds).
+    MT_CHECK(false, op, " on cuda: needs a floating dtype, got an integer or bool one (",
+             static_cast<int>(dtype), ")");
+    return f(Tag<float>{});  // unreachable
+  });
 }
 
 // The same on the device, for a dtype known only there (a multi-tensor launch's per-tensor
@@ -190,29 +178,15 @@ decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
 // out).
 template <typename F>
 __device__ __forceinline__ void device_dispatch_float(DType dtype, F&& f) {
-  switch (dtype) {
-#define MT_DEVICE_DISPATCH_CASE(e, name, T, C, kind, ...) \
-  case DType::e:                                          \
-    if constexpr (DTypeKind::kind == DTypeKind::Float) {  \
-      f(Tag<DeviceStorage<DType::e>::type>{});            \
-    }                                                     \
-    break;
-    MT_FORALL_DTYPES(MT_DEVICE_DISPATCH_CASE)
-#undef MT_DEVICE_DISPATCH_CASE
-  }
+  switch_dtype<DTypeSet::Float, DeviceStorage>(dtype, f, [] {});
 }
 
 template <typename F>
 decltype(auto) dispatch_all(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-#define MT_DISPATCH_CASE(e, ...) \
-  case DType::e:                 \
-    return f(Tag<DeviceStorage<DType::e>::type>{});
-    MT_FORALL_DTYPES(MT_DISPATCH_CASE)
-#undef MT_DISPATCH_CASE
-  }
-  MT_ASSERT(false, op, ": unknown dtype ", static_cast<int>(dtype));
-  return f(Tag<float>{});  // unreachable
+  return switch_dtype<DTypeSet::All, DeviceStorage>(dtype, f, [&]() -> decltype(auto) {
+    MT_ASSERT(false, op, ": unknown dtype ", static_cast<int>(dtype));
+    return f(Tag<float>{});  // unreachable
+  });
 }
 
 // An unsigned integer of a dtype's size: copying, filling and selecting move bits unchanged.
