@@ -663,8 +663,8 @@ std::vector<Tensor> lstm_sequence(const Tensor& gx_arg, const Tensor& w_arg, con
         // dW_hh = sum_t dz_t^T h_{t-1}, summed in the compute dtype and rounded to w's dtype once:
         // one GEMM per kDwSteps steps (their B rows each), h0's term apart. Not one GEMM over all
         // T steps: the GEMM copies a transposed operand whose rows are 4 KiB apart (4H = 1024
-        // floats, dnnl.cpp's 4K-aliasing cure), and a copy of all of dz raised the step's peak
-        // memory by its size (measured +32 MiB on the lstm model in fp32).
+        // floats, dnnl_matmul.cpp's 4K-aliasing cure), and a copy of all of dz raised the step's
+        // peak memory by its size (measured +32 MiB on the lstm model in fp32).
         constexpr int64_t kDwSteps = 8;
         Tensor dw = Tensor::zeros({4 * n, n}, cdt, device);
         Tensor part = Tensor::empty({1, 4 * n, n}, cdt, device);

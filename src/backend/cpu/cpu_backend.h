@@ -1,7 +1,7 @@
 // Internal: the CPU backend. Its kernels are spread over the files of this folder by family
-// (elementwise.cpp, reduce.cpp, dnnl.cpp for GEMM and convolution, pool.cpp, norm.cpp,
-// softmax in norm.cpp, attention.cpp and attention_x86.cpp, index.cpp, optim_kernels.cpp,
-// amp_kernels.cpp).
+// (elementwise.cpp, reduce.cpp, dnnl_matmul.cpp and dnnl_conv.cpp for GEMM and convolution,
+// pool.cpp, norm.cpp, softmax in norm.cpp, attention.cpp and attention_x86.cpp, index.cpp,
+// optim_kernels.cpp, amp_kernels.cpp).
 #pragma once
 
 #include "backend/backend.h"

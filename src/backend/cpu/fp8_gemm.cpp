@@ -1,8 +1,8 @@
 // CPU fp8 GEMMs, emulated exactly (the contracts are in backend_ops.h): the codes' values (exact
 // in bf16) through oneDNN's bf16 GEMM with fp32 sums. Per tensor, one GEMM whose epilogue scales
-// the sums by the scales' product and adds the bias (scaled_matmul, dnnl.cpp); with block scales,
-// one GEMM per K slice, each slice's sums times its scales, summed in fp32 a chunk of output rows
-// at a time.
+// the sums by the scales' product and adds the bias (scaled_matmul, dnnl_matmul.cpp); with block
+// scales, one GEMM per K slice, each slice's sums times its scales, summed in fp32 a chunk of
+// output rows at a time.
 #include <omp.h>
 
 #include <algorithm>
