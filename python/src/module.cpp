@@ -242,27 +242,8 @@ nb::dict eval_dict(const mt::train::EvalResult& r) {
   return d;
 }
 
-}  // namespace
-
-NB_MODULE(_mantissa, m) {
-  m.doc() = "Mantissa: mixed-precision training (the C++ engine's Python module)";
-  m.attr("__version__") = MANTISSA_VERSION;
-
-  // C++ errors: a user's mistake is a ValueError, an internal fault a RuntimeError.
-  static nb::object error = nb::exception<mt::Error>(m, "Error", PyExc_ValueError);
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const mt::Error& e) {
-      if (e.internal()) {
-        PyErr_SetString(PyExc_RuntimeError, e.message().c_str());
-      } else {
-        PyErr_SetString(error.ptr(), e.message().c_str());
-      }
-    }
-  });
-
-  // ---- Tensor --------------------------------------------------------------------------------
+// ---- Tensor ------------------------------------------------------------------------------------
+void bind_tensor(nb::module_& m) {
   nb::class_<mt::Tensor>(m, "Tensor")
       .def_prop_ro("shape", [](const mt::Tensor& t) { return dims_tuple(t, &mt::Tensor::size); })
       .def_prop_ro("dtype",
@@ -359,7 +340,10 @@ NB_MODULE(_mantissa, m) {
           as = nb::dlpack::dtype{uint8_t(C::UInt), 8, 1};
         return nb::ndarray<nb::numpy>(array_of(t, as));
       });
+}
 
+// ---- tensor factories ------------------------------------------------------------------------
+void bind_factories(nb::module_& m) {
   m.def(
       "from_dlpack", [](nb::ndarray<nb::ro> a) { return tensor_over(a); }, "array"_a,
       "A tensor sharing the memory of any DLPack producer (NumPy, PyTorch), CPU or CUDA");
@@ -386,8 +370,10 @@ NB_MODULE(_mantissa, m) {
       "shape"_a, "mean"_a = 0.0, "std"_a = 1.0, "seed"_a = 0, "dtype"_a = "f32");
   m.def("manual_seed", &mt::manual_seed);
   m.def("set_num_threads", &mt::set_num_threads, "n"_a, "Compute threads of the CPU kernels");
+}
 
-  // ---- ops -----------------------------------------------------------------------------------
+// ---- ops ---------------------------------------------------------------------------------------
+void bind_ops(nb::module_& m) {
   m.def("matmul", &mt::matmul);
   m.def(
       "linear",
@@ -423,8 +409,10 @@ NB_MODULE(_mantissa, m) {
         c.region.reset();
         return false;
       });
+}
 
-  // ---- numerics ------------------------------------------------------------------------------
+// ---- numerics ----------------------------------------------------------------------------------
+void bind_numerics(nb::module_& m) {
   m.def("_round_in_place",
         [](nb::ndarray<float, nb::c_contig, nb::device::cpu> a, const std::string& format,
            const std::string& rounding, const std::string& overflow, uint64_t seed) {
@@ -498,8 +486,10 @@ NB_MODULE(_mantissa, m) {
     }
     return out;
   });
+}
 
-  // ---- nn ------------------------------------------------------------------------------------
+// ---- nn ----------------------------------------------------------------------------------------
+void bind_nn(nb::module_& m) {
   nb::class_<mt::nn::Module>(m, "Module")
       .def("__call__", [](mt::nn::Module& mod, const mt::Tensor& x) { return mod(x); })
       .def("parameters", &mt::nn::Module::parameters)
@@ -537,8 +527,10 @@ NB_MODULE(_mantissa, m) {
                                                 bias ? mt::nn::Bias::Yes : mt::nn::Bias::No);
       },
       "in_features"_a, "out_features"_a, "seed"_a = 0, "bias"_a = true);
+}
 
-  // ---- optim ---------------------------------------------------------------------------------
+// ---- optim -------------------------------------------------------------------------------------
+void bind_optim(nb::module_& m) {
   nb::class_<mt::optim::Optimizer>(m, "Optimizer")
       .def("step",
            [](mt::optim::Optimizer& o) {
@@ -573,8 +565,10 @@ NB_MODULE(_mantissa, m) {
           },
           "params"_a, "lr"_a = 1e-3, "betas"_a = std::pair(0.9, 0.999), "eps"_a = 1e-8,
           "weight_decay"_a = 0.01);
+}
 
-  // ---- amp -----------------------------------------------------------------------------------
+// ---- amp ---------------------------------------------------------------------------------------
+void bind_amp(nb::module_& m) {
   nb::class_<AutocastContext>(m, "autocast")
       .def(
           "__init__",
@@ -635,8 +629,10 @@ NB_MODULE(_mantissa, m) {
       .def("get_scale", &mt::amp::GradScaler::get_scale)
       .def("found_inf", &mt::amp::GradScaler::found_inf)
       .def_prop_ro("skipped_steps", &mt::amp::GradScaler::skipped_steps);
+}
 
-  // ---- the Trainer ---------------------------------------------------------------------------
+// ---- the Trainer -------------------------------------------------------------------------------
+void bind_trainer(nb::module_& m) {
   nb::class_<mt::train::Trainer>(m, "Trainer")
       .def(
           "__init__",
@@ -704,4 +700,34 @@ NB_MODULE(_mantissa, m) {
            })
       .def("save", &mt::train::Trainer::save, "path"_a);
   m.def("config_toml", [](nb::dict config) { return mt::config::to_toml(config_of(config)); });
+}
+
+}  // namespace
+
+NB_MODULE(_mantissa, m) {
+  m.doc() = "Mantissa: mixed-precision training (the C++ engine's Python module)";
+  m.attr("__version__") = MANTISSA_VERSION;
+
+  // C++ errors: a user's mistake is a ValueError, an internal fault a RuntimeError.
+  static nb::object error = nb::exception<mt::Error>(m, "Error", PyExc_ValueError);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const mt::Error& e) {
+      if (e.internal()) {
+        PyErr_SetString(PyExc_RuntimeError, e.message().c_str());
+      } else {
+        PyErr_SetString(error.ptr(), e.message().c_str());
+      }
+    }
+  });
+
+  bind_tensor(m);
+  bind_factories(m);
+  bind_ops(m);
+  bind_numerics(m);
+  bind_nn(m);
+  bind_optim(m);
+  bind_amp(m);
+  bind_trainer(m);
 }
