@@ -74,7 +74,7 @@ def test_trainer_fit_with_a_callback_and_evaluate():
 def test_config_mistakes_are_value_errors():
     with pytest.raises(mt.Error, match="did you mean 'batch-size'"):
         mt.Trainer({"bach-size": 3})
-    with pytest.raises(ValueError, match="'lr' must be a number"):
+    with pytest.raises(ValueError, match="'lr': --lr must be a number"):
         mt.Trainer({"lr": "fast"})
     with pytest.raises(mt.Error, match="must be a bool, int, float or str"):
         mt.Trainer({"lr": [1]})
