@@ -1,11 +1,14 @@
 // amp::initialize: the opt levels' table (amp.h) turned into settings of the model, the
-// optimizer, the scaler and the forward pass.
+// optimizer, the scaler and the forward pass; and the recipe a precision row names.
 #include "mantissa/amp/amp.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <sstream>
 
+#include "mantissa/amp/precision.h"
 #include "mantissa/autocast/autocast.h"
 #include "mantissa/core/error.h"
 #include "mantissa/nn/layers.h"
@@ -187,6 +190,38 @@ std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8
     names.push_back(linears[i].first);
   }
   return names;
+}
+
+// The recipe a precision names (precision.h's table), set up by the level-level call above.
+Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
+  const Precision p = resolve(recipe.precision);
+  const PrecisionInfo& info = precision_info(p);
+  MT_CHECK(!recipe.level || accepts_level(p, *recipe.level), "precision ", name_of(p),
+           " does not run at opt level ", name_of(*recipe.level));
+  set_matmul_precision(info.gemm);
+  const OptLevel level = level_of(recipe);
+  AmpOptions ao;
+  if (p == Precision::BF16Pure) {
+    // bf16 O3 without masters, stochastic rounding, batch norm fp32.
+    ao = bf16_pure_options(recipe.seed);
+  } else if (level != OptLevel::O0) {
+    ao.rounding = recipe.rounding.value_or(RoundingMode::NearestEven);
+    ao.rounding_seed = recipe.seed;
+  }
+  ao.loss_scale = recipe.loss_scale;
+  // fp8 needs no loss scaling (per-tensor scales give each tensor its range), but a static scale
+  // of 1 checks the gradients: a step that met inf or NaN is skipped, as fp16's are.
+  if (p == Precision::FP8 && !ao.loss_scale) ao.loss_scale = 1.0;
+  ao.scaler.init_scale = recipe.init_scale;
+  ao.scaler.max_scale = std::max(ao.scaler.max_scale, recipe.init_scale);
+  Amp amp = initialize(model, opt, level, info.dtype, ao);
+  if (p == Precision::FP8) {
+    // The Linear GEMMs in fp8 (the layers prepare_fp8 picks), everything else as bf16.
+    auto context = std::make_shared<Fp8Context>(recipe.fp8);
+    prepare_fp8(model, *context, recipe.fp8_layers);
+    amp.set_fp8(std::move(context));
+  }
+  return amp;
 }
 
 }  // namespace mantissa::amp

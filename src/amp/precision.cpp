@@ -1,8 +1,6 @@
-// The precision table (amp/precision.h) and the one call that sets a recipe up.
+// The precision table (amp/precision.h): what each row means, read by the configuration's
+// validation (which the fuzz targets build without tensors) and by amp::initialize (amp.cpp).
 #include "mantissa/amp/precision.h"
-
-#include <algorithm>
-#include <memory>
 
 #include "mantissa/core/cpu.h"
 #include "mantissa/core/error.h"
@@ -29,37 +27,6 @@ bool accepts_level(Precision p, OptLevel level) {
 
 OptLevel level_of(const Recipe& r) {
   return r.level.value_or(precision_info(resolve(r.precision)).level);
-}
-
-Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
-  const Precision p = resolve(recipe.precision);
-  const PrecisionInfo& info = precision_info(p);
-  MT_CHECK(!recipe.level || accepts_level(p, *recipe.level), "precision ", name_of(p),
-           " does not run at opt level ", name_of(*recipe.level));
-  set_matmul_precision(info.gemm);
-  const OptLevel level = level_of(recipe);
-  AmpOptions ao;
-  if (p == Precision::BF16Pure) {
-    // bf16 O3 without masters, stochastic rounding, batch norm fp32.
-    ao = bf16_pure_options(recipe.seed);
-  } else if (level != OptLevel::O0) {
-    ao.rounding = recipe.rounding.value_or(RoundingMode::NearestEven);
-    ao.rounding_seed = recipe.seed;
-  }
-  ao.loss_scale = recipe.loss_scale;
-  // fp8 needs no loss scaling (per-tensor scales give each tensor its range), but a static scale
-  // of 1 checks the gradients: a step that met inf or NaN is skipped, as fp16's are.
-  if (p == Precision::FP8 && !ao.loss_scale) ao.loss_scale = 1.0;
-  ao.scaler.init_scale = recipe.init_scale;
-  ao.scaler.max_scale = std::max(ao.scaler.max_scale, recipe.init_scale);
-  Amp amp = initialize(model, opt, level, info.dtype, ao);
-  if (p == Precision::FP8) {
-    // The Linear GEMMs in fp8 (the layers prepare_fp8 picks), everything else as bf16.
-    auto context = std::make_shared<Fp8Context>(recipe.fp8);
-    prepare_fp8(model, *context, recipe.fp8_layers);
-    amp.set_fp8(std::move(context));
-  }
-  return amp;
 }
 
 }  // namespace mantissa::amp
