@@ -82,6 +82,26 @@ inline WantedGrads wanted_grads(const char* op, const Tensor& g, const Tensor& x
   return w;
 }
 
+// ---- the batched GEMM's contract (Backend::matmul), checked by every backend -------------------
+struct MatmulDims {
+  int64_t batch, m, n, k;
+};
+
+// (B, M, K) @ (B, K, N) -> contiguous (B, M, N), a or b broadcast when its batch is 1, bias (N).
+inline MatmulDims check_matmul(const Tensor& a, const Tensor& b, const Tensor* bias,
+                               const Tensor& out) {
+  MT_ASSERT(a.dim() == 3 && b.dim() == 3 && out.dim() == 3 && out.is_contiguous(),
+            "matmul wants (B, M, K) @ (B, K, N) -> contiguous (B, M, N), got ", a.describe(), " @ ",
+            b.describe(), " -> ", out.describe());
+  const MatmulDims d{out.size(0), out.size(1), out.size(2), a.size(2)};
+  MT_ASSERT(a.size(1) == d.m && b.size(1) == d.k && b.size(2) == d.n &&
+                (a.size(0) == d.batch || a.size(0) == 1) &&
+                (b.size(0) == d.batch || b.size(0) == 1) &&
+                (!bias || (bias->dim() == 1 && bias->size(0) == d.n)),
+            "matmul shapes ", a.describe(), " @ ", b.describe(), " -> ", out.describe());
+  return d;
+}
+
 // ---- the fused attention's contract (Backend::attention), checked by every backend ----------
 struct AttentionDims {
   int64_t bh, tq, tk, d;  // batch x heads, query and key lengths, head dim

@@ -72,6 +72,16 @@ struct Case {
   Run run;
 };
 
+// A forward case from a runner that also returns what its backward case reads: the first n
+// outputs are compared.
+Run first_outputs(size_t n, Run forward) {
+  return [n, forward = std::move(forward)](Backend& be, const Place& p) {
+    Outputs o = forward(be, p);
+    o.resize(n);
+    return o;
+  };
+}
+
 const std::vector<DType> kFloats = {DType::F32, DType::BF16, DType::F16, DType::F64};
 
 std::string dt_name(DType d) {
@@ -280,10 +290,7 @@ void elementwise_cases(std::vector<Case>& c) {
         be.lstm_cell(gates, add, c_prev, acts, c_next, h);
         return Outputs{acts, c_next, h, c_prev, add};
       };
-      c.push_back({"lstm_cell", name, dt, false, 4, 1, [forward](Backend& be, const Place& p) {
-                     Outputs o = forward(be, p);
-                     return Outputs{o[0], o[1], o[2]};
-                   }});
+      c.push_back({"lstm_cell", name, dt, false, 4, 1, first_outputs(3, forward)});
       c.push_back({"lstm_cell_backward", name, dt, false, 8, 1,
                    [forward, dt, with_add](Backend& be, const Place& p) {
                      const Outputs f = forward(be, p);
@@ -474,11 +481,7 @@ void norm_cases(std::vector<Case>& c) {
         return Outputs{out, training ? mean : Tensor(), training ? rstd : Tensor(), rm, rv, x, w};
       };
       const std::string name = dt_name(dt) + (training ? " training" : " eval");
-      c.push_back({"batch_norm", name, dt, false, 8, 168, [forward](Backend& be, const Place& p) {
-                     Outputs o = forward(be, p);
-                     o.resize(5);
-                     return o;
-                   }});
+      c.push_back({"batch_norm", name, dt, false, 8, 168, first_outputs(5, forward)});
       c.push_back({"batch_norm_backward", name, dt, false, 16, 168,
                    [forward, dt, sdt, training](Backend& be, const Place& p) {
                      Outputs f = forward(be, p);
@@ -500,12 +503,7 @@ void norm_cases(std::vector<Case>& c) {
       be.layer_norm(x, &w, &b, 1e-5, out, mean, rstd);
       return Outputs{out, mean, rstd, x, w};
     };
-    c.push_back(
-        {"layer_norm", dt_name(dt), dt, false, 8, 70, [ln_forward](Backend& be, const Place& p) {
-           Outputs o = ln_forward(be, p);
-           o.resize(3);
-           return o;
-         }});
+    c.push_back({"layer_norm", dt_name(dt), dt, false, 8, 70, first_outputs(3, ln_forward)});
     c.push_back({"layer_norm_backward", dt_name(dt), dt, false, 16, 70,
                  [ln_forward, dt](Backend& be, const Place& p) {
                    const Outputs f = ln_forward(be, p);
@@ -545,12 +543,7 @@ void softmax_attention_cases(std::vector<Case>& c) {
       be.cross_entropy(logits, target, -100, 0.1, loss, log_probs);
       return Outputs{loss, log_probs, target};
     };
-    c.push_back(
-        {"cross_entropy", dt_name(dt), dt, false, 8, 17, [ce_forward](Backend& be, const Place& p) {
-           Outputs o = ce_forward(be, p);
-           o.resize(2);
-           return o;
-         }});
+    c.push_back({"cross_entropy", dt_name(dt), dt, false, 8, 17, first_outputs(2, ce_forward)});
     c.push_back({"cross_entropy_backward", dt_name(dt), dt, false, 8, 17,
                  [ce_forward, dt](Backend& be, const Place& p) {
                    const Outputs f = ce_forward(be, p);
@@ -568,11 +561,7 @@ void softmax_attention_cases(std::vector<Case>& c) {
         be.attention(q, k, v, out, lse, AttentionParams{0.25, causal});
         return Outputs{out, lse, q, k, v};
       };
-      c.push_back({"attention", name, dt, false, 8, 19, [forward](Backend& be, const Place& p) {
-                     Outputs o = forward(be, p);
-                     o.resize(2);
-                     return o;
-                   }});
+      c.push_back({"attention", name, dt, false, 8, 19, first_outputs(2, forward)});
       c.push_back({"attention_backward", name, dt, false, 16, 19,
                    [forward, dt, causal](Backend& be, const Place& p) {
                      const Outputs f = forward(be, p);
@@ -827,21 +816,23 @@ void compare(const Case& c, const Outputs& got, const Outputs& want, bool exact)
   }
 }
 
-// Runs every case on `be` (tensors on `device`) against the CPU backend; `exact`: bit for bit
-// whatever the case says (the fallback).
-void run_all(Backend& be, Device device, bool exact,
-             const std::function<bool(const Case&)>& takes = {}) {
+// Runs every case on a target (`run`: the case's outputs there) and on the CPU backend, and
+// compares them; `exact`: bit for bit whatever the case says (the fallback).
+void run_all(const std::string& target, bool exact,
+             const std::function<Outputs(const Case&)>& run) {
+  SCOPED_TRACE(target);
   Backend& cpu = cpu_backend();
-  int ran = 0;
   for (const Case& c : all_cases()) {
-    if (takes && !takes(c)) continue;
     SCOPED_TRACE(c.row + ": " + c.name);
     const Outputs want = c.run(cpu, Place{Device::cpu()});
-    const Outputs got = c.run(be, Place{device});
-    compare(c, got, want, exact || c.exact);
-    ++ran;
+    compare(c, run(c), want, exact || c.exact);
   }
-  std::printf("%d cases on %s\n", ran, std::string(be.name()).c_str());
+  std::printf("%zu cases on %s\n", all_cases().size(), target.c_str());
+}
+
+// Every case on backend `be`, its tensors on `device`.
+void run_all_on(Backend& be, Device device, bool exact) {
+  run_all(std::string(be.name()), exact, [&](const Case& c) { return c.run(be, Place{device}); });
 }
 
 // A backend with only what every backend must have: every row runs through the CPU fallback.
@@ -854,7 +845,7 @@ class FallbackOnly final : public Backend {
 
 TEST(BackendConformance, TheFallbackIsTheCpuBitForBit) {
   FallbackOnly be;
-  run_all(be, Device::cpu(), /*exact=*/true);
+  run_all_on(be, Device::cpu(), /*exact=*/true);
 }
 
 // The CPU's other vector builds against its default one: the contract's exact rows bit for bit
@@ -865,20 +856,11 @@ TEST(BackendConformance, EveryVectorBuildOfTheCpu) {
   for (cpu::VectorIsa isa :
        {cpu::VectorIsa::Baseline, cpu::VectorIsa::Avx2, cpu::VectorIsa::Avx512}) {
     if (!cpu::vector_isa_supported(isa) || isa == cpu::vector_isa()) continue;
-    SCOPED_TRACE(cpu::vector_isa_name(isa));
-    // Forced per case on both sides would compare a build with itself: force it for the target
-    // only, by running the reference first.
-    Backend& cpu = cpu_backend();
-    for (const Case& c : all_cases()) {
-      SCOPED_TRACE(c.row + ": " + c.name);
-      const Outputs want = c.run(cpu, Place{Device::cpu()});
-      Outputs got;
-      {
-        cpu::ForcedIsa forced(isa);
-        got = c.run(cpu, Place{Device::cpu()});
-      }
-      compare(c, got, want, c.exact);
-    }
+    // The reference runs first, with the default build; the target with `isa` forced.
+    run_all(cpu::vector_isa_name(isa), /*exact=*/false, [isa](const Case& c) {
+      cpu::ForcedIsa forced(isa);
+      return c.run(cpu_backend(), Place{Device::cpu()});
+    });
     ++builds;
   }
   if (builds == 0) GTEST_SKIP() << "this CPU runs one vector build only";
@@ -886,7 +868,7 @@ TEST(BackendConformance, EveryVectorBuildOfTheCpu) {
 
 TEST(BackendConformance, TheCudaBackendFollowsTheCpu) {
   MT_REQUIRE_CUDA();
-  run_all(backend_for(Device::cuda(0)), Device::cuda(0), /*exact=*/false);
+  run_all_on(backend_for(Device::cuda(0)), Device::cuda(0), /*exact=*/false);
 }
 
 }  // namespace

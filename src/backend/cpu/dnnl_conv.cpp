@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <utility>
 
 #include "backend/cpu/dnnl_support.h"
@@ -57,14 +58,18 @@ memory::desc user_md(const Tensor& t, int64_t groups = 1) {
   return memory::desc(dims, dnnl_type(t.dtype()), strides);
 }
 
-void add_conv_key(Key& key, const ConvGeometry& g) {
+// A cached primitive's key: the pass ('F'orward, 'D'ata or 'W'eight gradient), the geometry and
+// the operands' descriptors (dims, dtype, strides).
+Key conv_key(char pass, const ConvGeometry& g, std::initializer_list<const memory::desc*> mds) {
+  Key key;
+  key.add(pass);
   key.add(g.groups).add(g.src).add(g.wei).add(g.dst).add(g.strides).add(g.dilates).add(g.pad_l);
-}
-
-void add_md_key(Key& key, const memory::desc& md) {
-  key.add(md.dims()).add(int64_t(md.data_type()));
-  key.add(memory::dims(md.data.format_desc.blocking.strides,
-                       md.data.format_desc.blocking.strides + md.data.ndims));
+  for (const memory::desc* md : mds) {
+    key.add(md->dims()).add(int64_t(md->data_type()));
+    key.add(memory::dims(md->data.format_desc.blocking.strides,
+                         md->data.format_desc.blocking.strides + md->data.ndims));
+  }
+  return key;
 }
 
 memory::desc any_md(const memory::dims& dims, DType d) {
@@ -98,11 +103,7 @@ void dnnl_conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Ten
   const ConvGeometry g = conv_geometry(x.shape(), w.shape(), out.shape(), p);
   const memory::desc x_md = user_md(x), w_md = user_md(w, g.groups), y_md = user_md(out);
   const memory::desc b_md = bias ? user_md(*bias) : memory::desc();
-  Key key;
-  key.add('F');
-  add_conv_key(key, g);
-  for (const memory::desc* md : {&x_md, &w_md, &y_md})
-    add_md_key(key, *md);
+  Key key = conv_key('F', g, {&x_md, &w_md, &y_md});
   key.add(bias ? int64_t(bias->dtype()) : -1);
   auto entry = cached(key, [&] {
     Entry e;
@@ -132,11 +133,7 @@ std::shared_ptr<const Entry> conv_backward_data_entry(const Tensor& go, const Te
                                                       const Tensor& gx, const Conv2dParams& p) {
   const ConvGeometry g = conv_geometry(gx.shape(), w.shape(), go.shape(), p);
   const memory::desc go_md = user_md(go), w_md = user_md(w, g.groups), gx_md = user_md(gx);
-  Key key;
-  key.add('D');
-  add_conv_key(key, g);
-  for (const memory::desc* md : {&go_md, &w_md, &gx_md})
-    add_md_key(key, *md);
+  const Key key = conv_key('D', g, {&go_md, &w_md, &gx_md});
   return cached(key, [&] {
     Entry e;
     const DType kd = go.dtype();
@@ -183,11 +180,7 @@ std::shared_ptr<const Entry> conv_backward_weights_entry(const Tensor& go, const
           : user_md(x);
   const memory::desc go_md = user_md(go), gw_md = user_md(gw, g.groups);
   const memory::desc gb_md = gb ? user_md(*gb) : memory::desc();
-  Key key;
-  key.add('W');
-  add_conv_key(key, g);
-  for (const memory::desc* md : {&go_md, &x_md, &gw_md})
-    add_md_key(key, *md);
+  Key key = conv_key('W', g, {&go_md, &x_md, &gw_md});
   key.add(gb ? int64_t(gb->dtype()) : -1);
   return cached(key, [&] {
     Entry e;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cpu/dnnl_support.h"
+#include "backend/shapes.h"
 
 namespace mantissa::backend::cpu {
 namespace {
@@ -224,15 +225,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Te
 
 void scaled_matmul(CpuBackend& be, const Tensor& a_in, const Tensor& b_in, const Tensor* bias,
                    Tensor& out, const MatmulOptions& options, float scale) {
-  MT_ASSERT(a_in.dim() == 3 && b_in.dim() == 3 && out.dim() == 3 && out.is_contiguous(),
-            "matmul wants (B, M, K) @ (B, K, N) -> contiguous (B, M, N), got ", a_in.describe(),
-            " @ ", b_in.describe(), " -> ", out.describe());
-  const int64_t nbatch = out.size(0), M = out.size(1), N = out.size(2), K = a_in.size(2);
-  MT_ASSERT(a_in.size(1) == M && b_in.size(1) == K && b_in.size(2) == N &&
-                (a_in.size(0) == nbatch || a_in.size(0) == 1) &&
-                (b_in.size(0) == nbatch || b_in.size(0) == 1) &&
-                (!bias || (bias->dim() == 1 && bias->size(0) == N)),
-            "matmul shapes ", a_in.describe(), " @ ", b_in.describe(), " -> ", out.describe());
+  const auto [nbatch, M, N, K] = check_matmul(a_in, b_in, bias, out);
   if (out.numel() == 0) return;
   if (K == 0) {
     if (bias) {

@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/dtype_map.h"
 #include "backend/fp8_math.h"
+#include "backend/shapes.h"
 #include "mantissa/core/error.h"
 #include "mantissa/core/warning.h"
 
@@ -314,15 +315,7 @@ void set_operands(CudaBackend& be, const Tensor& a, const Tensor& b, int64_t nba
 }
 
 void check_shapes(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& out) {
-  MT_ASSERT(a.dim() == 3 && b.dim() == 3 && out.dim() == 3 && out.is_contiguous(),
-            "matmul wants (B, M, K) @ (B, K, N) -> contiguous (B, M, N), got ", a.describe(), " @ ",
-            b.describe(), " -> ", out.describe());
-  const int64_t nbatch = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
-  MT_ASSERT(a.size(1) == M && b.size(1) == K && b.size(2) == N &&
-                (a.size(0) == nbatch || a.size(0) == 1) &&
-                (b.size(0) == nbatch || b.size(0) == 1) &&
-                (!bias || (bias->dim() == 1 && bias->size(0) == N)),
-            "matmul shapes ", a.describe(), " @ ", b.describe(), " -> ", out.describe());
+  check_matmul(a, b, bias, out);
   MT_ASSERT(a.dtype() == b.dtype(), "matmul dtypes ", a.describe(), " @ ", b.describe(), " -> ",
             out.describe());
 }
