@@ -86,6 +86,8 @@ std::pair<TokenDataset, TokenDataset> split_tokens(const TokenDataset& dataset,
   out.first.tokens.assign(dataset.tokens.begin(), dataset.tokens.begin() + std::ptrdiff_t(n_train));
   out.second.tokens.assign(dataset.tokens.begin() + std::ptrdiff_t(n_train), dataset.tokens.end());
   out.first.vocab_size = out.second.vocab_size = dataset.vocab_size;
+  out.first.tokenizer_fingerprint = out.second.tokenizer_fingerprint =
+      dataset.tokenizer_fingerprint;
   out.first.name = dataset.name + "/train";
   out.second.name = dataset.name + "/val";
   return out;

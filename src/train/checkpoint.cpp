@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -22,12 +23,10 @@ constexpr const char* kFormatVersion = "1";
 // copy) are an error naming the tensor instead of a silently different model.
 constexpr const char* kChecksumKey = "mantissa.crc32";
 
-std::string crc32_of(const Tensor& t) {
-  const Tensor c = t.device().is_cpu() && t.is_contiguous() ? t : t.to(Device::cpu()).contiguous();
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(c.data_ptr());
-  // zlib takes a uInt length: large tensors in pieces.
-  for (size_t done = 0, n = c.nbytes(); done < n;) {
+std::string crc32_hex(const void* data, size_t n, uLong crc = crc32(0L, Z_NULL, 0)) {
+  const auto* p = static_cast<const Bytef*>(data);
+  // zlib takes a uInt length: large buffers in pieces.
+  for (size_t done = 0; done < n;) {
     const auto len = uInt(std::min<size_t>(n - done, size_t(1) << 30));
     crc = crc32(crc, p + done, len);
     done += len;
@@ -35,6 +34,44 @@ std::string crc32_of(const Tensor& t) {
   char text[9];
   std::snprintf(text, sizeof text, "%08lx", crc);
   return text;
+}
+
+std::string crc32_of(const Tensor& t) {
+  const Tensor c = t.device().is_cpu() && t.is_contiguous() ? t : t.to(Device::cpu()).contiguous();
+  return crc32_hex(c.data_ptr(), c.nbytes());
+}
+
+// A CRC-32 of the metadata Mantissa wrote (the format, the configuration, the training state with
+// the generator's, the tensors' checksums): each "mantissa." key and its value, in key order, so
+// that an edited learning rate or step is an error instead of a silently different run.
+constexpr const char* kMetaChecksumKey = "mantissa.meta_crc32";
+
+std::string meta_checksum(const std::map<std::string, std::string>& metadata) {
+  std::string text;
+  for (const auto& [key, value] : metadata) {
+    if (!key.starts_with("mantissa.") || key == kMetaChecksumKey) continue;
+    text += key;
+    text += '\0';
+    text += value;
+    text += '\0';
+  }
+  return crc32_hex(text.data(), text.size());
+}
+
+void verify_meta_checksum(const std::map<std::string, std::string>& metadata,
+                          const std::string& path) {
+  const auto it = metadata.find(kMetaChecksumKey);
+  if (it == metadata.end()) {
+    warn("checkpoint:no-meta-checksum",
+         "checkpoint '" + path +
+             "' has no checksum of its configuration and training state (written before "
+             "Mantissa stored one): they are loaded unverified");
+    return;
+  }
+  MT_CHECK(it->second == meta_checksum(metadata), "checkpoint '", path,
+           "': its configuration or training state was changed after it was written (they do "
+           "not match the checksum written with them); use another copy or an earlier "
+           "checkpoint, and change settings with the options of `mantissa train --resume`");
 }
 
 std::string checksums_json(const NamedTensors& tensors) {
@@ -83,6 +120,7 @@ std::string state_json(const TrainState& s) {
   j["generator_offset"] = std::to_string(s.generator.offset);
   j["train_seconds"] = s.train_seconds;
   j["lr_scale"] = s.lr_scale;
+  j["tokenizer_fingerprint"] = std::to_string(s.tokenizer_fingerprint);
   return j.dump();
 }
 
@@ -97,6 +135,7 @@ TrainState parse_state(const std::string& text, const std::string& path) {
     s.generator.offset = std::stoull(j.at("generator_offset").get<std::string>());
     s.train_seconds = j.value("train_seconds", 0.0);
     s.lr_scale = j.value("lr_scale", 1.0);  // checkpoints before rollbacks existed: 1
+    s.tokenizer_fingerprint = std::stoull(j.value("tokenizer_fingerprint", std::string("0")));
     MT_CHECK(std::isfinite(s.lr_scale) && s.lr_scale > 0, "lr_scale ", s.lr_scale,
              " is not a positive factor");
     return s;
@@ -117,13 +156,14 @@ void save_checkpoint(const std::string& path, const TrainConfig& config, const T
     all.emplace_back(kOptimizerPrefix + name, t);
   for (const auto& [name, t] : scaler)
     all.emplace_back(kScalerPrefix + name, t);
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"format", "pt"},  // what safetensors.torch expects of a PyTorch-loadable file
       {kFormatKey, kFormatVersion},
       {"mantissa.config", config.to_json()},
       {"mantissa.state", state_json(state)},
       {kChecksumKey, checksums_json(all)},
   };
+  metadata[kMetaChecksumKey] = meta_checksum(metadata);
   save_safetensors(path, all, metadata);
 }
 
@@ -141,6 +181,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   const auto state = file.metadata.find("mantissa.state");
   MT_CHECK(config != file.metadata.end() && state != file.metadata.end(), "checkpoint '", path,
            "' lacks its configuration or training state");
+  verify_meta_checksum(file.metadata, path);
   try {
     c.config = TrainConfig::from_json(config->second);
   } catch (const Error& e) {

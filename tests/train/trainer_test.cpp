@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 
 #include "harness/errors.h"
 #include "harness/temp_dir.h"
@@ -244,7 +245,7 @@ TEST_F(TrainerTest, BadCheckpointsAreRefusedWithTheirName) {
 
 // Bytes changed inside the tensor data after the file was written: every single-bit flip is an
 // error naming the tensor (CRC-32 catches every one), where it used to load a different model.
-TEST_F(TrainerTest, DamagedTensorDataIsAnErrorNamingTheTensor) {
+TEST_F(TrainerTest, DamagedTensorDataOrEditedMetadataIsRefused) {
   TrainConfig c = small("mlp");
   c.max_steps = 3;
   c.epochs = 0;
@@ -291,17 +292,40 @@ TEST_F(TrainerTest, DamagedTensorDataIsAnErrorNamingTheTensor) {
     }
   }
   EXPECT_EQ(refused, 100);
-  // A checkpoint written before checksums (the key left out) loads, with one note.
-  std::map<std::string, std::string> old_metadata = good.metadata;
-  ASSERT_EQ(old_metadata.erase("mantissa.crc32"), 1u);
   NamedTensors all;
   for (const auto& [name, tensor] : good.tensors)
     all.emplace_back(name, tensor);
+  // The configuration and the training state are covered too: an edited learning rate, step or
+  // generator offset is refused, not resumed with.
+  const std::string edited = file("edited.safetensors");
+  for (const auto& [key, from, to] :
+       {std::tuple<std::string, std::string, std::string>{"mantissa.config", "\"lr\":", "\"lr\":9"},
+        {"mantissa.state", "\"step\":", "\"step\":1"},
+        {"mantissa.state", "\"generator_offset\":\"", "\"generator_offset\":\"7"}}) {
+    SCOPED_TRACE(key + ": " + to);
+    std::map<std::string, std::string> metadata = good.metadata;
+    const size_t at = metadata[key].find(from);
+    ASSERT_NE(at, std::string::npos) << metadata[key];
+    metadata[key].replace(at, from.size(), to);
+    save_safetensors(edited, all, metadata);
+    try {
+      load_checkpoint(edited);
+      ADD_FAILURE() << "an edited " << key << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("configuration or training state was changed"), std::string::npos)
+          << e.message();
+    }
+  }
+  // A checkpoint written before checksums (the keys left out) loads, with one note for each.
+  std::map<std::string, std::string> old_metadata = good.metadata;
+  ASSERT_EQ(old_metadata.erase("mantissa.crc32"), 1u);
+  ASSERT_EQ(old_metadata.erase("mantissa.meta_crc32"), 1u);
   const std::string old = file("old.safetensors");
   save_safetensors(old, all, old_metadata);
   reset_warnings();
   EXPECT_NO_THROW(load_checkpoint(old));
   EXPECT_EQ(warning_count("checkpoint:no-checksums"), 1);
+  EXPECT_EQ(warning_count("checkpoint:no-meta-checksum"), 1);
 }
 
 TEST_F(TrainerTest, CheckpointLoadsInPythonSafetensors) {

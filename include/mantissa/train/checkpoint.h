@@ -29,6 +29,9 @@ struct TrainState {
   // The factor on the schedule's learning rate: 1, halved by each rollback after a divergence
   // (TrainConfig::on_divergence), and kept from then on.
   double lr_scale = 1;
+  // The tokenizer of the token data the run trained on (data::BpeTokenizer::fingerprint()), so
+  // that an evaluation on other data can tell it was encoded otherwise; 0: none or unknown.
+  uint64_t tokenizer_fingerprint = 0;
 };
 
 struct Checkpoint {
