@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "mantissa/core/error.h"
 #include "mantissa/dist/communicator.h"
+#include "parse_errors.h"
 
 namespace {
 
@@ -64,8 +65,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "mantissa: %s\nRun 'mantissa --help' for the commands and options.\n",
-                 e.what());
+    // "mantissa train: unknown option --bach-size; did you mean --batch-size?"
+    const cli::ParseErrorText text = cli::explain_parse_error(app, args, e);
+    std::fprintf(stderr, "%s: %s\n", text.command.c_str(), text.message.c_str());
     return cli::kUsageError;
   }
 
