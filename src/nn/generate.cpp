@@ -148,10 +148,6 @@ Generation generate(CausalLM& model, const std::vector<int64_t>& prompt,
   MT_CHECK(!options.stop_token || (*options.stop_token >= 0 && *options.stop_token < vocab),
            "generate: the stop token ", options.stop_token.value_or(0),
            " is outside the vocabulary [0, ", vocab, ")");
-  MT_CHECK(context == 0 || p + options.max_new_tokens <= context, "generate: the prompt (", p,
-           " tokens) and max_new_tokens (", options.max_new_tokens, ") make ",
-           p + options.max_new_tokens, " positions, more than the model's context length ", context,
-           "; shorten the prompt or generate fewer tokens");
 
   Generation out;
   if (options.max_new_tokens == 0) return out;
@@ -159,12 +155,24 @@ Generation generate(CausalLM& model, const std::vector<int64_t>& prompt,
   EvalScope eval(model);
   NoGrad ng;
   const Device device = model_device(model);
-  // Room for exactly the positions this generation feeds (the last token is never fed back).
+  // The sequence so far; a GPT sees at most its last `context` tokens (the positions it learned).
+  std::vector<int64_t> seq = prompt;
+  seq.reserve(prompt.size() + size_t(options.max_new_tokens));
+  auto window = [&] {
+    const auto n = int64_t(seq.size());
+    const int64_t start = context == 0 ? 0 : std::max<int64_t>(0, n - context);
+    return Tensor::from_vector(std::vector<int64_t>(seq.begin() + start, seq.end()), {1, n - start})
+        .to(device);
+  };
+  // Room for the positions fed until the window first fills (the last token is never fed back).
+  const int64_t fed = p + options.max_new_tokens - 1;
   std::unique_ptr<DecodeCache> cache =
-      model.new_cache(1, context == 0 ? 0 : p + options.max_new_tokens - 1);
-  Tensor input = Tensor::from_vector(prompt, {1, p}).to(device);
+      model.new_cache(1, context == 0 ? 0 : std::min(context, fed));
+  Tensor input = window();
+  int64_t cached = 0;  // positions in the cache
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     const Tensor logits = model.logits_with_cache(input, *cache, Logits::Last);  // (1, 1, V)
+    cached += input.size(1);
     const std::vector<float> row = logits.reshape({-1}).to(DType::F32).to_vector<float>();
     const int64_t token =
         sample_token(next_token_probabilities(row, options), sampling_uniform(seed, uint64_t(i)));
@@ -173,12 +181,20 @@ Generation generate(CausalLM& model, const std::vector<int64_t>& prompt,
       return out;
     }
     out.tokens.push_back(token);
+    seq.push_back(token);
     if (options.on_token && !options.on_token(token)) {
       out.reason = StopReason::Callback;
       return out;
     }
-    if (i + 1 < options.max_new_tokens) {
+    if (i + 1 == options.max_new_tokens) break;
+    if (context == 0 || cached < context) {
       input = Tensor::from_vector(std::vector<int64_t>{token}, {1, 1}).to(device);
+    } else {
+      // The window is full: it slides by one token, recomputed from a fresh cache over the last
+      // `context` tokens (nanoGPT's crop; the learned positions cannot be shifted in a cache).
+      cache = model.new_cache(1, context);
+      cached = 0;
+      input = window();
     }
   }
   return out;

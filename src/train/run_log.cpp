@@ -22,8 +22,11 @@ RunLog::RunLog(const std::string& metrics_path, const std::string& tensorboard_d
 }
 
 void RunLog::write(const nlohmann::ordered_json& record) {
-  if (metrics_) metrics_->write(record.dump());
-  if (callback_) callback_(record.dump());
+  // Bytes that are not UTF-8 (a user's path) as U+FFFD, not an exception mid-run.
+  const std::string line =
+      record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  if (metrics_) metrics_->write(line);
+  if (callback_) callback_(line);
   if (!tensorboard_) return;
   const std::string kind = record.value("kind", "");
   if (record.contains("step") && record["step"].is_number_integer())

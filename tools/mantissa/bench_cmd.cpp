@@ -32,7 +32,7 @@ struct BenchArgs {
   std::string model = "cnn";
   std::string precisions = "fp32";
   int64_t batch_size = 128;
-  int64_t seq_len = 64;
+  int64_t seq_len = train::TrainConfig{}.seq_len;  // train's default
   int steps = 30;
   int warmup = 5;
   int threads = 0;
@@ -43,13 +43,13 @@ struct BenchArgs {
   bool json = false;
 };
 
-// The models bench runs, for its messages and help.
+// The models bench runs, for its messages and help: those `mantissa train` trains as image
+// classifiers or language models.
 std::string bench_models() {
+  const std::string images = train::task_name("cnn"), tokens = train::task_name("gpt2_tiny");
   std::string out;
-  for (const std::string& m : nn::model_names()) {
-    const nn::ModelInput in = nn::model_input(m);
-    if (in == nn::ModelInput::Image || in == nn::ModelInput::Tokens)
-      out += (out.empty() ? "" : ", ") + m;
+  for (const auto& [model, task] : train::trainable_models()) {
+    if (task == images || task == tokens) out += (out.empty() ? "" : ", ") + model;
   }
   return out;
 }
@@ -68,7 +68,7 @@ Variant parse_variant(const std::string& item, amp::Fp8Layers fp8_layers) {
     parts.push_back(item.substr(pos, colon - pos));
     pos = colon + 1;
   }
-  const std::string what = "bench: --precision entry '" + item + "': ";
+  const std::string what = "--precision entry '" + item + "': ";
   Variant v;
   try {
     v.recipe.precision = amp::resolve(parse_word<amp::Precision>(parts[0], "--precision"));
@@ -99,7 +99,7 @@ std::vector<Variant> parse_variants(const std::string& list, amp::Fp8Layers fp8_
     pos = comma + 1;
     if (!item.empty()) out.push_back(parse_variant(item, fp8_layers));
   }
-  MT_CHECK(!out.empty(), "bench: --precision needs at least one entry, e.g. fp32,bf16,bf16:O2");
+  MT_CHECK(!out.empty(), "--precision needs at least one entry, e.g. fp32,bf16,bf16:O2");
   return out;
 }
 
@@ -161,8 +161,11 @@ struct Row {
 };
 
 int run_bench(const BenchArgs& a) {
-  MT_CHECK(a.steps > 0 && a.warmup >= 0 && a.batch_size > 0,
-           "bench: --steps and --batch-size must be positive");
+  MT_CHECK(a.steps > 0, "--steps must be positive, got ", a.steps);
+  MT_CHECK(a.warmup >= 0, "--warmup must be >= 0, got ", a.warmup);
+  MT_CHECK(a.batch_size > 0, "--batch-size must be positive, got ", a.batch_size);
+  MT_CHECK(a.seq_len > 0, "--seq-len must be positive, got ", a.seq_len);
+  MT_CHECK(a.threads >= 0, "--threads must be >= 0 (0: every core), got ", a.threads);
   set_num_threads(a.threads > 0 ? a.threads
                                 : int(std::max(1u, std::thread::hardware_concurrency())));
   const Device device = train::require_device(a.device);
@@ -174,8 +177,8 @@ int run_bench(const BenchArgs& a) {
   // The models a bench step runs: image classifiers and language models (the GAN and the
   // recommenders train with two networks or two inputs: `mantissa train` measures them).
   const std::string task = train::task_name(a.model);  // (an unknown model is refused here)
-  MT_CHECK(task == train::task_name("cnn") || task == train::task_name("gpt2_tiny"),
-           "bench: model '", a.model, "' is a ", task,
+  MT_CHECK(task == train::task_name("cnn") || task == train::task_name("gpt2_tiny"), "model '",
+           a.model, "' is a ", task,
            "; bench measures image classifiers and "
            "language models (",
            bench_models(), "); time a ", task, " with `mantissa train --model ", a.model,
@@ -253,7 +256,7 @@ int run_bench(const BenchArgs& a) {
       j["parameters"] = parameters;
       j["weight_casts_per_step"] = row.casts.casts;
       j["cast_cache_hits_per_step"] = row.casts.hits;
-      fmt::print("{}\n", j.dump());
+      fmt::print("{}\n", json_line(j));
     }
     return 0;
   }

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace mantissa::cli {
 
@@ -18,6 +19,13 @@ Command add_tokenize_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_study_command(CLI::App& app);
 Command add_clicks_command(CLI::App& app);
+
+// One JSON line of a result: bytes that are not UTF-8 (a path, a completion cut inside a
+// character) as U+FFFD instead of an exception.
+template <typename Json>
+std::string json_line(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 // Exit code for a user's mistake (bad flag, bad number, bad file).
 inline constexpr int kUsageError = 2;

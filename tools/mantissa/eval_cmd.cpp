@@ -41,6 +41,7 @@ Command add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print JSON");
   return [args] {
+    MT_CHECK(args->threads >= 0, "--threads must be >= 0 (0: every core), got ", args->threads);
     train::require_device(args->options.device);
     if (args->threads > 0) set_num_threads(args->threads);
     const train::Checkpoint ckpt = train::load_checkpoint(args->checkpoint);
@@ -54,7 +55,7 @@ Command add_eval_command(CLI::App& app) {
         j[name] = v;
       j["samples"] = r.samples;
       j["device"] = args->options.device;
-      fmt::print("{}\n", j.dump());
+      fmt::print("{}\n", json_line(j));
       return 0;
     }
     fmt::print("{} ({} after {} steps): {} on {} {}\n", args->checkpoint, model, ckpt.state.step,

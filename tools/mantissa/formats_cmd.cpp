@@ -171,7 +171,7 @@ int run(const FormatsOptions& o) {
       print_human(inputs[k], mode, rows);
     }
   }
-  if (o.json) fmt::print("{}\n", (docs.size() == 1 ? docs[0] : docs).dump());
+  if (o.json) fmt::print("{}\n", json_line(docs.size() == 1 ? docs[0] : docs));
   return 0;
 }
 

@@ -4,7 +4,9 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "mantissa/nn/generate.h"
 #include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
+#include "mantissa/tensor/ops.h"
 #include "mantissa/train/checkpoint.h"
 #include "mantissa/train/trainer.h"
 
@@ -31,6 +34,7 @@ struct GenerateArgs {
   double top_p = 1.0;
   uint64_t seed = 0;
   int64_t samples = 1;
+  int threads = 0;
   bool json = false;
 };
 
@@ -53,7 +57,9 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--tokenizer", args->tokenizer,
                   "The tokenizer JSON (default: the one the run trained with)");
   cmd->add_option("--prompt", args->prompt, "The text to continue (empty: from <|endoftext|>)");
-  cmd->add_option("--max-tokens", args->max_tokens, "New tokens at most")->capture_default_str();
+  cmd->add_option("--max-tokens", args->max_tokens,
+                  "New tokens at most (past the model's context length, the window slides)")
+      ->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "Softmax temperature (0: greedy)")
       ->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "Sample from the k most likely tokens (0: all)")
@@ -65,11 +71,22 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--samples", args->samples, "Independent samples (seeds seed, seed + 1, ...)")
       ->capture_default_str();
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Compute threads (0: every core)")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON line per sample instead of streaming");
   return [args] {
     const GenerateArgs& a = *args;
+    // Every flag is checked before anything is printed.
     MT_CHECK(a.max_tokens > 0, "--max-tokens must be positive, got ", a.max_tokens);
     MT_CHECK(a.samples > 0, "--samples must be positive, got ", a.samples);
+    MT_CHECK(std::isfinite(a.temperature) && a.temperature >= 0,
+             "--temperature must be a number >= 0 (0: always the most likely token), got ",
+             a.temperature);
+    MT_CHECK(a.top_k >= 0, "--top-k must be >= 0 (0: every token), got ", a.top_k);
+    MT_CHECK(a.top_p > 0 && a.top_p <= 1, "--top-p must be in (0, 1] (1: every token), got ",
+             a.top_p);
+    MT_CHECK(a.threads >= 0, "--threads must be >= 0 (0: every core), got ", a.threads);
+    if (a.threads > 0) set_num_threads(a.threads);
     const Device device = train::require_device(a.device);
     const train::Checkpoint ckpt = train::load_checkpoint(a.checkpoint);
     const train::TrainConfig& c = ckpt.config;
@@ -80,6 +97,10 @@ Command add_generate_command(CLI::App& app) {
     const std::string tok_path = a.tokenizer.empty() ? c.tokenizer : a.tokenizer;
     MT_CHECK(!tok_path.empty(), "'", a.checkpoint,
              "' was trained without a tokenizer file (synthetic tokens?); give --tokenizer");
+    MT_CHECK(!a.tokenizer.empty() || std::filesystem::exists(tok_path),
+             "the tokenizer the run "
+             "trained with, '",
+             tok_path, "', does not exist (moved?); give it with --tokenizer");
     const data::BpeTokenizer tokenizer = data::BpeTokenizer::load(tok_path);
     MT_CHECK(c.vocab_size == 0 || tokenizer.vocab_size() == c.vocab_size, "the tokenizer '",
              tok_path, "' has a vocabulary of ", tokenizer.vocab_size(), " but the model ",
@@ -143,7 +164,7 @@ Command add_generate_command(CLI::App& app) {
         j["tokens"] = g.tokens.size();
         j["stopped"] = g.reason == nn::StopReason::StopToken ? "endoftext" : "max_tokens";
         j["tokens_per_s"] = seconds > 0 ? double(g.tokens.size()) / seconds : 0.0;
-        fmt::print("{}\n", j.dump());
+        fmt::print("{}\n", json_line(j));  // (a completion cut inside a character: U+FFFD)
       } else {
         fmt::print("\n");
         std::fprintf(stderr, "(%zu tokens, %.0f tokens/s%s)\n", g.tokens.size(),

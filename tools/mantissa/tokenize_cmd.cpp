@@ -193,7 +193,7 @@ int run(const TokenizeArgs& a) {
                                 {"tokenizer_path", tok_path},
                                 {"train_path", train_path},
                                 {"val_path", val_path}};
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", json_line(j));
   } else {
     const std::string where =
         inputs.size() == 1 ? inputs[0] : fmt::format("{} inputs", inputs.size());
@@ -233,8 +233,9 @@ int run(const TokenizeArgs& a) {
   }
   if (a.val_fraction > 0 && split.val.empty()) {
     std::fprintf(stderr,
-                 "note: the corpus is one document, so the validation shard is empty (split "
-                 "files into documents with --doc-separator, or give several files)\n");
+                 "note: the corpus is one document, so the validation shard is empty; `mantissa "
+                 "train` holds out the last 5%% of train.bin instead (or split files into "
+                 "documents with --doc-separator, or give several files)\n");
   }
   if (a.show > 0 && !a.json) show_tokens(tok, train_ids, a.show);
   return 0;

@@ -43,6 +43,7 @@ std::string read_text_file(const std::string& path, const char* what) {
 // signal's default action (the last checkpoint was written atomically, so it stays whole).
 std::atomic<int> g_stop{0};
 std::atomic<bool> g_announce{true};  // false on ranks other than 0: one message per job
+std::atomic<bool> g_distributed{false};
 
 void on_stop_signal(int sig) {
   if (g_stop.load() != 0) {
@@ -54,7 +55,14 @@ void on_stop_signal(int sig) {
   if (!g_announce.load()) return;
   static const char kSay[] =
       "\nmantissa: stopping after this step and writing a checkpoint (again to quit at once)\n";
-  [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kSay, sizeof kSay - 1);
+  // Data parallel, the ranks agree on the step first: a rank that died (the launcher's SIGTERM
+  // to the others) leaves the job to end without one.
+  static const char kSayRanks[] =
+      "\nmantissa: stopping after a step every rank agrees on, then writing a checkpoint (if a "
+      "rank has died, the job ends without one; again to quit at once)\n";
+  const bool ranks = g_distributed.load();
+  [[maybe_unused]] const ssize_t n = ranks ? write(STDERR_FILENO, kSayRanks, sizeof kSayRanks - 1)
+                                           : write(STDERR_FILENO, kSay, sizeof kSay - 1);
 }
 
 // The run's configuration: a resumed run's from its checkpoint and this command's options by
@@ -118,7 +126,7 @@ void print_json(const train::TrainResult& r, const train::Trainer& trainer) {
     epochs.push_back(ej);
   }
   j["epochs"] = epochs;
-  fmt::print("{}\n", j.dump());
+  fmt::print("{}\n", json_line(j));
 }
 
 int report_diverged(const train::TrainResult& r, const train::Trainer& trainer) {
@@ -145,6 +153,7 @@ int report_diverged(const train::TrainResult& r, const train::Trainer& trainer) 
 int run_training(const config::TrainConfig& config, bool json) {
   train::Trainer trainer(config);
   g_announce = trainer.rank() == 0;
+  g_distributed = trainer.world_size() > 1;
   const StopSignals stop_signals(on_stop_signal);  // on its own stack: stop_signals.h
   trainer.set_stop_flag(&g_stop);
   const train::TrainResult r = trainer.fit();

@@ -53,9 +53,10 @@ struct Generation {
 };
 
 // Continues `prompt` (at least one token id; for unconditional text, e.g. GPT-2's
-// <|endoftext|>). A GPT needs prompt.size() + max_new_tokens <= its context length: the
-// positions it learned (nanoGPT would crop to the last context_length tokens and recompute them
-// every step; this refuses up front, naming both numbers).
+// <|endoftext|>). A GPT sees at most its context length of tokens (the positions it learned):
+// a longer prompt is cropped to its last `context` tokens, and once prompt and continuation fill
+// the context the window slides by one token per new token, recomputed over the last `context`
+// tokens (nanoGPT's crop; until then each token is one cached step).
 Generation generate(CausalLM& model, const std::vector<int64_t>& prompt,
                     const GenerateOptions& options = {});
 // The same for a Module that is a CausalLM (as_causal_lm's error otherwise).
