@@ -19,6 +19,21 @@ Error::Error(std::string what, std::string_view file, int line, bool internal)
       message_(std::move(what)),
       internal_(internal) {}
 
+std::string printable(std::string_view value, size_t max) {
+  std::string out;
+  for (const char ch : value) {
+    if (out.size() >= max) return out + "...";
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f) {
+      out += ch;
+    } else {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+    }
+  }
+  return out;
+}
+
 namespace detail {
 
 void throw_error(std::string_view file, int line, std::string msg) {

@@ -109,6 +109,10 @@ ClickLog parse_click_log(std::string_view text, const std::string& name,
            options.hash_buckets);
   MT_CHECK(options.n_dense >= -1 && options.n_cat >= -1, "click log '", name,
            "': the numbers of dense and categorical columns must be >= 0 (or -1: detect them)");
+  // git's rule for a binary file: a NUL byte among the first 8000 bytes.
+  MT_CHECK(text.substr(0, 8000).find('\0') == std::string_view::npos, "click log '", name,
+           "' is binary (a NUL byte in its first 8000 bytes), not a text file of label, dense "
+           "and categorical columns");
   const char delim = click_delimiter(name, options.delimiter);
   const char* delim_name = delim == '\t' ? "tab" : delim == ',' ? "comma" : "delimiter";
   ClickLog log;
@@ -166,13 +170,13 @@ ClickLog parse_click_log(std::string_view text, const std::string& name,
              " categorical)");
     double label = 0;
     MT_CHECK(parse_number(cols[0], &label) && (label == 0 || label == 1), where(),
-             "the label (column 1) is '", cols[0], "'; it must be 0 or 1");
+             "the label (column 1) is '", printable(cols[0]), "'; it must be 0 or 1");
     log.labels.push_back(float(label));
     for (int64_t j = 0; j < n_dense; ++j) {
       const std::string_view s = cols[size_t(1 + j)];
       double x = std::numeric_limits<double>::quiet_NaN();
       MT_CHECK(s.empty() || parse_number(s, &x), where(), "dense column I", j + 1, " (column ",
-               j + 2, ") is '", s, "', not a number (leave it empty when missing)");
+               j + 2, ") is '", printable(s), "', not a number (leave it empty when missing)");
       log.dense.push_back(transform_dense(x));
     }
     for (int64_t f = 0; f < n_cat; ++f)

@@ -112,7 +112,11 @@ TextCorpus read_text_corpus(const std::vector<std::string>& paths, const CorpusO
                                       "special files are skipped)"
                                     : "its files are empty");
     } else {
-      add_file(corpus, path, read_file(path), options);
+      const std::vector<uint8_t> bytes = read_file(path);
+      MT_CHECK(!looks_binary(bytes), "the corpus file '", path,
+               "' is binary (a NUL byte in its first 8000 bytes), not text; tokenize reads "
+               "text files (a directory's binary files are skipped)");
+      add_file(corpus, path, bytes, options);
       MT_CHECK(corpus.documents.size() > docs_before, "the corpus file '", path,
                "' holds no text (it is empty",
                options.separator.empty() ? "" : " or holds only separator lines", ")");

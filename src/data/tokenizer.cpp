@@ -264,7 +264,9 @@ BpeTokenizer BpeTokenizer::load(const std::string& path) {
            "; Mantissa has \"gpt2\"");
 
   const auto jm = doc.find("merges");
-  MT_CHECK(jm != doc.end() && jm->is_array(), where, " has no \"merges\" array");
+  MT_CHECK(jm != doc.end() && !jm->is_null(), where, " has no \"merges\" array");
+  MT_CHECK(jm->is_array(), where, ": its \"merges\" is ", jm->type_name(),
+           ", not an array of [left id, right id] pairs");
   std::vector<std::pair<uint32_t, uint32_t>> merges;
   merges.reserve(jm->size());
   std::unordered_map<uint64_t, size_t> seen;

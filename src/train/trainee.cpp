@@ -245,11 +245,27 @@ NamedTensors with_prefix(const NamedTensors& all, const std::string& prefix,
   return out;
 }
 
+// The model was built from the data given now (its columns, vocabulary, image channels): a
+// tensor shaped otherwise than the checkpoint's means other data than the run trained on.
+void check_fits_the_data(const nn::Module& model, const NamedTensors& saved) {
+  for (const auto& [name, t] : model.state_dict()) {
+    for (const auto& [n, s] : saved) {
+      if (n != name || s.shape() == t.shape()) continue;
+      MT_CHECK(false, "the data given does not fit the checkpoint's model: its tensor '", n,
+               "' is ", s.shape().str(), ", but the model this data builds has ", t.shape().str(),
+               " (the data's columns, vocabulary or images differ from the data the run trained "
+               "on); give that data, or a checkpoint of a run on this one");
+    }
+  }
+}
+
 }  // namespace
 
 void Trainee::load(const Checkpoint& ckpt, bool everything,
                    const std::vector<std::string>& others) {
-  model_->load_state_dict(with_prefix(ckpt.model, prefix(), others));
+  const NamedTensors saved = with_prefix(ckpt.model, prefix(), others);
+  check_fits_the_data(*model_, saved);
+  model_->load_state_dict(saved);
   NamedTensors scaler_state, fp8_state;
   for (auto& [n, t] : with_prefix(ckpt.scaler, prefix(), others))
     (n.starts_with("fp8.") ? fp8_state : scaler_state).emplace_back(n, t);

@@ -26,6 +26,10 @@ class Error : public std::runtime_error {
   bool internal_;
 };
 
+// A value from a user's file, fit for a message: bytes outside printable ASCII (control bytes, a
+// binary file's) as \xNN, cut to `max` characters with "...".
+std::string printable(std::string_view value, size_t max = 40);
+
 namespace detail {
 
 template <typename... Args>

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "mantissa/core/warning.h"
 #include "mantissa/data/images.h"
 #include "mantissa/data/tokenizer.h"
 #include "mantissa/data/tokens.h"
@@ -29,7 +30,8 @@ std::string absolute(const fs::path& p) {
 std::pair<data::TokenDataset, data::TokenDataset> load_text_data(TrainConfig& c) {
   const fs::path path(c.data_path);
   MT_CHECK(fs::exists(path), "--data-path '", c.data_path,
-           "' does not exist; make one with `mantissa tokenize --out DIR` and pass DIR");
+           "' does not exist; make one with `mantissa tokenize --out DIR` and pass DIR (for a "
+           "checkpoint whose data moved: `mantissa eval --data-path DIR`)");
   fs::path train = path, val = c.val_path;
   if (fs::is_directory(path)) {
     train = path / "train.bin";
@@ -56,6 +58,18 @@ std::pair<data::TokenDataset, data::TokenDataset> load_text_data(TrainConfig& c)
   if (!c.val_path.empty()) c.val_path = absolute(c.val_path);
   data::TokenDataset va = data::load_token_shard(
       val.string(), tr.vocab_size, fingerprint ? fingerprint : tr.tokenizer_fingerprint);
+  if (va.size() == 0) {
+    // `mantissa tokenize` of a corpus too small to hold a whole document out writes an empty
+    // val.bin; the directory's fallback is the lone shard's: hold out the training stream's end.
+    MT_CHECK(c.val_path.empty(), "--val-path '", c.val_path,
+             "' holds no tokens; pass a validation shard with text in it, or drop --val-path to "
+             "hold out the last 5% of the training stream");
+    warn("data:empty-val",
+         fmt::format("{} holds no tokens (the corpus had too few documents to hold one out); the "
+                     "last 5% of {} is the validation stream",
+                     val.string(), train.string()));
+    return data::split_tokens(tr, 0.05);
+  }
   return {std::move(tr), std::move(va)};
 }
 
