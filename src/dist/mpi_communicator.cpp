@@ -36,6 +36,13 @@ bool launched_by_mpi() {
   return false;
 }
 
+int launched_world_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  }
+  return 1;
+}
+
 int local_rank() {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
     if (const char* s = std::getenv(v)) return std::atoi(s);

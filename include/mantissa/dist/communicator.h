@@ -95,6 +95,8 @@ std::shared_ptr<Communicator> single_process();
 // launcher (mpirun sets OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK).
 bool mpi_built();
 bool launched_by_mpi();
+// The number of processes the launcher started (OMPI_COMM_WORLD_SIZE, PMI_SIZE); 1 without one.
+int launched_world_size();
 
 // MPI_COMM_WORLD, initialized on the first call (MPI_Init_thread; finalized at exit). Throws a
 // mantissa::Error that says what to do when the build has no MPI.
