@@ -95,7 +95,10 @@ std::string to_json_value(const toml::node& n, ValueKind kind, Json* out) {
       if (n.is_integer()) {
         *out = double(n.as_integer()->get());
       } else if (n.is_floating_point()) {
-        *out = n.as_floating_point()->get();
+        const double v = n.as_floating_point()->get();
+        if (!std::isfinite(v))
+          return ::mantissa::detail::concat("must be a finite number, not ", v);
+        *out = v;
       } else {
         return "must be a number, not " + describe(n);
       }

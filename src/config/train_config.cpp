@@ -233,7 +233,7 @@ template <typename T>
 std::string check_range(const T& v, const OptionInfo& o) {
   if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
     if (std::is_floating_point_v<T> && !std::isfinite(double(v))) {
-      return "must be a finite number, got " + Json(v).dump();
+      return ::mantissa::detail::concat("must be a finite number, got ", double(v));
     }
     if (!in_range(double(v), o.range)) {
       return "must be " + range_phrase(o.range, double(v)) + ", got " + Json(v).dump();
