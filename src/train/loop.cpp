@@ -135,6 +135,7 @@ TrainResult Loop::run() {
       break;
     }
     end_epoch(seconds_since(t0_) - eval_seconds_);
+    if (result_.interrupted) break;
   }
   finish();
   return result_;
@@ -337,6 +338,10 @@ Metrics Loop::read_last_scalars() const {
 void Loop::evaluate_mid_epoch() {
   const auto e0 = Clock::now();
   const EvalResult r = task_.evaluate(run_);
+  eval_seconds_ += seconds_since(e0);
+  // A stop during the evaluation cut it short: its figures are of part of the data, not shown
+  // (the next step boundary stops the run).
+  if (run_.stopping()) return;
   if (run_.log->enabled()) {
     auto j = record("eval");
     j["epoch"] = run_.state.epoch + 1;
@@ -349,7 +354,6 @@ void Loop::evaluate_mid_epoch() {
   if (run_.rank() == 0 && !run_.quiet) {
     progress_.end_epoch(fmt::format("eval at step {}: {}", run_.state.step, task_.describe(r)));
   }
-  eval_seconds_ += seconds_since(e0);
 }
 
 void Loop::end_epoch(double epoch_seconds) {
@@ -365,6 +369,12 @@ void Loop::end_epoch(double epoch_seconds) {
     run_.state.batch = 0;
   }
   er.test = task_.evaluate(run_);
+  if ((result_.interrupted = run_.stop_requested()) != 0) {
+    // Stopped during the evaluation: its figures are of part of the data and not reported; the
+    // run stops with the epoch's state saved.
+    stop_interrupted();
+    return;
+  }
   result_.test = er.test;
   if (run_.log->enabled()) {
     auto j = record("eval");
@@ -445,16 +455,22 @@ bool Loop::handle_divergence() {
   return true;
 }
 
-// Mid-epoch: the state says which batch comes next; no evaluation and no summary (nothing is
-// reported that was not measured), the checkpoint, and the result.
+// Mid-epoch, or during an epoch's closing evaluation: the state says which batch comes next; no
+// evaluation and no summary (nothing is reported that was not measured), the checkpoint, and the
+// result.
 void Loop::stop_interrupted() {
   result_.checkpoint = c_.checkpoint_path.empty() ? kInterruptedCheckpoint : c_.checkpoint_path;
   save_run(run_, result_.checkpoint);
   if (run_.rank() == 0 && !run_.quiet) {
+    const double loss = run_batches_ ? loss_sum_ / double(run_batches_) : 0.0;
     progress_.end_epoch(
-        fmt::format("epoch {}/{}: stopped after step {} (batch {} of {}), train loss {:.4f}",
-                    run_.state.epoch + 1, epochs_, run_.state.step, run_.state.batch, batches_,
-                    run_batches_ ? loss_sum_ / double(run_batches_) : 0.0));
+        run_.state.batch == 0 && run_batches_ > 0
+            ? fmt::format("epoch {}/{}: trained (train loss {:.4f}), stopped during its "
+                          "evaluation after step {}",
+                          run_.state.epoch, epochs_, loss, run_.state.step)
+            : fmt::format("epoch {}/{}: stopped after step {} (batch {} of {}), train loss {:.4f}",
+                          run_.state.epoch + 1, epochs_, run_.state.step, run_.state.batch,
+                          batches_, loss));
   }
 }
 
@@ -502,6 +518,7 @@ void Run::apply_schedule() {
 }
 
 TrainResult Trainer::fit(int64_t max_epochs) {
+  check_step_fits_the_data(*run_);
   return Loop(*run_, max_epochs).run();
 }
 

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include <fmt/core.h>
@@ -13,8 +14,11 @@
 namespace mantissa::train {
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "a");
-  MT_CHECK(file_ != nullptr, "cannot open the metrics file '", path, "': ", std::strerror(errno));
+  const bool existed = ::access(path.c_str(), F_OK) == 0;
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  MT_CHECK(f != nullptr, "cannot open the metrics file '", path, "': ", std::strerror(errno));
+  std::fclose(f);
+  if (!existed) std::remove(path.c_str());
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -22,7 +26,12 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const std::string& json_line) {
-  if (!file_) return;
+  if (path_.empty()) return;
+  if (!file_) {
+    file_ = std::fopen(path_.c_str(), "a");
+    MT_CHECK(file_ != nullptr, "cannot open the metrics file '", path_,
+             "': ", std::strerror(errno));
+  }
   const bool ok = std::fputs(json_line.c_str(), file_) >= 0 && std::fputc('\n', file_) != EOF &&
                   std::fflush(file_) == 0;
   MT_CHECK(ok, "cannot write the metrics file '", path_, "': ", std::strerror(errno));

@@ -69,6 +69,12 @@ struct Run {
   void write_weight_histograms(int64_t step);
 };
 
+// What one optimizer step takes, in flags: "--batch-size 64 x --grad-accum 4 x 2 ranks".
+std::string step_text(const Run& run);
+// Training needs a step's examples (every rank's) to fit in the data: a larger batch is not one
+// full batch, nor several passes over the data a step. (An evaluation builds the same run on any
+// data.)
+void check_step_fits_the_data(const Run& run);
 // A checkpoint of the run's state (data parallel: every rank calls it, rank 0 writes).
 void save_run(const Run& run, const std::string& path);
 // The state of a checkpoint: the models' weights and fp8 scales; with `everything`, the

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <algorithm>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include "mantissa/core/device_info.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/sampler.h"
+#include "mantissa/data/tokens.h"
 #include "mantissa/tensor/ops.h"
 #include "train/run.h"
 
@@ -71,7 +74,14 @@ void set_up_machine(Run& run) {
   run.device = require_device(c.device);
   set_num_threads(c.threads > 0 ? c.threads
                                 : int(std::max(1u, std::thread::hardware_concurrency())));
-  if (!c.distributed) return;
+  if (!c.distributed) {
+    const int launched = dist::launched_world_size();
+    MT_CHECK(launched == 1, "this is one of ", launched,
+             " processes an MPI launcher started, but --distributed is not given: each would "
+             "train the whole run alone and write the same files; add --distributed to train data "
+             "parallel, or start one process");
+    return;
+  }
   // MPI starts the job and carries host values (the configuration check, the summary); the
   // gradients go through MPI on the CPU, through NCCL on GPUs: one per rank, by default the
   // rank's local number among the machine's GPUs (--device cuda).
@@ -126,12 +136,9 @@ void make_loader(Run& run, TaskData data) {
   run.loader = std::make_unique<data::DevicePrefetcher>(data.train, data.loader, run.device,
                                                         run.config.input_pipeline);
   MT_CHECK(run.loader->num_batches() > 0, "the training data has ", data.train->size(),
-           " examples: too few for one batch of ", data.loader.batch_size, " (--batch-size ",
-           run.config.batch_size,
-           run.config.grad_accum > 1 ? " x --grad-accum " + std::to_string(run.config.grad_accum)
-                                     : std::string(),
-           run.comm ? " on each of " + std::to_string(run.world_size()) + " ranks" : std::string(),
-           "); use a smaller batch or more data");
+           " examples: too few for one batch (", step_text(run),
+           "); use a smaller batch or more "
+           "data");
 }
 
 // The learning-rate schedule over the run's steps: --steps, or the epochs' batches, whichever ends
@@ -158,7 +165,44 @@ optim::LRSchedule schedule_of(const Run& run) {
 // task's own state, under "optimizer.task.".
 constexpr const char* kTaskState = "task";
 
+std::string step_text(const Run& run) {
+  const TrainConfig& c = run.config;
+  std::string text = fmt::format("--batch-size {}", c.batch_size);
+  if (c.grad_accum > 1) text += fmt::format(" x --grad-accum {}", c.grad_accum);
+  if (run.world_size() > 1) text += fmt::format(" x {} ranks", run.world_size());
+  return text;
+}
+
+void check_step_fits_the_data(const Run& run) {
+  const TrainConfig& c = run.config;
+  const int64_t examples = c.batch_size * c.grad_accum * run.world_size();
+  const bool more = c.grad_accum > 1;
+  if (const auto* w = dynamic_cast<const data::TokenWindows*>(run.train_data.get())) {
+    const int64_t stream = w->tokens().size();
+    MT_CHECK(examples * c.seq_len <= stream, "one step reads ", examples, " windows of ", c.seq_len,
+             " tokens (", step_text(run), ", --seq-len ", c.seq_len, "): ", examples * c.seq_len,
+             " tokens, more than the training stream's ", stream, "; use a smaller --batch-size",
+             more ? ", --grad-accum" : "", " or --seq-len, or more text");
+  } else {
+    MT_CHECK(examples <= run.train_data->size(), "one step takes ", examples, " examples (",
+             step_text(run), ") but the training data has ", run.train_data->size(),
+             "; use a smaller --batch-size", more ? " or --grad-accum" : "", ", or more data");
+  }
+}
+
+// The tokenizer of the run's token data (0: none, or not token data).
+uint64_t data_tokenizer(const Run& run) {
+  const auto* w = dynamic_cast<const data::TokenWindows*>(run.train_data.get());
+  return w ? w->tokens().tokenizer_fingerprint : 0;
+}
+
 void restore_run(Run& run, const Checkpoint& ckpt, bool everything) {
+  const uint64_t mine = data_tokenizer(run), theirs = ckpt.state.tokenizer_fingerprint;
+  MT_CHECK(mine == 0 || theirs == 0 || mine == theirs,
+           "the token data given was encoded by another tokenizer than the run trained with "
+           "(fingerprint ",
+           fmt::format("{:016x}", mine), ", the run's ", fmt::format("{:016x}", theirs),
+           "); give the run's data (--data-path) and tokenizer (--tokenizer)");
   std::vector<std::string> names{kTaskState};
   for (const auto& t : run.trainees)
     names.push_back(t->name());
@@ -171,6 +215,7 @@ void restore_run(Run& run, const Checkpoint& ckpt, bool everything) {
       task_state.emplace_back(name.substr(std::strlen(kTaskState) + 1), t);
   run.task->load_state_dict(task_state);
   run.state = ckpt.state;
+  if (mine != 0) run.state.tokenizer_fingerprint = mine;
   set_generator_state(run.state.generator);
 }
 
@@ -256,6 +301,7 @@ Trainer::Trainer(TrainConfig config) : run_(std::make_unique<Run>()) {
   MT_ASSERT(!run.trainees.empty(), "the task built no network");
   if (resume) config::check_same_run(resume->config, c, c.resume_path);
   make_loader(run, std::move(data));
+  run.state.tokenizer_fingerprint = data_tokenizer(run);
   run.schedule = std::make_unique<optim::LRSchedule>(schedule_of(run));
   if (c.detect_anomaly) name_for_anomalies(run);
   if (resume) {
@@ -394,7 +440,10 @@ EvalResult evaluate_checkpoint(const std::string& path, const EvalOptions& optio
   c.zero = 0;
   c.grad_comm = config::GradComm::Fp32;
   if (!options.data_dir.empty()) c.data_dir = options.data_dir;
-  if (!options.data_path.empty()) c.data_path = options.data_path;
+  if (!options.data_path.empty()) {
+    c.data_path = options.data_path;
+    c.tokenizer.clear();  // the new directory's tokenizer.json (the checkpoint checks it)
+  }
   if (!options.val_path.empty()) c.val_path = options.val_path;
   if (!options.tokenizer.empty()) c.tokenizer = options.tokenizer;
   Trainer t(c);

@@ -14,13 +14,15 @@ namespace mantissa::train {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing
-  // Opens `path` for appending (a resumed run continues the same file); throws naming the path.
+  // Appends to `path` (a resumed run continues the same file), which is opened at the first
+  // record: a run refused before it trains leaves no file behind. Whether it can be written is
+  // checked here; throws naming the path.
   explicit MetricsWriter(const std::string& path);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
-  bool enabled() const { return file_ != nullptr; }
+  bool enabled() const { return !path_.empty(); }
   void write(const std::string& json_line);
 
  private:

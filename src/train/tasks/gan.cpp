@@ -2,6 +2,8 @@
 // own optimizer and Amp, evaluated with the Fréchet distance of cnn features and MS-SSIM.
 #include "train/tasks/gan.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -30,7 +32,10 @@ static std::string describe_training(int64_t steps) {
 // metrics file.
 class FeatureNet {
  public:
-  FeatureNet(const TrainConfig& gan, const Device& device) : device_(device) {
+  // `stop`: the run's stop flag, which also stops this training (then complete() is false and
+  // nothing is cached).
+  FeatureNet(const TrainConfig& gan, const Device& device, const std::atomic<int>* stop)
+      : device_(device) {
     TrainConfig c = defaults_for("cnn");
     c.data = gan.data;
     c.data_dir = gan.data_dir;
@@ -70,12 +75,29 @@ class FeatureNet {
                name_of(gan.data), " for ", describe_training(c.max_steps),
                "; delete it and it is trained again");
       model_->load_state_dict(ckpt.model);
+      complete_ = true;
       source_ = "loaded from " + cache;
     } else {
-      c.checkpoint_path = cache;
+      // Written beside the cache and renamed when complete: an interrupted training leaves no
+      // feature network behind (nor a stray mantissa-interrupted.safetensors).
+      namespace fs = std::filesystem;
+      const fs::path partial =
+          cache.empty() ? fs::temp_directory_path() /
+                              fmt::format("mantissa-fd-cnn-{}.safetensors.partial", ::getpid())
+                        : fs::path(cache + ".partial");
+      c.checkpoint_path = partial.string();
       Trainer t(c);
       t.set_quiet(!gan.progress);  // the GAN's own lines say what happens
-      t.fit();
+      t.set_stop_flag(stop);
+      const bool interrupted = t.fit().interrupted != 0;
+      std::error_code ec;
+      if (interrupted || cache.empty()) {
+        fs::remove(partial, ec);
+      } else {
+        fs::rename(partial, cache, ec);
+      }
+      if (interrupted) return;
+      complete_ = true;
       model_->load_state_dict(t.model().state_dict());
       source_ = cache.empty() ? "trained for this run" : "trained, saved to " + cache;
     }
@@ -85,6 +107,7 @@ class FeatureNet {
     features_ = model_->child("features");
     MT_ASSERT(classifier_ && features_ && classifier_->size() >= 3, "the cnn's layout changed");
   }
+  bool complete() const { return complete_; }
   // images (N, 1, 28, 28) normalized as the classifier was trained -> (N, 128) F64 on the host.
   Tensor features(const Tensor& images, int64_t chunk) {
     NoGrad ng;
@@ -106,6 +129,7 @@ class FeatureNet {
   std::shared_ptr<nn::Sequential> classifier_;
   nn::ModulePtr features_;
   std::string source_;
+  bool complete_ = false;
 };
 
 namespace {
@@ -238,7 +262,11 @@ Tensor GanTask::generate(Run& run, int64_t n, int64_t chunk) {
 // perfect generator would reach: as many real training images against the same test images (the
 // sampling noise of the two fits).
 void GanTask::fit_real(Run& run, int64_t chunk) {
-  features_ = std::make_unique<FeatureNet>(run.config, run.device);
+  features_ = std::make_unique<FeatureNet>(run.config, run.device, run.stop_flag);
+  if (!features_->complete()) {  // stopped while it trained: the run stops, no evaluation
+    features_.reset();
+    return;
+  }
   const Tensor real = test_.get_batch(first(eval_n_))[0];  // normalized as the cnn's training
   real_fit_ = metrics::gaussian_fit(features_->features(real, chunk));
   const int64_t n_floor = std::min<int64_t>(eval_n_, train_.size());
@@ -256,6 +284,7 @@ EvalResult GanTask::evaluate(Run& run) {
   train_peak_ = std::max(train_peak_, memory_stats(run.device).peak_bytes);
   const int64_t chunk = run.config.eval_batch_size > 0 ? run.config.eval_batch_size : 500;
   if (!features_) fit_real(run, chunk);
+  if (!features_) return EvalResult{};  // stopped (Loop discards an interrupted evaluation)
   const Tensor images = generate(run, eval_n_, chunk);
   const std::vector<float> px = images.to_vector<float>();
   MT_CHECK(std::all_of(px.begin(), px.end(), [](float v) { return std::isfinite(v); }),

@@ -124,6 +124,7 @@ TaskData SupervisedTask::build(Run& run) {
     // windows of the global batch (every rank's), each rank its share.
     const auto& windows = static_cast<const data::TokenWindows&>(*train_data_);
     const int64_t global_batch = d.loader.batch_size * run.world_size();
+    // (At least one: Trainer::fit refuses a step larger than the stream, an evaluation not.)
     const int64_t per_epoch =
         std::max<int64_t>(1, windows.tokens().size() / (global_batch * c.seq_len));
     d.loader.sampler = std::make_shared<data::ReplacementSampler>(
