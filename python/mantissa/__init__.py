@@ -14,7 +14,13 @@ docs/python.md.
 """
 import numpy as _np
 
-from . import _mantissa
+try:
+    from . import _mantissa
+except ImportError as _e:  # the source tree's python/mantissa without the built extension
+    raise ImportError(
+        "the Mantissa extension module (_mantissa) is not built beside "
+        f"{__file__}: install the package (`pip install .` in the repository, or scripts/setup) "
+        "and import it from outside the source tree's python/ directory") from _e
 from ._mantissa import (AdamW, Error, GradScaler, Module, Optimizer, SGD, Tensor, Trainer,
                         argmax, autocast, cross_entropy, eq, from_dlpack, gelu, linear,
                         make_model, manual_seed, matmul, mean, model_names, no_grad, normal,

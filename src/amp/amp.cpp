@@ -179,7 +179,7 @@ std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8
   }
   const size_t skip = layers == Fp8Layers::Inner ? 1 : 0;
   MT_CHECK(linears.size() > 2 * skip, "fp8: the model ", model.name(), " has ", linears.size(),
-           " Linear layer(s)",
+           linears.size() == 1 ? " Linear layer" : " Linear layers",
            layers == Fp8Layers::Inner
                ? ", and fp8 keeps the first and the last in bf16; pass --fp8-layers all to run "
                  "them in fp8 too"

@@ -64,7 +64,7 @@ TaskKind task_kind(const std::string& model) {
     const std::string near = nearest_name(model, views);
     MT_CHECK(false, "unknown model '", model, "'",
              near.empty() ? std::string() : "; did you mean '" + near + "'?",
-             " The models: ", fmt::format("{}", fmt::join(names, ", ")));
+             "; the models: ", fmt::format("{}", fmt::join(names, ", ")));
   }
   switch (nn::model_input(model)) {
     case nn::ModelInput::Image:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`mpirun -n 2 mantissa train --distributed` as a user runs it, on this machine's real mpirun:
 one result line (rank 0's), one metrics file with the world size, a checkpoint that resumes in
-one process; ranks started with different configurations refuse to train; a rank killed with
+one process; ranks started with different configurations refuse to train, and so do ranks
+started without --distributed (two whole runs writing the same files); a rank killed with
 SIGKILL makes the job stop, non-zero, within 30 s, with a message naming the rank. With --zero 1
 (ZeRO-1) the checkpoint holds the same tensors as without, bit for bit, the optimizer state per
 rank is smaller, and a sharded run resumes to the same result as an unsharded one.
@@ -139,8 +140,15 @@ with tempfile.TemporaryDirectory() as tmp:
     # Ranks started differently refuse, naming why.
     rc, out, err = mpirun(small + ["--steps", "5", "--lr", "0.1"],
                           small + ["--steps", "5", "--lr", "0.2"])
-    check(rc != 0 and "different training configurations" in err,
+    check(rc != 0 and "different training configurations" in err and "2-rank job" in err,
           f"mismatched ranks are refused ({rc}): {err[-500:]!r}")
+
+    # mpirun without --distributed would start two whole runs writing the same files: refused.
+    alone = [a for a in small if a != "--distributed"] + ["--steps", "2", "--checkpoint", ckpt]
+    before = os.path.getmtime(ckpt)
+    rc, out, err = mpirun(alone, alone)
+    check(rc != 0 and "--distributed is not given" in err and os.path.getmtime(ckpt) == before,
+          f"mpirun without --distributed is refused, nothing written ({rc}): {err[-500:]!r}")
 
     # A rank killed mid-run: the job stops within 30 s, non-zero, the rank named.
     long_run = small[:] + ["--epochs", "100000"]  # runs until it is killed
@@ -171,6 +179,9 @@ with tempfile.TemporaryDirectory() as tmp:
             took = time.time() - t0
             check(job.returncode != 0, f"the job exits non-zero after a rank dies ({job.returncode})")
             check("rank 1" in output, f"the message names the rank: {output[-800:]!r}")
+            # The launcher's SIGTERM to the survivor: it cannot promise a checkpoint.
+            check("writing a checkpoint (again" not in output,
+                  f"the survivor promises no checkpoint it cannot write: {output[-800:]!r}")
             print(f"killed rank 1: the job stopped {took:.1f} s later, exit {job.returncode}")
         except subprocess.TimeoutExpired:
             job.kill()

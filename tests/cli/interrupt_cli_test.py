@@ -71,7 +71,7 @@ with tempfile.TemporaryDirectory() as tmp:
         job.send_signal(sig)
         out, err = job.communicate(timeout=60)
         check(job.returncode == code, f"{name}: exit status {job.returncode}, not {code}: {err[-500:]}")
-        check(f"mantissa train --resume {ckpt}" in err,
+        check(f"{os.path.realpath(BIN)} train --resume {ckpt}" in err,
               f"{name}: the message gives the command that continues: {err[-500:]!r}")
         check("stopped after step" in err and "test acc" not in err,
               f"{name}: says where it stopped, and reports no evaluation it did not make: "
