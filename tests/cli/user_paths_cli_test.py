@@ -261,5 +261,13 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, _ = run("eval", "--help")
     check("language model" in out, "eval --help mentions language models")
 
+    # Beside the list, the same kind found and fixed: numbers a subcommand ignored or named by
+    # its C++ name, a missing file reported as a missing tokenizer.
+    refused(["clicks", "--out", here("x.tsv"), "--dense", "-1"], "--dense")
+    refused(["tokenize", "--input", corpus, "--out", here("t3"), "--show", "-3"], "--show")
+    refused(["tokenize", "--decode", here("nowhere.bin")], "nowhere.bin", "does not exist")
+    refused(["eval", "--checkpoint", ckpt, "--threads", "-2"], "--threads")
+    refused(["bench", "--steps", "1", "--threads", "-1"], "--threads")
+
 print("FAILED:" if failures else "all passed", len(failures) or "")
 sys.exit(1 if failures else 0)

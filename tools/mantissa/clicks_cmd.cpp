@@ -2,7 +2,10 @@
 // the same data `mantissa train --model dcn --data synthetic-clicks` trains on in memory.
 #include <fmt/core.h>
 
+#include <cmath>
+
 #include "commands.h"
+#include "mantissa/core/error.h"
 #include "mantissa/data/clicks.h"
 
 namespace mantissa::cli {
@@ -25,6 +28,11 @@ Command add_clicks_command(CLI::App& app) {
                   "Rows per table, for the Bayes figure (train with the same --hash-buckets)")
       ->capture_default_str();
   return [o, out] {
+    // The flags first, by name (the generator's own checks speak of its options).
+    MT_CHECK(o->examples > 0, "--examples must be positive, got ", o->examples);
+    MT_CHECK(o->n_dense >= 0, "--dense must be >= 0, got ", o->n_dense);
+    MT_CHECK(std::isfinite(o->zipf) && o->zipf >= 0, "--zipf must be a number >= 0, got ", o->zipf);
+    MT_CHECK(o->hash_buckets >= 2, "--hash-buckets must be at least 2, got ", o->hash_buckets);
     data::write_synthetic_clicks(*out, *o);
     const data::SyntheticClicks s = data::synthetic_clicks(*o);
     fmt::print(

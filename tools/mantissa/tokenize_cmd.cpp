@@ -61,6 +61,7 @@ void show_tokens(const data::BpeTokenizer& tok, std::span<const uint32_t> ids, i
 
 // `--decode SHARD`: the shard's text (exact bytes) on stdout, or its first tokens with --show.
 int decode_shard(const TokenizeArgs& a) {
+  MT_CHECK(fs::exists(a.decode), "--decode '", a.decode, "' does not exist");
   const std::string tok_path = !a.tokenizer.empty()
                                    ? a.tokenizer
                                    : (fs::path(a.decode).parent_path() / "tokenizer.json").string();
@@ -100,6 +101,7 @@ int64_t bytes_of(const std::vector<std::string>& docs) {
 }
 
 int run(const TokenizeArgs& a) {
+  MT_CHECK(a.show >= 0, "--show must be >= 0 (the tokens to print), got ", a.show);
   if (!a.decode.empty()) return decode_shard(a);
   MT_CHECK(a.vocab_size >= 257, "--vocab-size must be at least 257 (256 bytes + ", data::kEndOfText,
            "), not ", a.vocab_size);
