@@ -2,11 +2,10 @@
 // the run log, checkpoints and what a caller reads of the run. The loop itself is loop.cpp.
 #include "mantissa/train/trainer.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
 #include <algorithm>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -137,8 +136,7 @@ void make_loader(Run& run, TaskData data) {
                                                         run.config.input_pipeline);
   MT_CHECK(run.loader->num_batches() > 0, "the training data has ", data.train->size(),
            " examples: too few for one batch (", step_text(run),
-           "); use a smaller batch or more "
-           "data");
+           "); use a smaller batch or more data");
 }
 
 // The learning-rate schedule over the run's steps: --steps, or the epochs' batches, whichever ends
