@@ -2,7 +2,8 @@
 """The paths a new user takes, through the real executable: what they give is honoured or refused
 by name (never silently replaced), resuming keeps the file they named, limits are checked before
 any work, paths work from any directory, and every message speaks in flags. One section per item
-of the user-paths issue (docs/training.md, "Mistakes and what they say").
+of the user-paths issue (docs/training.md: "Checkpoints and resuming", "Stopping a run",
+gradient accumulation's step that must fit the data; docs/nn.md: generate's sliding window).
 
   user_paths_cli_test.py MANTISSA
 """
