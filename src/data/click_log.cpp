@@ -11,6 +11,7 @@
 #include "data/file_io.h"
 #include "mantissa/core/error.h"
 #include "mantissa/data/clicks.h"
+#include "mantissa/data/text_corpus.h"
 
 namespace mantissa::data {
 
@@ -109,8 +110,7 @@ ClickLog parse_click_log(std::string_view text, const std::string& name,
            options.hash_buckets);
   MT_CHECK(options.n_dense >= -1 && options.n_cat >= -1, "click log '", name,
            "': the numbers of dense and categorical columns must be >= 0 (or -1: detect them)");
-  // git's rule for a binary file: a NUL byte among the first 8000 bytes.
-  MT_CHECK(text.substr(0, 8000).find('\0') == std::string_view::npos, "click log '", name,
+  MT_CHECK(!looks_binary(text), "click log '", name,
            "' is binary (a NUL byte in its first 8000 bytes), not a text file of label, dense "
            "and categorical columns");
   const char delim = click_delimiter(name, options.delimiter);

@@ -21,11 +21,9 @@ namespace fs = std::filesystem;
 // The document split's stream, after the token generator's 4..6 (tokens.cpp).
 constexpr uint64_t kDocumentSplit = 7;
 
-// git's rule for a binary file: a NUL byte among the first 8000 bytes.
 bool looks_binary(const std::vector<uint8_t>& bytes) {
-  const size_t n = std::min<size_t>(bytes.size(), 8000);
-  return std::find(bytes.begin(), bytes.begin() + std::ptrdiff_t(n), uint8_t(0)) !=
-         bytes.begin() + std::ptrdiff_t(n);
+  return data::looks_binary(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 void add_file(TextCorpus& corpus, const std::string& path, const std::vector<uint8_t>& bytes,

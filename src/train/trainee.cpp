@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <span>
+#include <unordered_map>
 
 #include "mantissa/amp/precision.h"
 #include "mantissa/autograd/grad_mode.h"
@@ -248,14 +249,17 @@ NamedTensors with_prefix(const NamedTensors& all, const std::string& prefix,
 // The model was built from the data given now (its columns, vocabulary, image channels): a
 // tensor shaped otherwise than the checkpoint's means other data than the run trained on.
 void check_fits_the_data(const nn::Module& model, const NamedTensors& saved) {
-  for (const auto& [name, t] : model.state_dict()) {
-    for (const auto& [n, s] : saved) {
-      if (n != name || s.shape() == t.shape()) continue;
-      MT_CHECK(false, "the data given does not fit the checkpoint's model: its tensor '", n,
-               "' is ", s.shape().str(), ", but the model this data builds has ", t.shape().str(),
-               " (the data's columns, vocabulary or images differ from the data the run trained "
-               "on); give that data, or a checkpoint of a run on this one");
-    }
+  const NamedTensors state = model.state_dict();
+  std::unordered_map<std::string, const Tensor*> mine;
+  for (const auto& [name, t] : state)
+    mine.emplace(name, &t);
+  for (const auto& [n, s] : saved) {
+    const auto it = mine.find(n);
+    if (it == mine.end() || s.shape() == it->second->shape()) continue;
+    MT_CHECK(false, "the data given does not fit the checkpoint's model: its tensor '", n, "' is ",
+             s.shape().str(), ", but the model this data builds has ", it->second->shape().str(),
+             " (the data's columns, vocabulary or images differ from the data the run trained "
+             "on); give that data, or a checkpoint of a run on this one");
   }
 }
 

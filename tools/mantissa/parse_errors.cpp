@@ -21,11 +21,15 @@ const CLI::App* subcommand_named(const CLI::App& app, std::string_view name) {
   return nullptr;
 }
 
-std::string commands_of(const CLI::App& app) {
+std::vector<std::string> command_names(const CLI::App& app) {
   std::vector<std::string> names;
   for (const CLI::App* sub : app.get_subcommands({}))
     names.push_back(sub->get_name());
-  return fmt::format("{}", fmt::join(names, ", "));
+  return names;
+}
+
+std::string commands_of(const CLI::App& app) {
+  return fmt::format("{}", fmt::join(command_names(app), ", "));
 }
 
 std::string nearest_of(std::string_view given, const std::vector<std::string>& names) {
@@ -129,10 +133,7 @@ ParseErrorText explain_parse_error(const CLI::App& app, const std::vector<std::s
   }
   const CLI::App* sub = subcommand_named(app, args[at]);
   if (sub == nullptr) {
-    std::vector<std::string> names;
-    for (const CLI::App* s : app.get_subcommands({}))
-      names.push_back(s->get_name());
-    const std::string near = nearest_of(args[at], names);
+    const std::string near = nearest_of(args[at], command_names(app));
     return {"mantissa",
             fmt::format("unknown command '{}'{}; the commands: {}\nRun 'mantissa --help' for "
                         "what each does.",

@@ -2,6 +2,7 @@
 // whole documents into training and validation sets.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -12,6 +13,13 @@ namespace mantissa::data {
 // The Debian package `fortunes` (apt-get install fortunes): about 2.5 MB of plain-text fortune
 // files whose entries are separated by lines holding only "%". The default example corpus.
 inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
+
+// git's rule for a binary file: a NUL byte among the first 8000 bytes (text readers refuse or
+// skip such a file instead of reading it as text).
+inline constexpr size_t kBinarySniffBytes = 8000;
+inline bool looks_binary(std::string_view bytes) {
+  return bytes.substr(0, kBinarySniffBytes).find('\0') != std::string_view::npos;
+}
 
 struct CorpusOptions {
   // A line holding only this text (a trailing \r allowed) separates documents inside a file; the
