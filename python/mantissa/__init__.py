@@ -34,13 +34,17 @@ try:
     # Mantissa's half and fp8 dtypes as NumPy sees them.
     _NUMPY_OF = {"bf16": _ml.bfloat16, "f16": _np.float16, "fp8_e4m3": _ml.float8_e4m3fn,
                  "fp8_e5m2": _ml.float8_e5m2}
+    # The storage formats of convert() (the C++ storage types), as NumPy sees them.
+    _STORAGE = {"bf16": _ml.bfloat16, "fp16": _np.float16, "fp8_e4m3": _ml.float8_e4m3fn,
+                "fp8_e5m2": _ml.float8_e5m2, "fp6_e2m3": _ml.float6_e2m3fn,
+                "fp6_e3m2": _ml.float6_e3m2fn, "fp4_e2m1": _ml.float4_e2m1fn,
+                "e8m0": _ml.float8_e8m0fnu}
 except ImportError:  # ml_dtypes is a dependency; without it only bf16/fp8 arrays are refused
     _ml = None
     _NUMPY_OF = {"f16": _np.float16}
+    _STORAGE = {"fp16": _np.float16}
 
 _DTYPE_OF = {_np.dtype(v).name: k for k, v in _NUMPY_OF.items()}
-_FORMATS = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
-_STORAGE = {"bf16": "bf16", "fp16": "f16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 def _numpy(self):
@@ -86,9 +90,9 @@ def from_numpy(a):
 def round(x, format, rounding="nearest", overflow="inf", seed=0, out=None):
     """`x`'s values moved onto `format`'s grid, as float32 (the emulation primitive).
 
-    format: fp32, tf32, fp16, bf16, fp8_e4m3, fp8_e5m2; rounding: nearest (ties to even),
-    truncate or stochastic (bf16/fp16; draws are a function of seed and position); overflow: inf
-    or saturate. Bit-identical to the C++ round_in_place, vectorized, without the GIL. out: a
+    format: fp32, tf32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 or e8m0;
+    rounding: nearest (ties to even), truncate or stochastic (draws are a function of seed and
+    position); overflow: inf or saturate. Bit-identical to the C++ round_in_place, vectorized, without the GIL. out: a
     C-contiguous float32 array to write (x itself rounds in place, without a copy).
     """
     if out is None:
@@ -101,14 +105,15 @@ def round(x, format, rounding="nearest", overflow="inf", seed=0, out=None):
 
 def convert(x, format, rounding="nearest", saturate=False, seed=0):
     """`x` (as float32) stored in `format`: an ml_dtypes array of bf16, fp16 (NumPy's float16),
-    fp8_e4m3 (float8_e4m3fn) or fp8_e5m2. saturate=True clamps finite overflow to the largest
-    finite value (fp8 recipes do); otherwise overflow is inf (or NaN for e4m3, which has no inf)."""
+    fp8_e4m3 (float8_e4m3fn), fp8_e5m2, fp6_e2m3 (float6_e2m3fn), fp6_e3m2 (float6_e3m2fn),
+    fp4_e2m1 (float4_e2m1fn) or e8m0 (float8_e8m0fnu). saturate=True clamps finite overflow to the
+    largest finite value (fp8 recipes do); otherwise overflow is inf (NaN for e4m3 and e8m0,
+    which have no inf; the largest value for fp6 and fp4, which have neither)."""
     if format not in _STORAGE:
-        raise Error(f"convert: unknown storage format '{format}'; use bf16, fp16, fp8_e4m3 or "
-                    "fp8_e5m2")
+        raise Error(f"convert: unknown storage format '{format}'; use "
+                    f"{', '.join(_STORAGE)}" + ("" if _ml else " (the others need ml_dtypes)"))
     src = _np.ascontiguousarray(x, dtype=_np.float32)
-    dtype = _NUMPY_OF[_STORAGE[format]]
-    out = _np.empty(src.shape, dtype=dtype)
+    out = _np.empty(src.shape, dtype=_STORAGE[format])
     raw = out.view(_np.uint8 if out.itemsize == 1 else _np.uint16)
     _mantissa._convert(src.reshape(-1), raw.reshape(-1), format, rounding, saturate, seed)
     return out

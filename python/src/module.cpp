@@ -417,8 +417,7 @@ void bind_numerics(nb::module_& m) {
         [](nb::ndarray<float, nb::c_contig, nb::device::cpu> a, const std::string& format,
            const std::string& rounding, const std::string& overflow, uint64_t seed) {
           const std::optional<mt::Format> f = mt::parse_format(format);
-          MT_CHECK(f.has_value(), "unknown format '", format,
-                   "'; use fp32, tf32, fp16, bf16, fp8_e4m3 or fp8_e5m2");
+          MT_CHECK(f.has_value(), "unknown format '", format, "'; use ", mt::format_names());
           const std::optional<mt::RoundingMode> r = mt::parse_rounding(rounding);
           MT_CHECK(r.has_value(), "unknown rounding '", rounding,
                    "'; use nearest, truncate or stochastic");
@@ -437,6 +436,8 @@ void bind_numerics(nb::module_& m) {
                        nb::ndarray<nb::c_contig, nb::device::cpu> dst, const std::string& format,
                        const std::string& rounding, bool saturate, uint64_t seed) {
     MT_CHECK(src.size() == dst.size(), "convert: ", src.size(), " values into ", dst.size());
+    const std::optional<mt::Format> f = mt::parse_format(format);
+    MT_CHECK(f.has_value(), "unknown format '", format, "'; use ", mt::format_names());
     const std::optional<mt::RoundingMode> r = mt::parse_rounding(rounding);
     MT_CHECK(r.has_value(), "unknown rounding '", rounding, "'");
     mt::RoundingOptions o;
@@ -447,18 +448,11 @@ void bind_numerics(nb::module_& m) {
     void* d = dst.data();
     const size_t n = src.size();
     nb::gil_scoped_release release;
-    if (format == "bf16") {
-      mt::convert(s, static_cast<mt::bfloat16*>(d), n, o);
-    } else if (format == "fp16") {
-      mt::convert(s, static_cast<mt::half*>(d), n, o);
-    } else if (format == "fp8_e4m3") {
-      mt::convert(s, static_cast<mt::float8_e4m3*>(d), n, o);
-    } else if (format == "fp8_e5m2") {
-      mt::convert(s, static_cast<mt::float8_e5m2*>(d), n, o);
-    } else {
-      MT_CHECK(false, "convert: unknown storage format '", format,
-               "'; use bf16, fp16, fp8_e4m3 or fp8_e5m2");
-    }
+    // The storage type whose format this is (fp32 and tf32 have none).
+    const bool stored = [&]<typename... T>(std::tuple<T...>*) {
+      return ((T::format == *f && (mt::convert(s, static_cast<T*>(d), n, o), true)) || ...);
+    }(static_cast<mt::SmallFloats*>(nullptr));
+    MT_CHECK(stored, "convert: ", format, " has no storage type; use round() for it");
   });
   m.def("_inspect", [](const std::string& text, const std::string& rounding, bool saturate) {
     const auto x = mt::parse_number(text);

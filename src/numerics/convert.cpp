@@ -73,8 +73,9 @@ constexpr std::array<float, 256> make_decode_table() {
   return t;
 }
 
+// Any one-byte format through its 256-entry table (fp6/fp4 use the low 64/16 entries).
 template <Format F, typename T>
-void decode_fp8(const T* src, float* dst, size_t n) {
+void decode_byte(const T* src, float* dst, size_t n) {
   static constexpr std::array<float, 256> kTable = make_decode_table<F>();
   for (size_t i = 0; i < n; ++i)
     dst[i] = kTable[src[i].bits];
@@ -123,6 +124,21 @@ void convert(const float* src, float8_e5m2* dst, size_t n, const RoundingOptions
   encode_generic<Format::FP8_E5M2>(src, dst, n, o);
 }
 
+// The microscaling formats through the scalar definition (their vectorized quantization lives
+// with the block-scaled recipes that use it).
+void convert(const float* src, float6_e2m3* dst, size_t n, const RoundingOptions& o) {
+  encode_generic<Format::FP6_E2M3>(src, dst, n, o);
+}
+void convert(const float* src, float6_e3m2* dst, size_t n, const RoundingOptions& o) {
+  encode_generic<Format::FP6_E3M2>(src, dst, n, o);
+}
+void convert(const float* src, float4_e2m1* dst, size_t n, const RoundingOptions& o) {
+  encode_generic<Format::FP4_E2M1>(src, dst, n, o);
+}
+void convert(const float* src, float8_e8m0* dst, size_t n, const RoundingOptions& o) {
+  encode_generic<Format::E8M0>(src, dst, n, o);
+}
+
 void convert(const bfloat16* src, float* dst, size_t n) {
   detail::bf16_to_f32(bits_of(src), dst, n, detail::best_isa());
 }
@@ -132,11 +148,27 @@ void convert(const half* src, float* dst, size_t n) {
 }
 
 void convert(const float8_e4m3* src, float* dst, size_t n) {
-  decode_fp8<Format::FP8_E4M3>(src, dst, n);
+  decode_byte<Format::FP8_E4M3>(src, dst, n);
 }
 
 void convert(const float8_e5m2* src, float* dst, size_t n) {
-  decode_fp8<Format::FP8_E5M2>(src, dst, n);
+  decode_byte<Format::FP8_E5M2>(src, dst, n);
+}
+
+void convert(const float6_e2m3* src, float* dst, size_t n) {
+  decode_byte<Format::FP6_E2M3>(src, dst, n);
+}
+
+void convert(const float6_e3m2* src, float* dst, size_t n) {
+  decode_byte<Format::FP6_E3M2>(src, dst, n);
+}
+
+void convert(const float4_e2m1* src, float* dst, size_t n) {
+  decode_byte<Format::FP4_E2M1>(src, dst, n);
+}
+
+void convert(const float8_e8m0* src, float* dst, size_t n) {
+  decode_byte<Format::E8M0>(src, dst, n);
 }
 
 void round_in_place(Format f, float* data, size_t n, const RoundingOptions& o) {
@@ -165,20 +197,10 @@ void round_in_place(Format f, float* data, size_t n, const RoundingOptions& o) {
     }
     return;
   }
-  switch (f) {
-    case Format::FP32:
-      return;
-    case Format::TF32:
-      return encode_generic<Format::TF32>(data, data, n, o);
-    case Format::FP16:
-      return encode_generic<Format::FP16>(data, data, n, o);
-    case Format::BF16:
-      return encode_generic<Format::BF16>(data, data, n, o);
-    case Format::FP8_E4M3:
-      return encode_generic<Format::FP8_E4M3>(data, data, n, o);
-    case Format::FP8_E5M2:
-      return encode_generic<Format::FP8_E5M2>(data, data, n, o);
-  }
+  with_format(f, [&](auto format) {
+    constexpr Format F = decltype(format)::value;
+    if constexpr (F != Format::FP32) encode_generic<F>(data, data, n, o);
+  });
 }
 
 }  // namespace mantissa

@@ -22,7 +22,8 @@ std::optional<Format> parse_format(std::string_view name) {
   for (const auto& info : kFormatTable) {
     if (s == info.name) return info.format;
   }
-  static constexpr std::array<std::pair<std::string_view, Format>, 12> kAliases = {{
+  // ml_dtypes' names of each format too, so a NumPy dtype's name is accepted as it prints.
+  static constexpr std::array<std::pair<std::string_view, Format>, 21> kAliases = {{
       {"f32", Format::FP32},
       {"float32", Format::FP32},
       {"float", Format::FP32},
@@ -35,11 +36,29 @@ std::optional<Format> parse_format(std::string_view name) {
       {"e5m2", Format::FP8_E5M2},
       {"float8_e5m2", Format::FP8_E5M2},
       {"tensorfloat32", Format::TF32},
+      {"e2m3", Format::FP6_E2M3},
+      {"float6_e2m3fn", Format::FP6_E2M3},
+      {"e3m2", Format::FP6_E3M2},
+      {"float6_e3m2fn", Format::FP6_E3M2},
+      {"fp4", Format::FP4_E2M1},
+      {"e2m1", Format::FP4_E2M1},
+      {"float4_e2m1fn", Format::FP4_E2M1},
+      {"float8_e8m0fnu", Format::E8M0},
+      {"e8m0fnu", Format::E8M0},
   }};
   for (const auto& [alias, f] : kAliases) {
     if (s == alias) return f;
   }
   return std::nullopt;
+}
+
+std::string format_names() {
+  std::string names;
+  for (const auto& info : kFormatTable) {
+    if (!names.empty()) names += ", ";
+    names += info.name;
+  }
+  return names;
 }
 
 std::string_view rounding_name(RoundingMode mode) {

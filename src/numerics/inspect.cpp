@@ -60,7 +60,9 @@ std::string binary(uint32_t v, int width) {
 ValueClass classify(uint32_t bits, FormatSpec t) {
   const uint32_t e = (bits >> t.mantissa_bits) & t.exponent_mask();
   const uint32_t m = bits & t.mantissa_mask();
-  if (!t.has_inf() && e == t.exponent_mask() && m == t.mantissa_mask()) return ValueClass::NaN;
+  if (t.nan == NanEncoding::AllOnes && (bits & t.magnitude_mask()) == t.quiet_nan_bits())
+    return ValueClass::NaN;
+  if (t.is_scale()) return ValueClass::Normal;  // e8m0: every other pattern is 2^(e - bias)
   if (t.has_inf() && e == t.exponent_mask()) return m ? ValueClass::NaN : ValueClass::Inf;
   if (e == 0) return m ? ValueClass::Subnormal : ValueClass::Zero;
   return ValueClass::Normal;
@@ -77,7 +79,7 @@ FormatReport inspect(Format f, const ParsedNumber& x, RoundingMode mode, Overflo
   r.format = f;
   r.bits = encode(f, x.value, mode, overflow);
   r.container = f == Format::TF32 ? r.bits << (23 - t.mantissa_bits) : r.bits;
-  r.sign_bits = binary(r.bits >> (t.exponent_bits + t.mantissa_bits), 1);
+  r.sign_bits = t.has_sign ? binary(r.bits >> (t.exponent_bits + t.mantissa_bits), 1) : "";
   r.exponent_bits = binary((r.bits >> t.mantissa_bits) & t.exponent_mask(), t.exponent_bits);
   r.mantissa_bits = binary(r.bits & t.mantissa_mask(), t.mantissa_bits);
   char hex[16];
@@ -87,7 +89,6 @@ FormatReport inspect(Format f, const ParsedNumber& x, RoundingMode mode, Overflo
   r.value_class = classify(r.bits, t);
 
   const double in = x.value;
-  const bool finite_out = std::isfinite(r.value);
   if (std::isnan(in) || std::isnan(r.value)) {
     r.abs_error = (std::isnan(in) && std::isnan(r.value)) ? 0.0 : NAN;
   } else if (r.value == in) {
@@ -99,8 +100,10 @@ FormatReport inspect(Format f, const ParsedNumber& x, RoundingMode mode, Overflo
                                                        : r.abs_error / std::fabs(in);
   if (std::isinf(in) && !x.finite_input) r.rel_error = r.abs_error == 0.0 ? 0.0 : NAN;
 
+  // Only a magnitude beyond the largest value rounds to inf/NaN or saturates (e8m0's NaN for
+  // zero and negative numbers is no overflow).
   const double mag = std::fabs(in);
-  r.overflow = x.finite_input && !std::isnan(in) && (!finite_out || mag > info.max_finite);
+  r.overflow = x.finite_input && !std::isnan(in) && mag > info.max_finite;
   r.underflow = std::isfinite(in) && in != 0.0 && mag < info.min_normal && r.value != in;
   return r;
 }

@@ -27,14 +27,26 @@ fp32_row = next((l for l in out.splitlines() if l.split()[:1] == ["fp32"]), "")
 check(fp32_row.split()[1:4] == ["0", "10000010", "10001001111010111000011"],
       f"fp32 bits of 12.31 are split sign/exp/mantissa: {fp32_row!r}")
 check("0x4144f5c3" in out, "fp32 hex of 12.31")
-for name in ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"):
+ALL = ["fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1",
+       "e8m0"]
+for name in ALL:
     check(name in out, f"human output lists {name}")
+e8m0_row = next((l for l in out.splitlines() if l.split()[:1] == ["e8m0"]), "")
+check(e8m0_row.split()[1:5] == ["-", "10000011", "-", "0x83"],
+      f"e8m0 has no sign and no mantissa: 12.31 = 1.54 * 2^3 -> 2^4, shown with dashes: {e8m0_row!r}")
 
 rc, out, err = run("formats", "--json", "12.31")
 doc = json.loads(out)
 check(doc["input"] == "12.31" and doc["rounding"] == "nearest", "json input/rounding")
 names = [f["name"] for f in doc["formats"]]
-check(names == ["fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"], f"json format order {names}")
+check(names == ALL, f"json format order {names}")
+byname = {f["name"]: f for f in doc["formats"]}
+check(byname["fp4_e2m1"]["value"] == 6 and byname["fp4_e2m1"]["overflow"],
+      f"fp4 of 12.31 saturates to 6 (no inf): {byname['fp4_e2m1']}")
+check(byname["fp6_e3m2"]["value"] == 12 and byname["fp6_e3m2"]["bits"] == "0 110 10",
+      f"fp6_e3m2 of 12.31: {byname['fp6_e3m2']}")
+check(byname["e8m0"]["value"] == 16 and byname["e8m0"]["bits"] == "10000011",
+      f"e8m0 of 12.31 is 2^4, one field: {byname['e8m0']}")
 fp32 = doc["formats"][0]
 check(fp32["bits"] == "0 10000010 10001001111010111000011", "json fp32 bits")
 check(fp32["hex"] == "0x4144f5c3", "json fp32 hex")
@@ -75,6 +87,17 @@ rc, out, _ = run("formats", "--table")
 check(rc == 0 and "65504" in out and "448" in out and "57344" in out, "format table")
 tab = json.loads(run("formats", "--table", "--json")[1])
 check([t["name"] for t in tab][2] == "fp16" and tab[2]["max_finite"] == 65504, "json table")
+row = {t["name"]: t for t in tab}
+check(row["fp4_e2m1"]["max_finite"] == 6 and row["fp4_e2m1"]["min_subnormal"] == 0.5 and
+      not row["fp4_e2m1"]["has_nan"] and row["fp4_e2m1"]["nan"] is None, f"fp4 row {row['fp4_e2m1']}")
+check(row["fp6_e2m3"]["max_finite"] == 7.5 and row["fp6_e3m2"]["max_finite"] == 28, "fp6 rows")
+check(row["e8m0"]["has_sign"] is False and row["e8m0"]["nan"] == "0xff" and
+      row["e8m0"]["max_finite"] == 2.0**127 and row["e8m0"]["min_normal"] == 2.0**-127, f"e8m0 row {row['e8m0']}")
+rc, out, _ = run("formats", "1.3", "--format", "fp4_e2m1")
+check(rc == 0 and "fp4_e2m1" in out and " 1.5 " in out and "fp32" not in out,
+      f"--format fp4_e2m1 shows that row only: {out!r}")
+rc, _, err = run("formats", "1.3", "--format", "fp5")
+check(rc == 2 and "fp4_e2m1" in err and "e8m0" in err, f"an unknown --format lists the table: {err!r}")
 
 # Mistakes: one line naming the problem, exit code 2, nothing on stdout.
 for bad in (["formats", "abc"], ["formats", ""], ["formats", "1.5x"], ["formats", "12", "abc"]):

@@ -65,20 +65,32 @@ TEST(RoundingSpecials, ZerosInfNanEveryFormat) {
     const Format f = info.format;
     const FormatSpec s = info.spec;
     SCOPED_TRACE(std::string(info.name));
+    const float snan = std::bit_cast<float>(0x7f800001u);
     for (RoundingMode m : {kRne, kRtz, kSr}) {
+      EXPECT_EQ(encode(f, NAN, m, Overflow::Saturate), encode(f, NAN, m));
+      EXPECT_EQ(encode(f, INFINITY, m), s.inf_bits());
+      if (s.is_scale()) {  // e8m0: no zero and no sign: both zeros, -inf and NaN are its NaN
+        for (float x : {0.0f, -0.0f, -INFINITY, NAN, -NAN, snan})
+          EXPECT_EQ(encode(f, x, m), s.quiet_nan_bits()) << x;
+        EXPECT_EQ(encode(f, INFINITY, m, Overflow::Saturate), s.max_finite_bits());
+        continue;
+      }
       EXPECT_EQ(encode(f, 0.0f, m), 0u);
       EXPECT_EQ(encode(f, -0.0f, m), s.sign_bit());
+      EXPECT_EQ(encode(f, -INFINITY, m, Overflow::Saturate), s.max_finite_bits() | s.sign_bit());
       const uint32_t pos_nan = encode(f, NAN, m), neg_nan = encode(f, -NAN, m);
+      if (!s.has_nan()) {  // fp6/fp4: a NaN becomes the zero of the other sign (ml_dtypes)
+        EXPECT_EQ(pos_nan, s.sign_bit());
+        EXPECT_EQ(neg_nan, 0u);
+        EXPECT_EQ(encode(f, snan, m), s.sign_bit());
+        continue;
+      }
       EXPECT_TRUE(std::isnan(decode(f, pos_nan)));
       EXPECT_TRUE(std::isnan(decode(f, neg_nan)));
       EXPECT_FALSE(std::signbit(decode(f, pos_nan)));
       EXPECT_TRUE(std::signbit(decode(f, neg_nan)));
       // A signalling NaN whose payload lies only in dropped bits must stay NaN, not become inf.
-      const float snan = std::bit_cast<float>(0x7f800001u);
       EXPECT_TRUE(std::isnan(decode(f, encode(f, snan, m))));
-      EXPECT_EQ(encode(f, NAN, m, Overflow::Saturate), encode(f, NAN, m));
-      EXPECT_EQ(encode(f, INFINITY, m), s.inf_bits());
-      EXPECT_EQ(encode(f, -INFINITY, m, Overflow::Saturate), s.max_finite_bits() | s.sign_bit());
     }
   }
 }
@@ -120,10 +132,69 @@ TEST(RoundingFp8, E5m2) {
   EXPECT_EQ(enc(f, std::ldexp(1.0f, -17)), 0x00u);
 }
 
+// The OCP Microscaling formats at their edges, as ml_dtypes 0.7 gives them (measured).
+TEST(RoundingMx, Fp4E2m1) {
+  const Format f = Format::FP4_E2M1;
+  EXPECT_EQ(enc(f, 6.0f), 0x7u);
+  EXPECT_EQ(enc(f, 100.0f), 0x7u);  // no inf: overflow saturates
+  EXPECT_EQ(enc(f, INFINITY), 0x7u);
+  EXPECT_EQ(enc(f, -INFINITY), 0xfu);
+  EXPECT_EQ(enc(f, NAN), 0x8u);  // no NaN: a zero of the other sign
+  EXPECT_EQ(enc(f, -NAN), 0x0u);
+  EXPECT_EQ(enc(f, 0.25f), 0x0u);  // tie between 0 (even) and 0.5
+  EXPECT_EQ(enc(f, 0.75f), 0x2u);  // tie between 0.5 and 1 (even)
+  EXPECT_EQ(enc(f, 5.0f), 0x6u);   // tie between 4 (even) and 6
+  EXPECT_EQ(enc(f, 5.0f, kRtz), 0x6u);
+  EXPECT_EQ(enc(f, 5.5f, kRtz), 0x6u);
+  EXPECT_EQ(enc(f, -2.9f), 0xdu);  // -3
+  EXPECT_EQ(decode(f, 0x1u), 0.5f);
+  EXPECT_EQ(format_info(f).max_finite, 6.0);
+  EXPECT_EQ(format_info(f).min_subnormal, 0.5);
+}
+
+TEST(RoundingMx, Fp6) {
+  EXPECT_EQ(format_info(Format::FP6_E2M3).max_finite, 7.5);
+  EXPECT_EQ(format_info(Format::FP6_E2M3).min_subnormal, 0.125);
+  EXPECT_EQ(format_info(Format::FP6_E3M2).max_finite, 28.0);
+  EXPECT_EQ(format_info(Format::FP6_E3M2).min_subnormal, 0.0625);
+  EXPECT_EQ(enc(Format::FP6_E2M3, 100.0f), 0x1fu);
+  EXPECT_EQ(enc(Format::FP6_E2M3, 0.25f), 0x02u);
+  EXPECT_EQ(enc(Format::FP6_E2M3, 5.0f), 0x1au);
+  EXPECT_EQ(enc(Format::FP6_E2M3, NAN), 0x20u);
+  EXPECT_EQ(enc(Format::FP6_E3M2, 100.0f), 0x1fu);
+  EXPECT_EQ(enc(Format::FP6_E3M2, 0.25f), 0x04u);
+  EXPECT_EQ(enc(Format::FP6_E3M2, 5.0f), 0x15u);
+  EXPECT_EQ(enc(Format::FP6_E3M2, -INFINITY), 0x3fu);
+}
+
+TEST(RoundingMx, E8m0) {
+  const Format f = Format::E8M0;
+  EXPECT_EQ(enc(f, 1.0f), 127u);
+  EXPECT_EQ(enc(f, 1.5f), 128u);  // ties go up: the kept significand (1) is odd
+  EXPECT_EQ(enc(f, 3.0f), 129u);
+  EXPECT_EQ(enc(f, 1.49f), 127u);
+  EXPECT_EQ(enc(f, 3.0f, kRtz), 128u);
+  EXPECT_EQ(enc(f, 1e-9f), 97u);                  // 2^-30
+  EXPECT_EQ(enc(f, std::ldexp(1.0f, -128)), 0u);  // no zero: clamps up to 2^-127
+  EXPECT_EQ(enc(f, 1e-45f), 0u);
+  EXPECT_EQ(enc(f, std::ldexp(1.0f, 127)), 254u);
+  EXPECT_EQ(enc(f, 3e38f), 255u);  // beyond 2^127 (ties up past it): NaN
+  EXPECT_EQ(enc(f, 3e38f, kRne, Overflow::Saturate), 254u);
+  EXPECT_EQ(enc(f, 3e38f, kRtz), 254u);
+  for (float x : {0.0f, -0.0f, -1.0f, INFINITY, -INFINITY, NAN})
+    EXPECT_EQ(enc(f, x), 255u) << x;
+  EXPECT_EQ(decode(f, 0u), std::ldexp(1.0f, -127));
+  EXPECT_EQ(decode(f, 254u), std::ldexp(1.0f, 127));
+  EXPECT_TRUE(std::isnan(decode(f, 255u)));
+  EXPECT_EQ(format_info(f).min_normal, std::ldexp(1.0, -127));
+  EXPECT_EQ(format_spec(f).total_bits(), 8);
+}
+
 // Everything above, and more, against the independent reference: powers of two, their
 // neighbours, ties and near-ties around every binade of each format.
 TEST(RoundingReference, EdgeValuesEveryFormat) {
-  for (Format f : {Format::TF32, Format::FP16, Format::BF16, Format::FP8_E4M3, Format::FP8_E5M2}) {
+  for (Format f : {Format::TF32, Format::FP16, Format::BF16, Format::FP8_E4M3, Format::FP8_E5M2,
+                   Format::FP6_E2M3, Format::FP6_E3M2, Format::FP4_E2M1, Format::E8M0}) {
     const ReferenceRounder ref(f);
     const FormatInfo& info = format_info(f);
     SCOPED_TRACE(std::string(info.name));

@@ -44,8 +44,7 @@ std::vector<Format> selected_formats(const std::vector<std::string>& only) {
   }
   for (const auto& name : only) {
     auto f = parse_format(name);
-    MT_CHECK(f.has_value(), "unknown format '", name,
-             "'; the formats are fp32, tf32, fp16, bf16, fp8_e4m3, fp8_e5m2");
+    MT_CHECK(f.has_value(), "unknown format '", name, "'; the formats are ", format_names());
     out.push_back(*f);
   }
   return out;
@@ -55,6 +54,22 @@ std::string class_text(const FormatReport& r) {
   std::string s(value_class_name(r.value_class));
   if (r.overflow) s += " (overflow)";
   if (r.underflow) s += " (underflow)";
+  return s;
+}
+
+// e8m0 has no sign and no mantissa bits: a dash in their columns.
+std::string field_or_dash(const std::string& bits) {
+  return bits.empty() ? "-" : bits;
+}
+
+// The fields that exist, space separated ("0 1000 010"; e8m0: "01111111").
+std::string bit_fields(const FormatReport& r) {
+  std::string s;
+  for (const std::string* f : {&r.sign_bits, &r.exponent_bits, &r.mantissa_bits}) {
+    if (f->empty()) continue;
+    if (!s.empty()) s += ' ';
+    s += *f;
+  }
   return s;
 }
 
@@ -68,8 +83,9 @@ void print_human(const ParsedNumber& x, RoundingMode mode, const std::vector<For
              "exponent", "mantissa", wm, "hex", "value", "abs error", "rel error", "class");
   for (const auto& r : rows) {
     fmt::print("  {:<9} {:<4} {:<8} {:<{}} {:<10} {:<22} {:<10} {:<10} {}\n", format_name(r.format),
-               r.sign_bits, r.exponent_bits, r.mantissa_bits, wm, r.hex, human(r.value, "{:.15g}"),
-               human(r.abs_error, "{:.3g}"), human(r.rel_error, "{:.3g}"), class_text(r));
+               field_or_dash(r.sign_bits), r.exponent_bits, field_or_dash(r.mantissa_bits), wm,
+               r.hex, human(r.value, "{:.15g}"), human(r.abs_error, "{:.3g}"),
+               human(r.rel_error, "{:.3g}"), class_text(r));
   }
 }
 
@@ -78,7 +94,7 @@ nlohmann::ordered_json to_json(const ParsedNumber& x, RoundingMode mode,
   nlohmann::ordered_json formats = nlohmann::ordered_json::array();
   for (const auto& r : rows) {
     formats.push_back({{"name", format_name(r.format)},
-                       {"bits", r.sign_bits + " " + r.exponent_bits + " " + r.mantissa_bits},
+                       {"bits", bit_fields(r)},
                        {"hex", r.hex},
                        {"value", number(r.value)},
                        {"abs_error", number(r.abs_error)},
@@ -96,6 +112,20 @@ std::string encoding_hex(uint32_t bits, const FormatInfo& info) {
   return fmt::format("0x{:0{}x}", container, info.storage_bytes * 2);
 }
 
+std::string nan_text(const FormatSpec& s, const FormatInfo& i) {
+  switch (s.nan) {
+    case NanEncoding::Ieee:
+      return "exponent all ones, mantissa != 0; quiet " + encoding_hex(s.quiet_nan_bits(), i);
+    case NanEncoding::AllOnes:
+      if (!s.has_sign) return "only all ones: " + encoding_hex(s.quiet_nan_bits(), i);
+      return "only S.1111.111: " + encoding_hex(s.quiet_nan_bits(), i) + " / " +
+             encoding_hex(s.quiet_nan_bits() | s.sign_bit(), i);
+    case NanEncoding::None:
+      break;
+  }
+  return "none (NaN becomes a zero)";
+}
+
 int print_table(bool json, const std::vector<Format>& formats) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   if (!json) {
@@ -106,15 +136,12 @@ int print_table(bool json, const std::vector<Format>& formats) {
   for (Format f : formats) {
     const FormatInfo& i = format_info(f);
     const FormatSpec& s = i.spec;
-    const std::string layout = fmt::format("1-{}-{}", s.exponent_bits, s.mantissa_bits);
+    const std::string layout =
+        fmt::format("{}-{}-{}", int(s.has_sign), s.exponent_bits, s.mantissa_bits);
     const std::string inf = s.has_inf() ? encoding_hex(s.inf_bits(), i) + " / " +
                                               encoding_hex(s.inf_bits() | s.sign_bit(), i)
                                         : "none";
-    const std::string nan =
-        s.has_inf()
-            ? "exponent all ones, mantissa != 0; quiet " + encoding_hex(s.quiet_nan_bits(), i)
-            : "only S.1111.111: " + encoding_hex(s.quiet_nan_bits(), i) + " / " +
-                  encoding_hex(s.quiet_nan_bits() | s.sign_bit(), i);
+    const std::string nan = nan_text(s, i);
     if (json) {
       out.push_back(
           {{"name", i.name},
@@ -127,9 +154,12 @@ int print_table(bool json, const std::vector<Format>& formats) {
            {"min_subnormal", i.min_subnormal},
            {"epsilon", i.epsilon},
            {"decimal_digits", i.decimal_digits},
+           {"has_sign", s.has_sign},
            {"has_inf", s.has_inf()},
+           {"has_nan", s.has_nan()},
            {"inf", s.has_inf() ? nlohmann::ordered_json(encoding_hex(s.inf_bits(), i)) : nullptr},
-           {"nan", encoding_hex(s.quiet_nan_bits(), i)}});
+           {"nan",
+            s.has_nan() ? nlohmann::ordered_json(encoding_hex(s.quiet_nan_bits(), i)) : nullptr}});
     } else {
       fmt::print("{:<9} {:<8} {:>4}  {:<15.9g} {:<15.9g} {:<15.9g} {:<13.7g} {:>6.2f}  {:<21} {}\n",
                  i.name, layout, s.bias(), i.max_finite, i.min_normal, i.min_subnormal, i.epsilon,

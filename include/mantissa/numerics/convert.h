@@ -29,12 +29,20 @@ void convert(const float* src, bfloat16* dst, size_t n, const RoundingOptions& o
 void convert(const float* src, half* dst, size_t n, const RoundingOptions& options = {});
 void convert(const float* src, float8_e4m3* dst, size_t n, const RoundingOptions& options = {});
 void convert(const float* src, float8_e5m2* dst, size_t n, const RoundingOptions& options = {});
+void convert(const float* src, float6_e2m3* dst, size_t n, const RoundingOptions& options = {});
+void convert(const float* src, float6_e3m2* dst, size_t n, const RoundingOptions& options = {});
+void convert(const float* src, float4_e2m1* dst, size_t n, const RoundingOptions& options = {});
+void convert(const float* src, float8_e8m0* dst, size_t n, const RoundingOptions& options = {});
 
 // Exact widening.
 void convert(const bfloat16* src, float* dst, size_t n);
 void convert(const half* src, float* dst, size_t n);
 void convert(const float8_e4m3* src, float* dst, size_t n);
 void convert(const float8_e5m2* src, float* dst, size_t n);
+void convert(const float6_e2m3* src, float* dst, size_t n);
+void convert(const float6_e3m2* src, float* dst, size_t n);
+void convert(const float4_e2m1* src, float* dst, size_t n);
+void convert(const float8_e8m0* src, float* dst, size_t n);
 
 // Moves every value of `data` onto format f's grid (values stay fp32). FP32 is a no-op.
 void round_in_place(Format f, float* data, size_t n, const RoundingOptions& options = {});

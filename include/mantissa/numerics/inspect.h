@@ -30,13 +30,13 @@ struct FormatReport {
   Format format;
   uint32_t bits;       // the format's own pattern, right-aligned
   uint32_t container;  // the bits as stored: tf32 in its fp32 container, else == bits
-  std::string sign_bits, exponent_bits, mantissa_bits;
+  std::string sign_bits, exponent_bits, mantissa_bits;  // "" where the format has none (e8m0)
   std::string hex;   // of the container, e.g. "0x4144f5c3", "0x4a25"
   double value;      // the stored value, exactly
   double abs_error;  // |value - input| (inf when one of them is infinite and they differ)
   double rel_error;  // abs_error / |input| (0 for an exact zero)
   ValueClass value_class;
-  bool overflow;   // a finite input became inf/NaN, or was saturated to max finite
+  bool overflow;   // a finite input beyond the largest value: became inf/NaN, or saturated
   bool underflow;  // a non-zero input below the smallest normal could not be stored exactly
 };
 

@@ -6,7 +6,9 @@
 // bit-for-bit against it.
 //
 // NaN: a NaN converts to a quiet NaN of the same sign (the only NaN for fp8_e4m3), carrying the
-// top payload bits that fit — what F16C and AVX512-BF16 hardware produce.
+// top payload bits that fit — what F16C and AVX512-BF16 hardware produce. The formats without NaN
+// (fp6, fp4) take a NaN to a zero of the opposite sign, and e8m0 takes zero, negative numbers,
+// inf and NaN to its NaN: both as ml_dtypes does, which the exhaustive tests compare against.
 #pragma once
 
 #include <bit>
@@ -30,6 +32,69 @@ struct FloatLayout<double> {
   static constexpr int exponent_bits = 11, mantissa_bits = 52;
 };
 
+// Whether to round a magnitude away from zero: `rem` of `1 << shift` is the discarded part, `odd`
+// the kept part's last bit (ties to even).
+template <typename Bits>
+constexpr bool rounds_up(Bits rem, int shift, bool odd, RoundingMode mode, uint32_t random_bits) {
+  constexpr int kWidth = 8 * sizeof(Bits);
+  switch (mode) {
+    case RoundingMode::NearestEven:
+      if (shift > kWidth) return false;
+      {
+        const Bits half = Bits(1) << (shift - 1);
+        return rem > half || (rem == half && odd);
+      }
+    case RoundingMode::TowardZero:
+      return false;
+    case RoundingMode::Stochastic: {
+      // threshold = rem / 2^shift scaled to 32 bits.
+      uint64_t threshold;
+      if (shift <= 32) {
+        threshold = uint64_t(rem) << (32 - shift);
+      } else {
+        const int down = shift - 32;
+        threshold = down >= kWidth ? 0 : uint64_t(rem >> down);
+      }
+      return random_bits < threshold;
+    }
+  }
+  return false;
+}
+
+// A power-of-two scale format (e8m0): x = 1.f * 2^e rounds to 2^e or 2^(e+1) (ties up: the kept
+// significand, 1, is odd), then clamps into [2^emin, 2^emax]. There is no zero, so what rounds
+// below 2^emin is 2^emin; zero, negative numbers, inf and NaN are the NaN.
+template <typename Float>
+constexpr uint32_t encode_scale_bits(typename FloatLayout<Float>::Bits x, FormatSpec t,
+                                     RoundingMode mode, Overflow overflow, uint32_t random_bits) {
+  using Bits = typename FloatLayout<Float>::Bits;
+  constexpr int kSrcE = FloatLayout<Float>::exponent_bits;
+  constexpr int kSrcM = FloatLayout<Float>::mantissa_bits;
+  constexpr int kSrcBias = (1 << (kSrcE - 1)) - 1;
+  constexpr Bits kSrcInf = ((Bits(1) << kSrcE) - 1) << kSrcM;
+  const uint32_t nan = t.quiet_nan_bits();
+  if (x == kSrcInf) return overflow == Overflow::Saturate ? t.max_finite_bits() : nan;
+  if (x == 0 || x > kSrcInf) return nan;  // +0, NaN and every negative number
+  const int e_field = int(x >> kSrcM);
+  Bits sig = x & ((Bits(1) << kSrcM) - 1);
+  int e = e_field - kSrcBias;
+  if (e_field == 0) {  // a subnormal: normalize it
+    e = 1 - kSrcBias;
+    while (!(sig >> kSrcM)) {
+      sig <<= 1;
+      --e;
+    }
+    sig &= (Bits(1) << kSrcM) - 1;
+  }
+  if (rounds_up<Bits>(sig, kSrcM, true, mode, random_bits)) ++e;
+  if (e < t.emin()) return 0;
+  if (e > t.emax()) {
+    return overflow == Overflow::Saturate || mode == RoundingMode::TowardZero ? t.max_finite_bits()
+                                                                              : nan;
+  }
+  return uint32_t(e + t.bias());
+}
+
 // Rounds |x| (an IEEE float or double, given as bits) into format `t` and returns the format's
 // bit pattern, right-aligned (tf32: 19 bits). `random_bits` is used only by Stochastic: the
 // value rounds away from zero when random_bits < fraction * 2^32, so its expectation is x.
@@ -43,11 +108,13 @@ constexpr uint32_t encode_bits(typename FloatLayout<Float>::Bits x, FormatSpec t
   constexpr Bits kAbsMask = (Bits(1) << (kSrcE + kSrcM)) - 1;
   constexpr Bits kSrcInf = ((Bits(1) << kSrcE) - 1) << kSrcM;
 
+  if (t.is_scale()) return encode_scale_bits<Float>(x, t, mode, overflow, random_bits);
   const uint32_t sign = (x >> (kSrcE + kSrcM)) ? t.sign_bit() : 0u;
   const Bits a = x & kAbsMask;
   const int m = t.mantissa_bits;
 
-  if (a > kSrcInf) {  // NaN
+  if (a > kSrcInf) {                               // NaN
+    if (!t.has_nan()) return sign ^ t.sign_bit();  // the zero of the other sign (ml_dtypes)
     if (!t.has_inf()) return sign | t.quiet_nan_bits();
     const uint32_t payload = uint32_t(a >> (kSrcM - m)) & t.mantissa_mask();
     return sign | t.quiet_nan_bits() | payload;
@@ -78,28 +145,7 @@ constexpr uint32_t encode_bits(typename FloatLayout<Float>::Bits x, FormatSpec t
   } else {
     keep = shift >= kWidth ? 0 : uint64_t(sig >> shift);
     const Bits rem = shift >= kWidth ? sig : sig & ((Bits(1) << shift) - 1);
-    switch (mode) {
-      case RoundingMode::NearestEven:
-        if (shift <= kWidth) {
-          const Bits half = Bits(1) << (shift - 1);
-          if (rem > half || (rem == half && (keep & 1))) ++keep;
-        }
-        break;
-      case RoundingMode::TowardZero:
-        break;
-      case RoundingMode::Stochastic: {
-        // threshold = rem / 2^shift scaled to 32 bits.
-        uint64_t threshold;
-        if (shift <= 32) {
-          threshold = uint64_t(rem) << (32 - shift);
-        } else {
-          const int down = shift - 32;
-          threshold = down >= kWidth ? 0 : uint64_t(rem >> down);
-        }
-        if (random_bits < threshold) ++keep;
-        break;
-      }
-    }
+    if (rounds_up<Bits>(rem, shift, keep & 1, mode, random_bits)) ++keep;
   }
 
   // For normal results keep carries the implicit bit, which lands in the exponent field; a
@@ -121,12 +167,16 @@ constexpr uint32_t encode_bits(typename FloatLayout<Float>::Bits x, FormatSpec t
 constexpr float decode_bits(uint32_t b, FormatSpec t) {
   const int m = t.mantissa_bits;
   const uint32_t sign = (b & t.sign_bit()) ? 0x80000000u : 0u;
+  if (t.is_scale()) {  // e8m0: 2^(b - 127); field 0 is 2^-127, below fp32's normal range
+    if (b == t.quiet_nan_bits()) return std::bit_cast<float>(0x7fc00000u);
+    return std::bit_cast<float>(b == 0 ? 0x00400000u : b << 23);
+  }
   if (t.exponent_bits == 8)
-    return std::bit_cast<float>(sign | ((b & (t.sign_bit() - 1)) << (23 - m)));
+    return std::bit_cast<float>(sign | ((b & t.magnitude_mask()) << (23 - m)));
 
   const uint32_t e_field = (b >> m) & t.exponent_mask();
   uint32_t mant = b & t.mantissa_mask();
-  if (!t.has_inf() && e_field == t.exponent_mask() && mant == t.mantissa_mask()) {
+  if (t.nan == NanEncoding::AllOnes && e_field == t.exponent_mask() && mant == t.mantissa_mask()) {
     return std::bit_cast<float>(sign | 0x7fc00000u);
   }
   if (t.has_inf() && e_field == t.exponent_mask()) {

@@ -556,20 +556,8 @@ void CudaBackend::round_to_format(Tensor& t, Format format) {
             "round_to_format works on contiguous f32");
   const int64_t n = t.numel();
   float* p = device_ptr<float>(t);
-  switch (format) {
-    case Format::FP32:
-      return;
-    case Format::TF32:
-      return launch(n, device_, round_kernel<Format::TF32>, n, p);
-    case Format::FP16:
-      return launch(n, device_, round_kernel<Format::FP16>, n, p);
-    case Format::BF16:
-      return launch(n, device_, round_kernel<Format::BF16>, n, p);
-    case Format::FP8_E4M3:
-      return launch(n, device_, round_kernel<Format::FP8_E4M3>, n, p);
-    case Format::FP8_E5M2:
-      return launch(n, device_, round_kernel<Format::FP8_E5M2>, n, p);
-  }
+  if (format == Format::FP32) return;
+  with_format(format, [&](auto f) { launch(n, device_, round_kernel<decltype(f)::value>, n, p); });
 }
 
 // ---- elementwise -------------------------------------------------------------------------------
