@@ -50,6 +50,27 @@ struct Fp8QuantizeParams {
   bool values_only = false;
 };
 
+// FP4 block scaling (docs/fp4.md): how fp4_quantize scales each block.
+enum class Fp4ScaleRule : uint8_t {
+  Nvfp4,    // blocks of 16, E4M3 scales under an fp32 per-tensor scale (Transformer Engine)
+  MxFloor,  // blocks of 32, E8M0 scale 2^(floor(log2(amax)) - 2) (the OCP MX spec)
+  MxCeil,   // blocks of 32, E8M0 scale 2^ceil(log2(amax / 6)) (never saturates; TE, torchao)
+};
+
+struct Fp4QuantizeParams {
+  Fp4ScaleRule rule = Fp4ScaleRule::Nvfp4;
+  // 1, or 16 for NVFP4's 16 x 16 blocks (weights: the forward and the backward GEMM then see
+  // the same quantized values). The block width is the rule's (fp4_block_cols).
+  int64_t block_rows = 1;
+  // Stochastic rounding of the scaled values (element i of Philox's stream (seed, offset), i
+  // the row-major index); else round to nearest even.
+  bool stochastic = false;
+  uint64_t seed = 0, offset = 0;
+  // NVFP4: the tensor amax to scale by (one F32 element on x's device), e.g. reduced across
+  // ranks; nullptr: x's own.
+  const Tensor* amax = nullptr;
+};
+
 struct Conv2dParams {
   int64_t stride[2] = {1, 1};
   int64_t padding[2] = {0, 0};

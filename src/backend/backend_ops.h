@@ -43,6 +43,24 @@
     (const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes, Tensor& scale_inv, Tensor&      \
     amax, Tensor* values),                                                                        \
     (x, p, codes, scale_inv, amax, values))                                                       \
+  /* FP4 block quantization (docs/fp4.md; the arithmetic: fp4_math.h). x (R, C) contiguous */    \
+  /* f32/bf16/f16, in blocks of p.block_rows x fp4_block_cols(p.rule) (the last ones may be */     \
+  /* short). amax (F32, 1) = max |x| (NaN winning), or *p.amax for NVFP4 when given; scale_inv */ \
+  /* (F32, 1) = NVFP4's tensor decode scale (1 for MX); block_scales (U8, (nbr, nbc)) the */       \
+  /* blocks' E4M3 (NVFP4) or E8M0 (MX) codes; codes (U8, (R, C)) one fp4_e2m1 code per byte, */    \
+  /* the scaled value clamped to +-6 and rounded to nearest even or, with p.stochastic, by */      \
+  /* Philox's bits; values, if given (BF16, (R, C)): each code's value times its block scale */    \
+  /* (exact in bf16), NaN where x is not finite: what the emulated GEMM multiplies (times */       \
+  /* scale_inv). */                                                                                \
+  _(Data, void, fp4_quantize,                                                                     \
+    (const Tensor& x, const Fp4QuantizeParams& p, Tensor& codes, Tensor& block_scales, Tensor&   \
+    scale_inv, Tensor& amax, Tensor* values),                                                     \
+    (x, p, codes, block_scales, scale_inv, amax, values))                                         \
+  /* The 16-point Random Hadamard Transform along rows (docs/fp4.md): x (R, C) contiguous */       \
+  /* float, C a multiple of 16; out (R, C, contiguous, any float dtype): out[r, 16g + j] = */       \
+  /* sum over i = 0..15 in order of x[r, 16g + i] * hadamard16_coefficient(signs, i, j), each */   \
+  /* product and sum in fp32, rounded once into out. */                                            \
+  _(Data, void, hadamard16, (const Tensor& x, uint32_t signs, Tensor& out), (x, signs, out))      \
   /* fp8 scaling's bookkeeping of one quantization, where its tensors live (autocast/fp8.h): */   \
   /* amax and scale_inv its blocks' (F32); stats (F32, 3) = {the max amax (NaN winning), 1 / the */\
   /* max scale_inv, stats[2] + 1 when that amax is not finite}; history (F32, len), when given */  \

@@ -182,6 +182,19 @@ struct Arg<const Fp8QuantizeParams&> {
   void finish() {}
 };
 
+// fp4_quantize's parameters: the given amax is a tensor on the caller's device.
+template <>
+struct Arg<const Fp4QuantizeParams&> {
+  Fp4QuantizeParams params;
+  Arg<const Tensor*> amax;
+  explicit Arg(const Fp4QuantizeParams& p) : params(p), amax(p.amax) {}
+  const Fp4QuantizeParams& get() {
+    params.amax = amax.get();
+    return params;
+  }
+  void finish() {}
+};
+
 // Runs `op` of the CPU backend on CPU copies of `args` (the parameters P of the op), then writes
 // back what it wrote.
 template <typename R, typename... P, typename... A>

@@ -178,6 +178,47 @@ void data_cases(std::vector<Case>& c) {
       }
     }
   }
+  // FP4 quantization: each rule, 1 x 16 and 16 x 16 blocks, nearest and stochastic, a given
+  // amax; ragged shapes (the last blocks short).
+  struct Q4 {
+    const char* name;
+    Fp4ScaleRule rule;
+    int64_t br;
+    bool stochastic, given;
+  };
+  for (const Q4& q : {Q4{"nvfp4 1x16", Fp4ScaleRule::Nvfp4, 1, false, false},
+                      Q4{"nvfp4 16x16", Fp4ScaleRule::Nvfp4, 16, false, false},
+                      Q4{"nvfp4 sr", Fp4ScaleRule::Nvfp4, 1, true, false},
+                      Q4{"nvfp4 given amax", Fp4ScaleRule::Nvfp4, 1, false, true},
+                      Q4{"mx floor", Fp4ScaleRule::MxFloor, 1, false, false},
+                      Q4{"mx ceil sr", Fp4ScaleRule::MxCeil, 1, true, false}}) {
+    for (DType in : {DType::F32, DType::BF16, DType::F16}) {
+      c.push_back({"fp4_quantize", std::string(q.name) + " " + dt_name(in), in, true, 4, 1,
+                   [q, in](Backend& be, const Place& p) {
+                     const int64_t R = 70, C = 90, bc = q.rule == Fp4ScaleRule::Nvfp4 ? 16 : 32;
+                     const Tensor x = p.rand({R, C}, in, 8, -20, 20);
+                     const Tensor given = p.host(Tensor::full({1}, 50.0, DType::F32));
+                     Fp4QuantizeParams params{q.rule, q.br, q.stochastic,
+                                              31,     4,    q.given ? &given : nullptr};
+                     Tensor codes = p.zeros({R, C}, DType::U8);
+                     Tensor scales = p.zeros({(R + q.br - 1) / q.br, (C + bc - 1) / bc}, DType::U8);
+                     Tensor scale_inv = p.out({1}, DType::F32), amax = p.out({1}, DType::F32);
+                     Tensor values = p.out({R, C}, DType::BF16);
+                     be.fp4_quantize(x, params, codes, scales, scale_inv, amax, &values);
+                     return Outputs{codes, scales, scale_inv, amax, values};
+                   }});
+    }
+  }
+  for (DType in : {DType::F32, DType::BF16, DType::F16}) {
+    c.push_back({"hadamard16", std::string("rht ") + dt_name(in), in, true, 4, 1,
+                 [in](Backend& be, const Place& p) {
+                   const Tensor x = p.rand({9, 48}, in, 9, -4, 4);
+                   Tensor out = p.out({9, 48}, in), wide = p.out({9, 48}, DType::F32);
+                   be.hadamard16(x, 0xd7e8u, out);
+                   be.hadamard16(x, 0x1234u, wide);
+                   return Outputs{out, wide};
+                 }});
+  }
   c.push_back({"fp8_observe", "blocks and a history", DType::F32, true, 4, 1,
                [](Backend& be, const Place& p) {
                  const Tensor amax = p.rand({4, 3}, DType::F32, 6, 0, 9);

@@ -10,7 +10,9 @@ run this with build-python/venv/bin/python) and ml_dtypes. For each format it co
 saturate=True)` with `x.astype(ml_dtype)`. For fp6 and fp4, which have no inf or NaN, both
 overflow modes saturate, so both must equal ml_dtypes everywhere. For fp8_e4m3, fp8_e5m2 and
 e8m0, saturate differs where ml_dtypes gives inf or NaN from a non-NaN input: there the expected
-bits are the format's largest finite value of the input's sign. The CTest suite checks every
+bits are the format's largest finite value of the input's sign. fp8_e5m2 has many NaNs: Mantissa
+keeps a NaN's top payload bits (as F16C and AVX512-BF16 do, docs/numerics.md), ml_dtypes gives
+its one quiet NaN, so a NaN for a NaN counts as agreement there. The CTest suite checks every
 1021st pattern (tests/numerics/exhaustive_test.cpp); this script checks all of them (--stride 1,
 the default) in about ten minutes on two cores. It prints one line per format and exits 1 on any
 mismatch, printing the first few.
@@ -70,7 +72,11 @@ def check_chunk(args):
         for mode, saturate in (("nearest", False), ("saturate", True)):
             want = expected_saturated(x, ref, fmt) if saturate else ref
             got = mt.convert(x, fmt, saturate=saturate).view(np.uint8)
-            bad = np.flatnonzero(got != want)
+            differ = got != want
+            if fmt == "fp8_e5m2":  # NaN to NaN: Mantissa keeps payload bits, ml_dtypes does not
+                differ &= ~(np.isnan(got.view(dtype).astype(np.float32)) &
+                            np.isnan(want.view(dtype).astype(np.float32)))
+            bad = np.flatnonzero(differ)
             if bad.size:
                 found[(fmt, mode)] = (int(bad.size), [(int(x_bits[i]), int(got[i]), int(want[i]))
                                                       for i in bad[:4]])

@@ -1,0 +1,119 @@
+// CUDA FP4 block quantization and the 16-point Hadamard transform (the contracts are in
+// backend_ops.h; the arithmetic is backend/fp4_math.h, the CPU's too, so the codes and scales
+// are the CPU's bit for bit): the tensor amax by an atomic max over |x|'s bits (NaN winning: its
+// bits are the largest), the tensor scales in one thread, then one thread per block for its
+// amax, scale and elements. Straightforward rather than fast: the recipe's GEMMs dominate.
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernel_utils.cuh"
+#include "backend/fp4_math.h"
+
+namespace mantissa::backend::cuda {
+namespace {
+
+template <typename S>
+__global__ void amax_bits_kernel(const S* x, int64_t n, unsigned int* amax_bits) {
+  MT_GRID_STRIDE_LOOP(i, n) {
+    atomicMax(amax_bits, __float_as_uint(float(load(x + i))) & 0x7fffffffu);
+  }
+}
+
+// amax: the given one copied, or the bits the atomic max left turned into a float (NaN
+// canonical); scale_inv: NVFP4's tensor decode scale, 1 for MX.
+__global__ void tensor_scales_kernel(const float* given, Fp4ScaleRule rule, float* amax,
+                                     float* scale_inv) {
+  float a = given != nullptr ? *given : *amax;
+  if (given == nullptr && __float_as_uint(a) > 0x7f800000u) a = __int_as_float(0x7fc00000);
+  *amax = a;
+  *scale_inv = rule == Fp4ScaleRule::Nvfp4 ? nvfp4_tensor_scales(a).decode : 1.0f;
+}
+
+template <typename S>
+__global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, int64_t bc,
+                                int64_t nbc, Fp4QuantizeParams p, const float* amax, uint8_t* codes,
+                                uint8_t* block_scales, __nv_bfloat16* values) {
+  MT_GRID_STRIDE_LOOP(b, ((R + br - 1) / br) * nbc) {
+    const int64_t r0 = (b / nbc) * br, c0 = (b % nbc) * bc;
+    const int64_t r1 = r0 + br < R ? r0 + br : R, c1 = c0 + bc < C ? c0 + bc : C;
+    float m = 0.0f;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const float a = fabsf(float(load(x + r * C + c)));
+        m = a != a || m != m ? __int_as_float(0x7fc00000) : (a > m ? a : m);
+      }
+    }
+    const Nvfp4TensorScales ts =
+        p.rule == Fp4ScaleRule::Nvfp4 ? nvfp4_tensor_scales(*amax) : Nvfp4TensorScales{};
+    const Fp4BlockScale s = fp4_block_scale(m, p.rule, ts);
+    block_scales[b] = uint8_t(s.code);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t i = r * C + c;
+        const uint32_t bits = p.stochastic ? random_bits(p.seed, p.offset, uint64_t(i)) : 0u;
+        const Fp4Element e = fp4_element(float(load(x + i)), s, p.stochastic, bits);
+        codes[i] = uint8_t(e.code);
+        if (values != nullptr) store(values + i, e.value);
+      }
+    }
+  }
+}
+
+template <typename S, typename O>
+__global__ void hadamard16_kernel(const S* x, int64_t n, uint32_t signs, O* out) {
+  // One thread per output element: its group's 16 inputs, summed in index order.
+  MT_GRID_STRIDE_LOOP(k, n) {
+    const int64_t g = k - k % 16;
+    const int j = int(k % 16);
+    float acc = __fmul_rn(float(load(x + g)), hadamard16_coefficient(signs, 0, j));
+    for (int i = 1; i < 16; ++i)
+      acc = __fadd_rn(acc, __fmul_rn(float(load(x + g + i)), hadamard16_coefficient(signs, i, j)));
+    store(out + k, acc);
+  }
+}
+
+}  // namespace
+
+void CudaBackend::fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, Tensor& codes,
+                               Tensor& block_scales, Tensor& scale_inv, Tensor& amax,
+                               Tensor* values) {
+  check_fp4_quantize(x, p, codes, block_scales, scale_inv, amax, values, x.device());
+  const int64_t R = x.size(0), C = x.size(1);
+  const int64_t br = p.block_rows, bc = fp4_block_cols(p.rule);
+  const bool given = p.rule == Fp4ScaleRule::Nvfp4 && p.amax != nullptr;
+  Fp4QuantizeParams kp = p;
+  kp.amax = nullptr;  // the kernel reads the amax output
+  dispatch_float(x.dtype(), "fp4_quantize", [&]<typename S>(Tag<S>) {
+    if constexpr (std::is_same_v<S, double>) {
+      MT_CHECK(false, "fp4_quantize takes f32, bf16 or f16 values, got f64");
+    } else {
+      if (!given) {
+        fill(amax, 0.0);
+        if (x.numel() > 0)
+          launch(x.numel(), device_, amax_bits_kernel<S>, device_ptr<S>(x), x.numel(),
+                 reinterpret_cast<unsigned int*>(device_ptr<float>(amax)));
+      }
+      launch(1, device_, tensor_scales_kernel, given ? device_ptr<float>(*p.amax) : nullptr, p.rule,
+             device_ptr<float>(amax), device_ptr<float>(scale_inv));
+      if (x.numel() == 0) return;
+      launch(((R + br - 1) / br) * ((C + bc - 1) / bc), device_, quantize_kernel<S>,
+             device_ptr<S>(x), R, C, br, bc, (C + bc - 1) / bc, kp,
+             static_cast<const float*>(device_ptr<float>(amax)), device_ptr<uint8_t>(codes),
+             device_ptr<uint8_t>(block_scales),
+             values ? device_ptr<__nv_bfloat16>(*values) : nullptr);
+    }
+  });
+}
+
+void CudaBackend::hadamard16(const Tensor& x, uint32_t signs, Tensor& out) {
+  check_hadamard16(x, out, x.device());
+  if (x.numel() == 0) return;
+  dispatch_float(x.dtype(), "hadamard16", [&]<typename S>(Tag<S>) {
+    dispatch_float(out.dtype(), "hadamard16", [&]<typename O>(Tag<O>) {
+      launch(x.numel(), device_, hadamard16_kernel<S, O>, device_ptr<S>(x), x.numel(), signs,
+             device_ptr<O>(out));
+    });
+  });
+}
+
+}  // namespace mantissa::backend::cuda

@@ -1,0 +1,251 @@
+// fp4_quantize and hadamard16 (backend_ops.h; the arithmetic in backend/fp4_math.h) against
+// the reference algorithms of Transformer Engine's NVFP4 quantizer and the OCP MX spec, ported
+// to tools/reference/fp4_golden.py, whose output is committed (tests/data/golden/
+// fp4_golden.safetensors): NVFP4 1x16 and 16x16, the RHT before quantization, stochastic
+// rounding with a fixed seed, MXFP4 with both scale rules — codes, block scales, amax and the
+// tensor scale byte for byte (atol 0), on the CPU and, where there is one, on the GPU. Then the
+// properties the recipe relies on: 16x16 blocks quantize a matrix and its transpose alike,
+// stochastic rounding is unbiased and seeded, the transform keeps dot products, a given amax
+// is used, and non-finite inputs show as NaN values.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "backend/cuda_test_util.h"
+#include "backend/fp4_math.h"
+#include "harness/op_harness.h"
+#include "mantissa/io/safetensors.h"
+#include "mantissa/tensor/ops.h"
+
+namespace mantissa::backend {
+namespace {
+
+struct Quantized {
+  Tensor codes, block_scales, scale_inv, amax, values;
+};
+
+Quantized quantize(const Tensor& x, const Fp4QuantizeParams& p) {
+  const Device d = x.device();
+  const int64_t R = x.size(0), C = x.size(1), br = p.block_rows, bc = fp4_block_cols(p.rule);
+  Quantized q{Tensor::zeros({R, C}, DType::U8, d),
+              Tensor::zeros({(R + br - 1) / br, (C + bc - 1) / bc}, DType::U8, d),
+              Tensor::full({1}, NAN, DType::F32, d), Tensor::full({1}, NAN, DType::F32, d),
+              Tensor::full({R, C}, NAN, DType::BF16, d)};
+  backend_for(d).fp4_quantize(x, p, q.codes, q.block_scales, q.scale_inv, q.amax, &q.values);
+  return q;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor c = t.to(Device::cpu()).contiguous();
+  std::vector<uint8_t> out(size_t(c.numel()) * dtype_size(c.dtype()));
+  std::memcpy(out.data(), c.data_ptr(), out.size());
+  return out;
+}
+
+std::vector<uint32_t> float_bits(const Tensor& t) {
+  std::vector<uint32_t> out;
+  for (float v : t.to(Device::cpu()).to_vector<float>())
+    out.push_back(std::bit_cast<uint32_t>(v));
+  return out;
+}
+
+Fp4ScaleRule rule_named(const std::string& s) {
+  return s == "nvfp4" ? Fp4ScaleRule::Nvfp4
+                      : (s == "mx_ceil" ? Fp4ScaleRule::MxCeil : Fp4ScaleRule::MxFloor);
+}
+
+std::vector<Device> devices() {
+  std::vector<Device> d{Device::cpu()};
+  if (cuda::is_available()) d.push_back(Device::cuda(0));
+  return d;
+}
+
+TEST(Fp4Golden, QuantizersMatchTheReferenceByteForByte) {
+  const SafetensorsFile f =
+      load_safetensors(std::string(MANTISSA_GOLDEN_DIR) + "/fp4_golden.safetensors");
+  const nlohmann::json cases = nlohmann::json::parse(f.metadata.at("cases"));
+  ASSERT_GE(cases.size(), 10u);
+  for (const Device d : devices()) {
+    for (const auto& [name, c] : cases.items()) {
+      SCOPED_TRACE(name + " on " + d.str());
+      const DType dt = c["dtype"] == "bf16" ? DType::BF16 : DType::F32;
+      Tensor x = f.at(name + ".x").to(dt).to(d);
+      if (c["rht"].get<bool>()) {
+        // TE's columnwise path: the transform of x^T, in x's dtype.
+        const Tensor xt = x.t().contiguous();
+        Tensor h = Tensor::full(xt.shape(), NAN, dt, d);
+        backend_for(d).hadamard16(xt, kTeWgradSigns, h);
+        EXPECT_EQ(float_bits(h.to(DType::F32)), float_bits(f.at(name + ".x_t")));
+        x = h;
+      }
+      Fp4QuantizeParams p;
+      p.rule = rule_named(c["rule"]);
+      p.block_rows = c["block_rows"];
+      p.stochastic = c["stochastic"];
+      p.seed = c["seed"];
+      p.offset = c["offset"];
+      const Quantized q = quantize(x, p);
+      EXPECT_EQ(bytes_of(q.codes), bytes_of(f.at(name + ".codes")));
+      EXPECT_EQ(bytes_of(q.block_scales), bytes_of(f.at(name + ".scales")));
+      EXPECT_EQ(float_bits(q.amax), float_bits(f.at(name + ".amax")));
+      EXPECT_EQ(float_bits(q.scale_inv), float_bits(f.at(name + ".scale_inv")));
+      // Each value is its code's value times its block's scale, exactly.
+      const std::vector<uint8_t> codes = bytes_of(q.codes), scales = bytes_of(q.block_scales);
+      const std::vector<float> values = q.values.to(Device::cpu()).to_vector<float>();
+      const int64_t C = x.size(1), nbc = q.block_scales.size(1), bc = fp4_block_cols(p.rule);
+      int wrong = 0;
+      for (size_t i = 0; i < codes.size(); ++i) {
+        const int64_t r = int64_t(i) / C, col = int64_t(i) % C;
+        const uint8_t s = scales[size_t((r / p.block_rows) * nbc + col / bc)];
+        const float scale =
+            p.rule == Fp4ScaleRule::Nvfp4 ? decode(Format::FP8_E4M3, s) : decode(Format::E8M0, s);
+        wrong += values[i] != fp4_value(codes[i]) * scale;
+      }
+      EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
+// Weights are quantized in 16 x 16 blocks so that the forward GEMM (W) and the backward one
+// (W^T) multiply the same values: quantizing W^T gives W's codes and scales, transposed.
+TEST(Fp4Quantize, SixteenBySixteenBlocksQuantizeATransposeAlike) {
+  for (const Device d : devices()) {
+    const Tensor w = testing::random_f64({48, 80}, 11, -3, 3).to(DType::BF16).to(d);
+    Fp4QuantizeParams p;
+    p.block_rows = 16;
+    const Quantized a = quantize(w, p), b = quantize(w.t().contiguous(), p);
+    EXPECT_EQ(bytes_of(a.codes.t()), bytes_of(b.codes)) << d.str();
+    EXPECT_EQ(bytes_of(a.block_scales.t()), bytes_of(b.block_scales)) << d.str();
+    EXPECT_EQ(bytes_of(a.values.t()), bytes_of(b.values)) << d.str();
+    EXPECT_EQ(float_bits(a.scale_inv), float_bits(b.scale_inv));
+    // 1 x 16 blocks do not: the blocks run along the other dimension.
+    p.block_rows = 1;
+    EXPECT_NE(bytes_of(quantize(w, p).values.t()),
+              bytes_of(quantize(w.t().contiguous(), p).values));
+  }
+}
+
+// Stochastic rounding: the mean of many roundings of one value is the value; one seed and offset
+// give the same codes on every device, another offset others.
+TEST(Fp4Quantize, StochasticRoundingIsUnbiasedAndSeeded) {
+  const int64_t n = 1 << 16;
+  std::vector<float> v(size_t(n), 0.3f);
+  for (int64_t i = 0; i < n; i += 32)
+    v[size_t(i)] = 6.0f;  // each block's max: scale 1 in MX, so 0.3 lies between fp4's 0 and 0.5
+  const Tensor x = Tensor::from_vector(v, {1, n});
+  Fp4QuantizeParams p;
+  p.rule = Fp4ScaleRule::MxFloor;
+  p.stochastic = true;
+  p.seed = 77;
+  p.offset = 5;
+  for (const Device d : devices()) {
+    const Quantized q = quantize(x.to(d), p);
+    const std::vector<float> got = q.values.to(DType::F32).to(Device::cpu()).to_vector<float>();
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i % 32 == 0) continue;  // the blocks' maxima
+      ASSERT_TRUE(got[size_t(i)] == 0.0f || got[size_t(i)] == 0.5f) << got[size_t(i)];
+      sum += got[size_t(i)];
+      ++count;
+    }
+    const double mean = sum / double(count), sigma = std::sqrt(0.3 * 0.2 / double(count));
+    EXPECT_NEAR(mean, 0.3, 5 * sigma) << d.str();
+    EXPECT_EQ(bytes_of(q.codes), bytes_of(quantize(x, p).codes)) << "cpu and " << d.str();
+    Fp4QuantizeParams other = p;
+    other.offset = 6;
+    EXPECT_NE(bytes_of(q.codes), bytes_of(quantize(x.to(d), other).codes));
+  }
+  // Round to nearest puts 0.3 on 0.5 every time.
+  p.stochastic = false;
+  const std::vector<float> nearest = quantize(x, p).values.to(DType::F32).to_vector<float>();
+  EXPECT_EQ(nearest[1], 0.5f);
+}
+
+// The wgrad GEMM's inputs are transformed along its reduction dimension; the transform is
+// orthogonal (diag(s) H / 4 times its transpose is I), so dot products along that dimension
+// are kept: sum_k a_k b_k = sum_j T(a)_j T(b)_j, to fp32's rounding of the 16-term sums.
+TEST(Hadamard16, KeepsDotProductsAlongTheTransformedDimension) {
+  for (const Device d : devices()) {
+    for (const uint32_t signs : {0u, kTeWgradSigns, hadamard16_signs(123)}) {
+      const Tensor a = testing::random_f64({6, 64}, 21, -2, 2).to(DType::F32);
+      const Tensor b = testing::random_f64({5, 64}, 22, -2, 2).to(DType::F32);
+      Tensor ta = Tensor::full({6, 64}, NAN, DType::F32, d);
+      Tensor tb = Tensor::full({5, 64}, NAN, DType::F32, d);
+      backend_for(d).hadamard16(a.to(d), signs, ta);
+      backend_for(d).hadamard16(b.to(d), signs, tb);
+      const std::vector<double> want =
+          matmul(a.to(DType::F64), b.to(DType::F64).t()).to_vector<double>();
+      const std::vector<double> got =
+          matmul(ta.to(Device::cpu()).to(DType::F64), tb.to(Device::cpu()).to(DType::F64).t())
+              .to_vector<double>();
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(got[i], want[i], 1e-4) << "signs " << signs << " on " << d.str();
+    }
+    // Its coefficients: +-1/4, and the Sylvester matrix's first column all positive without signs.
+    for (int i = 0; i < 16; ++i)
+      EXPECT_EQ(hadamard16_coefficient(0, i, 0), 0.25f);
+    EXPECT_EQ(hadamard16_coefficient(kTeWgradSigns, 3, 0), -0.25f);  // TE's sign 3 is -1
+  }
+}
+
+// NVFP4's tensor scale from a given amax (e.g. reduced over ranks), and the MX rules' scales.
+TEST(Fp4Quantize, UsesAGivenAmaxAndTheMxRules) {
+  const Tensor x = Tensor::from_vector(std::vector<float>(32, 7.0f), {1, 32});
+  Fp4QuantizeParams p;
+  const Tensor given = Tensor::full({1}, 28.0, DType::F32);
+  p.amax = &given;
+  Quantized q = quantize(x, p);
+  EXPECT_EQ(q.amax.item<float>(), 28.0f);
+  EXPECT_EQ(q.scale_inv.item<float>(), 1.0f / (2688.0f / 28.0f));
+  // MX: amax 7 -> floor rule 2^(2 - 2) = 1: 7 saturates to 6; ceil rule 2^ceil(log2(7/6)) = 2.
+  p = {};
+  p.rule = Fp4ScaleRule::MxFloor;
+  q = quantize(x, p);
+  EXPECT_EQ(bytes_of(q.block_scales)[0], 127);
+  EXPECT_EQ(q.values.to(DType::F32).to_vector<float>()[0], 6.0f);
+  p.rule = Fp4ScaleRule::MxCeil;
+  q = quantize(x, p);
+  EXPECT_EQ(bytes_of(q.block_scales)[0], 128);
+  EXPECT_EQ(q.values.to(DType::F32).to_vector<float>()[0], 8.0f);
+  // An all-zero block: NVFP4 scale code 0, MX 2^-127; its values zero.
+  const Tensor zeros = Tensor::zeros({2, 32});
+  for (const Fp4ScaleRule r : {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxFloor}) {
+    p = {};
+    p.rule = r;
+    q = quantize(zeros, p);
+    EXPECT_EQ(bytes_of(q.block_scales)[0], 0);  // E4M3 0, or E8M0 2^-127
+    for (float v : q.values.to(DType::F32).to_vector<float>())
+      EXPECT_EQ(v, 0.0f);
+  }
+}
+
+// An inf or NaN input: its value is NaN (so the GEMM's output and the step's gradients are not
+// finite and the loss scaler skips the step), and the amax says so.
+TEST(Fp4Quantize, NonFiniteInputsGiveNanValues) {
+  for (const Fp4ScaleRule r : {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxFloor, Fp4ScaleRule::MxCeil}) {
+    for (const float bad : {INFINITY, NAN}) {
+      std::vector<float> v(64, 1.5f);
+      v[3] = bad;
+      Fp4QuantizeParams p;
+      p.rule = r;
+      const Quantized q = quantize(Tensor::from_vector(v, {1, 64}), p);
+      const std::vector<float> got = q.values.to(DType::F32).to_vector<float>();
+      EXPECT_TRUE(std::isnan(got[3]));
+      EXPECT_FALSE(std::isfinite(q.amax.item<float>()));
+      if (r != Fp4ScaleRule::Nvfp4) {
+        EXPECT_EQ(got[40], 1.5f);  // another block: untouched
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::backend
