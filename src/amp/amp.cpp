@@ -82,10 +82,17 @@ nn::TensorList Amp::forward(nn::Module& model, const nn::TensorList& inputs) con
 std::string Amp::describe() const {
   const AmpProperties& p = properties_;
   std::ostringstream os;
-  if (fp8_) {
+  if (fp8_ && fp8_->options().fp4) {
+    const Fp4Options& o = *fp8_->options().fp4;
+    os << "fp4 " << name_of(o.recipe) << " (rht " << (o.rht ? "on" : "off") << ", 2d "
+       << (o.two_d ? "on" : "off") << ", sr " << (o.sr ? "on" : "off") << ") in "
+       << fp8_->layers().size()
+       << (fp8_->layers().size() == 1 ? " Linear layer; " : " Linear layers; ");
+  } else if (fp8_) {
     const Fp8Options& o = fp8_->options();
     os << "fp8 " << name_of(o.recipe) << " (" << name_of(o.format) << ") in "
-       << fp8_->layers().size() << " Linear layers; ";
+       << fp8_->layers().size()
+       << (fp8_->layers().size() == 1 ? " Linear layer; " : " Linear layers; ");
   }
   if (p.level == OptLevel::O0) {
     os << "fp32 O0: no mixed precision";
@@ -172,25 +179,45 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType d
   return Amp(p, options.scaler);
 }
 
-std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8Layers layers) {
+std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8Layers layers,
+                                     size_t keep_last) {
   std::vector<std::pair<std::string, nn::Linear*>> linears;
   for (auto& [path, m] : model.named_modules()) {
     if (auto* l = dynamic_cast<nn::Linear*>(m)) linears.emplace_back(path, l);
   }
   const size_t skip = layers == Fp8Layers::Inner ? 1 : 0;
-  MT_CHECK(linears.size() > 2 * skip, "fp8: the model ", model.name(), " has ", linears.size(),
+  const std::string what = context.options().fp4 ? "fp4" : "fp8";
+  MT_CHECK(linears.size() > 2 * skip, what, ": the model ", model.name(), " has ", linears.size(),
            linears.size() == 1 ? " Linear layer" : " Linear layers",
            layers == Fp8Layers::Inner
-               ? ", and fp8 keeps the first and the last in bf16; pass --fp8-layers all to run "
-                 "them in fp8 too"
-               : "; fp8 runs the GEMMs of Linear layers, so it has nothing to do here");
+               ? ", and " + what + " keeps the first and the last in bf16; pass --" + what +
+                     "-layers all to run them in " + what + " too"
+               : "; " + what + " runs the GEMMs of Linear layers, so it has nothing to do here");
+  const size_t chosen = linears.size() - 2 * skip;
+  MT_CHECK(keep_last < chosen, what, ": keeping the last ", keep_last, " of the model ",
+           model.name(), "'s ", chosen, " candidate Linear layers in bf16 leaves none to run in ",
+           what, "; lower --fp4-high-precision-layers");
   std::vector<std::string> names;
-  for (size_t i = skip; i + skip < linears.size(); ++i) {
+  for (size_t i = skip; i + skip + keep_last < linears.size(); ++i) {
     linears[i].second->set_fp8_state(context.add_layer(linears[i].first));
     names.push_back(linears[i].first);
   }
   return names;
 }
+
+namespace {
+// How many of the FP4 candidate layers stay bf16: the given count, or the paper's share.
+size_t fp4_keep_last(nn::Module& model, const Recipe& r) {
+  if (r.fp4_high_precision_layers >= 0) return size_t(r.fp4_high_precision_layers);
+  size_t linears = 0;
+  for (auto& [path, m] : model.named_modules())
+    linears += dynamic_cast<nn::Linear*>(m) != nullptr;
+  const size_t skip = r.fp4_layers == Fp8Layers::Inner ? 2 : 0;
+  const size_t chosen = linears > skip ? linears - skip : 0;
+  const auto share = size_t(std::ceil(kFp4HighPrecisionShare * double(chosen)));
+  return chosen > 1 ? std::min(share, chosen - 1) : 0;
+}
+}  // namespace
 
 // The recipe a precision names (precision.h's table), set up by the level-level call above.
 Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
@@ -211,7 +238,7 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
   ao.loss_scale = recipe.loss_scale;
   // fp8 needs no loss scaling (per-tensor scales give each tensor its range), but a static scale
   // of 1 checks the gradients: a step that met inf or NaN is skipped, as fp16's are.
-  if (p == Precision::FP8 && !ao.loss_scale) ao.loss_scale = 1.0;
+  if (low_precision_gemms(p) && !ao.loss_scale) ao.loss_scale = 1.0;
   ao.scaler.init_scale = recipe.init_scale;
   ao.scaler.max_scale = std::max(ao.scaler.max_scale, recipe.init_scale);
   Amp amp = initialize(model, opt, level, info.dtype, ao);
@@ -219,6 +246,13 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
     // The Linear GEMMs in fp8 (the layers prepare_fp8 picks), everything else as bf16.
     auto context = std::make_shared<Fp8Context>(recipe.fp8);
     prepare_fp8(model, *context, recipe.fp8_layers);
+    amp.set_fp8(std::move(context));
+  } else if (p == Precision::FP4) {
+    // The same in FP4, the last candidates kept bf16 (selective high precision).
+    Fp8Options o;
+    o.fp4 = recipe.fp4;
+    auto context = std::make_shared<Fp8Context>(o);
+    prepare_fp8(model, *context, recipe.fp4_layers, fp4_keep_last(model, recipe));
     amp.set_fp8(std::move(context));
   }
   return amp;

@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "autocast/linear_common.h"
 #include "backend/backend.h"
 #include "mantissa/autocast/autocast.h"
 #include "mantissa/autograd/engine.h"
@@ -17,6 +18,7 @@
 #include "mantissa/core/warning.h"
 #include "mantissa/numerics/convert.h"
 #include "mantissa/numerics/format.h"
+#include "mantissa/numerics/philox.h"
 #include "mantissa/tensor/ops.h"
 
 namespace mantissa::amp {
@@ -142,7 +144,8 @@ std::shared_ptr<Fp8LinearState> Fp8Context::add_layer(const std::string& name) {
     MT_CHECK(l->name != name, "fp8: layer '", name, "' has a state already");
   auto st = std::make_shared<Fp8LinearState>();
   st->name = name;
-  if (options_.recipe == Fp8Recipe::Delayed) {
+  if (options_.fp4) st->sr_seed = mix_seed(options_.fp4->seed, uint64_t(layers_.size()));
+  if (options_.delayed()) {
     for (Fp8TensorMeta& m : st->meta)
       m.amax_history = Tensor::zeros({options_.amax_history_len}, DType::F32);
   }
@@ -151,7 +154,7 @@ std::shared_ptr<Fp8LinearState> Fp8Context::add_layer(const std::string& name) {
 }
 
 void Fp8Context::update(const AmaxReduce& reduce) {
-  if (options_.recipe != Fp8Recipe::Delayed || layers_.empty()) return;
+  if (!options_.delayed() || layers_.empty()) return;
   NoGrad ng;
   const Device device = layers_.front()->meta[0].amax_history.device();
   std::vector<Tensor> histories, scales;
@@ -185,7 +188,12 @@ void Fp8Context::update(const AmaxReduce& reduce) {
 
 std::map<std::string, Tensor> Fp8Context::state_dict() const {
   std::map<std::string, Tensor> out;
-  if (options_.recipe != Fp8Recipe::Delayed) return out;
+  if (options_.fp4 && options_.fp4->sr) {
+    for (const auto& l : layers_)
+      out["fp8." + l->name + ".sr_draws"] =
+          Tensor::from_vector(std::vector<int64_t>{l->sr_draws}, {1});
+  }
+  if (!options_.delayed()) return out;
   for (const auto& l : layers_) {
     for (int r = 0; r < kNumFp8Roles; ++r) {
       const Fp8TensorMeta& m = l->meta[size_t(r)];
@@ -198,7 +206,17 @@ std::map<std::string, Tensor> Fp8Context::state_dict() const {
 }
 
 void Fp8Context::load_state_dict(const std::map<std::string, Tensor>& state) {
-  if (options_.recipe != Fp8Recipe::Delayed) return;
+  if (options_.fp4 && options_.fp4->sr) {
+    for (const auto& l : layers_) {
+      const std::string key = "fp8." + l->name + ".sr_draws";
+      const auto d = state.find(key);
+      MT_CHECK(d != state.end() && d->second.numel() == 1, "fp4: the checkpoint has no '", key,
+               "': it was not written by an FP4 run with stochastic rounding of this model; "
+               "resume with the precision and --fp4-sr it was trained with");
+      l->sr_draws = int64_t(d->second.to(Device::cpu()).to(DType::I64).item());
+    }
+  }
+  if (!options_.delayed()) return;
   NoGrad ng;
   for (const auto& l : layers_) {
     for (int r = 0; r < kNumFp8Roles; ++r) {
@@ -412,19 +430,38 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
 
 // ---- the op --------------------------------------------------------------------------------
 
-Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearState& state,
-                  const Fp8Options& o) {
-  MT_CHECK(x.defined() && w.defined() && w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
-           "fp8_linear: x (..., in) and weight (out, in) do not fit: ",
-           x.defined() ? x.describe() : "undefined", " and ",
-           w.defined() ? w.describe() : "undefined");
+void check_linear_operands(std::string_view op, const Tensor& x, const Tensor& w, const Tensor& b) {
+  MT_CHECK(
+      x.defined() && w.defined() && w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1), op,
+      ": x (..., in) and weight (out, in) do not fit: ", x.defined() ? x.describe() : "undefined",
+      " and ", w.defined() ? w.describe() : "undefined");
   MT_CHECK(x.is_floating_point() && w.is_floating_point() && x.dtype() != DType::F64 &&
                w.dtype() != DType::F64,
-           "fp8_linear takes f32, bf16 or f16 tensors, got ", x.describe(), " and ", w.describe());
-  MT_CHECK(x.device() == w.device() && (!b.defined() || b.device() == x.device()),
-           "fp8_linear: the tensors are on different devices");
-  MT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "fp8_linear: bias ",
+           op, " takes f32, bf16 or f16 tensors, got ", x.describe(), " and ", w.describe());
+  MT_CHECK(x.device() == w.device() && (!b.defined() || b.device() == x.device()), op,
+           ": the tensors are on different devices");
+  MT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), op, ": bias ",
            b.defined() ? b.describe() : "", " does not match weight ", w.describe());
+}
+
+DType linear_output_dtype(const Tensor& x, const Tensor& w, const Tensor& b) {
+  DType out_dtype = promote_types(x.dtype(), w.dtype());
+  if (b.defined()) out_dtype = promote_types(out_dtype, b.dtype());
+  if (autocast_active() && is_autocast_enabled(x.device().type))
+    out_dtype = autocast_dtype(x.device().type);
+  return out_dtype;
+}
+
+Tensor linear_bias_grad(const Tensor& g2, DType b_dtype) {
+  // fp32 sums rounded once into the bias's dtype; a gradient in that dtype is read as it is (and
+  // should autocast widen the sum, the result is cast back).
+  return (g2.dtype() == b_dtype ? sum(g2, {0}) : sum(g2.to(DType::F32), {0})).to(b_dtype);
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearState& state,
+                  const Fp8Options& o) {
+  if (o.fp4) return fp4_linear(x, w, b, state, *o.fp4);
+  check_linear_operands("fp8_linear", x, w, b);
   if (!x.device().is_cpu() && !per_tensor(o.recipe)) {
     warn("fp8:emulated:" + std::string(name_of(o.recipe)),
          "fp8 on " + x.device().str() + ": the " + std::string(name_of(o.recipe)) +
@@ -435,10 +472,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   for (Fp8TensorMeta& m : state.meta)
     m.place(x.device());  // the scaling state lives with the tensors
   const int64_t in = w.size(1), out_features = w.size(0);
-  DType out_dtype = promote_types(x.dtype(), w.dtype());
-  if (b.defined()) out_dtype = promote_types(out_dtype, b.dtype());
-  if (autocast_active() && is_autocast_enabled(x.device().type))
-    out_dtype = autocast_dtype(x.device().type);
+  const DType out_dtype = linear_output_dtype(x, w, b);
   const bool training = autograd::needs_grad({&x, &w, &b});
   const DType fwd_dtype = fp8_dtype(o.format, Fp8Role::Input);
   const DType grad_dtype = fp8_dtype(o.format, Fp8Role::GradOutput);
@@ -507,11 +541,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
                           quantize_transposed(xv, fwd_dtype, sx, once), Tensor(), w_dtype);
           }
         }
-        if (gb) {
-          // fp32 sums rounded once into the bias's dtype; a gradient in that dtype is read as it
-          // is (and should autocast widen the sum, the result is cast back).
-          db = (g2.dtype() == b_dtype ? sum(g2, {0}) : sum(g2.to(DType::F32), {0})).to(b_dtype);
-        }
+        if (gb) db = linear_bias_grad(g2, b_dtype);
         return {gx ? dx.reshape(x_shape) : Tensor(), dw, db};
       });
   return y;

@@ -431,6 +431,14 @@ amp::Recipe recipe_of(const TrainConfig& c) {
   r.fp8.amax_history_len = c.fp8_amax_history;
   r.fp8.margin = c.fp8_margin;
   r.fp8_layers = c.fp8_layers;
+  r.fp4 = {.recipe = c.fp4_recipe,
+           .rht = is_on(c.fp4_rht),
+           .two_d = is_on(c.fp4_2d),
+           .sr = is_on(c.fp4_sr),
+           .mx_scale = c.fp4_mx_scale,
+           .seed = c.seed};
+  r.fp4_layers = c.fp4_layers;
+  r.fp4_high_precision_layers = c.fp4_high_precision_layers;
   return r;
 }
 

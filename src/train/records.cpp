@@ -18,7 +18,10 @@ Json fp8_record(const Run& run) {
   // fp8's range was (amax * scale / fp8_max: 1 is the top, more has saturated; with delayed
   // scaling this is how late the history's scale was).
   const amp::Fp8Context& fp8 = *run.main().amp().fp8();
-  auto j = record("fp8");
+  // FP4 scales come from each tensor's amax (NVFP4: its fp32 scale 2688 / amax; MX: 1, the
+  // blocks' powers of two), so its range is full by construction: amax and scale only.
+  const bool fp4 = fp8.options().fp4.has_value();
+  auto j = record(fp4 ? "fp4" : "fp8");
   j["step"] = run.state.step;
   Json layers = Json::array();
   for (const auto& l : fp8.layers()) {
@@ -28,15 +31,19 @@ Json fp8_record(const Run& run) {
       const amp::Fp8Role role = amp::Fp8Role(r);
       // {amax, scale, nonfinite}: read from the device here, once per record.
       const std::vector<float> st = (*l)[role].stats.to(Device::cpu()).to_vector<float>();
-      const double fp8_max =
-          format_info(*dtype_format(amp::fp8_dtype(fp8.options().format, role))).max_finite;
-      e[std::string(amp::fp8_role_name(role))] = {
-          {"amax", st[0]}, {"scale", st[1]}, {"range_used", double(st[0]) * st[1] / fp8_max}};
+      Json& entry = e[std::string(amp::fp8_role_name(role))];
+      entry = {{"amax", st[0]}, {"scale", st[1]}};
+      if (!fp4) {
+        const double fp8_max =
+            format_info(*dtype_format(amp::fp8_dtype(fp8.options().format, role))).max_finite;
+        entry["range_used"] = double(st[0]) * st[1] / fp8_max;
+      }
       if (st[2] > 0) {
-        warn("fp8:nonfinite", "fp8: the " + std::string(amp::fp8_role_name(role)) + " of layer '" +
-                                  l->name +
-                                  "' held inf or NaN; its GEMM gave NaN, so the loss scaler "
-                                  "skipped the step (the amax was not recorded)");
+        const std::string what = fp4 ? "fp4" : "fp8";
+        warn(what + ":nonfinite", what + ": the " + std::string(amp::fp8_role_name(role)) +
+                                      " of layer '" + l->name +
+                                      "' held inf or NaN; its GEMM gave NaN, so the loss scaler "
+                                      "skipped the step (the amax was not recorded)");
       }
     }
     layers.push_back(e);
@@ -107,10 +114,19 @@ std::string summary_of(const Run& run, const TrainResult& result) {
     for (const auto& l : fp8->layers())
       for (const amp::Fp8TensorMeta& m : l->meta)
         nonfinite += m.nonfinite();
-    j["fp8"] = {{"recipe", std::string(name_of(run.config.fp8_recipe))},
-                {"format", std::string(name_of(run.config.fp8_format))},
-                {"layers", fp8->layers().size()},
-                {"nonfinite_amaxes", nonfinite}};
+    if (const auto& fp4 = fp8->options().fp4) {
+      j["fp4"] = {{"recipe", std::string(name_of(fp4->recipe))},
+                  {"rht", fp4->rht},
+                  {"2d", fp4->two_d},
+                  {"sr", fp4->sr},
+                  {"layers", fp8->layers().size()},
+                  {"nonfinite_amaxes", nonfinite}};
+    } else {
+      j["fp8"] = {{"recipe", std::string(name_of(run.config.fp8_recipe))},
+                  {"format", std::string(name_of(run.config.fp8_format))},
+                  {"layers", fp8->layers().size()},
+                  {"nonfinite_amaxes", nonfinite}};
+    }
   }
   if (result.underflow.measurements > 0) j["underflow"] = underflow_summary(result.underflow);
   j["model"] = run.config.model;

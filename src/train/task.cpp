@@ -116,13 +116,24 @@ void check_supported(const TrainConfig& c) {
   const TaskRow& task = task_of(c.model);
   MT_CHECK(config::data_input(c.data) == task.input, "model '", c.model, "' (", task.name,
            ") trains on ", data_for(task.input), ", not --data ", name_of(c.data));
-  MT_CHECK(c.precision != amp::Precision::FP8 || task.features[size_t(config::Feature::Fp8)],
-           "--precision fp8 runs Linear layers' GEMMs in fp8; the ", task.name, " (model ", c.model,
-           ") does not take it: use fp32, tf32, bf16, bf16-pure or fp16");
+  // fp8 and fp4 run Linear layers' GEMMs by their recipes; each one's options shape its
+  // precision's recipe alone.
+  struct GemmPrecision {
+    amp::Precision precision;
+    config::Feature feature;
+    bool taken = false;
+  };
+  GemmPrecision gemms[] = {{amp::Precision::FP8, config::Feature::Fp8},
+                           {amp::Precision::FP4, config::Feature::Fp4}};
   config::Features have = task.features | config::data_features(c.data);
-  // The fp8 options shape --precision fp8's recipe alone.
-  const bool fp8_taken = have[size_t(config::Feature::Fp8)];
-  if (c.precision != amp::Precision::FP8) have.reset(size_t(config::Feature::Fp8));
+  for (GemmPrecision& g : gemms) {
+    const std::string name(name_of(g.precision));
+    MT_CHECK(c.precision != g.precision || task.features[size_t(g.feature)], "--precision ", name,
+             " runs Linear layers' GEMMs in ", name, "; the ", task.name, " (model ", c.model,
+             ") does not take it: use fp32, tf32, bf16, bf16-pure or fp16");
+    g.taken = have[size_t(g.feature)];
+    if (c.precision != g.precision) have.reset(size_t(g.feature));
+  }
   config::Features of_data;
   for (config::DataKind d : all_words<config::DataKind>())
     of_data |= config::data_features(d);
@@ -134,10 +145,11 @@ void check_supported(const TrainConfig& c) {
       continue;
     const std::string opt = "--" + std::string(o.key);
     const std::string given = opt + " " + config::value_text(c, o.field);
-    MT_CHECK(o.feature != config::Feature::Fp8 || !fp8_taken,
-             "the --fp8-* options apply to "
-             "--precision fp8, not ",
-             name_of(c.precision), " (", given, ")");
+    for (const GemmPrecision& g : gemms) {
+      MT_CHECK(o.feature != g.feature || !g.taken, "the --", name_of(g.precision),
+               "-* options apply to --precision ", name_of(g.precision), ", not ",
+               name_of(c.precision), " (", given, ")");
+    }
     MT_CHECK(of_data[need], given, ": the ", task.name, " (model ", c.model,
              ") does not take it (it applies to ", help_of(o.feature), "); drop ", opt);
     MT_CHECK(false, given, " applies to ", help_of(o.feature), ", not --data ", name_of(c.data),

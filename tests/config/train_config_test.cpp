@@ -23,8 +23,9 @@ TEST(TrainConfigTest, PrecisionFlagsAreCheckedTogether) {
     const char* needle;  // in the error message
   };
   const Refused cases[] = {
-      {"fp4", "", "", "dynamic", 0, "unknown --precision 'fp4'"},
+      {"fp6", "", "", "dynamic", 0, "unknown --precision 'fp6'"},
       {"fp8", "O3", "", "dynamic", 0, "bf16 O1 or O2"},
+      {"fp4", "O3", "", "dynamic", 0, "runs the Linear GEMMs in fp4 and the rest as bf16 O1 or O2"},
       {"fp32", "O2", "", "dynamic", 0, "needs a half precision"},
       {"bf16", "O4", "", "dynamic", 0, "unknown --opt-level 'O4'"},
       {"bf16", "", "stochastic", "dynamic", 0, "half weights"},

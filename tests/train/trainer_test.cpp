@@ -502,6 +502,71 @@ TEST_F(TrainerTest, Fp8RunsResumeBitwiseAndRecordTheirScales) {
   }
 }
 
+// --precision fp4: the FP4 recipes and their ablations train, write their records, keep each
+// layer's stochastic-rounding draws in the checkpoint, and a resumed run continues bit for bit.
+TEST_F(TrainerTest, Fp4RunsResumeBitwiseAndRecordTheirScales) {
+  struct Variant {
+    const char* recipe;
+    const char* ablation;  // an option set to "off", or none
+  };
+  for (const Variant v : {Variant{"nvfp4", nullptr}, Variant{"nvfp4", "fp4-rht"},
+                          Variant{"nvfp4", "fp4-sr"}, Variant{"mxfp4", nullptr}}) {
+    const std::string name =
+        std::string(v.recipe) + (v.ablation ? std::string("-no-") + v.ablation : "");
+    SCOPED_TRACE(name);
+    TrainConfig straight = small("mlp");
+    straight.synthetic_size = 256;
+    straight.dropout = 0;
+    straight.set("precision", "fp4");
+    straight.set("opt-level", "O2");
+    straight.set("fp4-recipe", v.recipe);
+    if (v.ablation) straight.set(v.ablation, "off");
+    straight.log_every = 2;
+    straight.metrics_path = file(name + ".jsonl");
+    Trainer a(straight);
+    const TrainResult ra = a.fit();
+    ASSERT_NE(a.fp8(), nullptr);
+    EXPECT_EQ(ra.skipped_steps, 0);
+    EXPECT_NE(a.describe_precision().find(std::string("fp4 ") + v.recipe), std::string::npos);
+    EXPECT_LT(a.step_losses().back(), a.step_losses().front());
+    std::ifstream in(straight.metrics_path);
+    int records = 0;
+    bool summary = false;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "fp4") {
+        ++records;
+        EXPECT_GT(j["layers"][0]["grad_output"]["amax"].get<double>(), 0);
+      }
+      if (j["kind"] == "summary") summary = j["fp4"]["recipe"] == v.recipe;
+    }
+    EXPECT_GT(records, 0);
+    EXPECT_TRUE(summary);
+
+    TrainConfig first = straight;
+    first.metrics_path.clear();
+    first.checkpoint_path = file(name + ".safetensors");
+    Trainer b(first);
+    b.fit(1);
+    const SafetensorsFile ck = load_safetensors(first.checkpoint_path);
+    bool has_draws = false;
+    for (const auto& [n, t] : ck.tensors)
+      has_draws = has_draws || n.ends_with(".sr_draws");
+    EXPECT_EQ(has_draws, v.ablation == nullptr || std::string(v.ablation) != "fp4-sr");
+    TrainConfig resumed = straight;
+    resumed.metrics_path.clear();
+    resumed.resume_path = first.checkpoint_path;
+    Trainer c(resumed);
+    c.fit();
+    expect_second_epoch_bitwise(a, c);
+  }
+  // The fp4 options belong to --precision fp4.
+  TrainConfig bad = small("mlp");
+  bad.set("fp4-rht", "off");
+  EXPECT_HAS(testing::error_of([&] { Trainer t(bad); }),
+             "the --fp4-* options apply to --precision fp4");
+}
+
 // --underflow-every: fp16 O1 with a static scale of 1 vs the dynamic scale. Scaling cannot make
 // more values underflow, and the records and summary are written.
 TEST_F(TrainerTest, UnderflowIsMeasuredAgainstFp32Gradients) {

@@ -35,6 +35,10 @@ inline constexpr uint8_t kLevelO0 = 1, kLevelsHalf = 2 | 4 | 8, kLevelsFp8 = 2 |
     OptLevel::O1, kLevelsHalf, MatmulPrecision::Highest)                                          \
   _(FP8, "fp8", "the Linear layers' GEMMs in fp8 by --fp8-recipe, the rest bf16 at O1 or O2",    \
     DType::BF16, OptLevel::O1, kLevelsFp8, MatmulPrecision::Highest)                              \
+  _(FP4, "fp4",                                                                                   \
+    "the Linear layers' GEMMs on FP4 inputs by --fp4-recipe (emulated exactly), the rest bf16 at " \
+    "O1 or O2",                                                                                   \
+    DType::BF16, OptLevel::O1, kLevelsFp8, MatmulPrecision::Highest)                              \
   _(BF16Pure, "bf16-pure",                                                                        \
     "bf16 weights without fp32 masters, stochastic rounding, batch norm fp32 (bf16 O3)",          \
     DType::BF16, OptLevel::O3, kLevelsNone, MatmulPrecision::Highest)                             \
@@ -72,7 +76,21 @@ struct Recipe {
   // Precision::FP8: the recipe and which Linear layers run in fp8.
   Fp8Options fp8;
   Fp8Layers fp8_layers = Fp8Layers::Inner;
+  // Precision::FP4: the recipe, which Linear layers run in FP4, and how many of the last of
+  // those stay bf16 (selective high precision; -1: the paper's share, kFp4HighPrecisionShare).
+  Fp4Options fp4;
+  Fp8Layers fp4_layers = Fp8Layers::Inner;
+  int64_t fp4_high_precision_layers = -1;
 };
+
+// The NVFP4 paper keeps about the last 15% of the network in bf16 (its 12B model: the final
+// blocks); -1 for fp4_high_precision_layers means this share of the FP4 candidates, rounded up.
+inline constexpr double kFp4HighPrecisionShare = 0.15;
+
+// Whether a precision runs the Linear layers' GEMMs by a block-scaled recipe (fp8, fp4).
+constexpr bool low_precision_gemms(Precision p) {
+  return p == Precision::FP8 || p == Precision::FP4;
+}
 
 // The level a recipe runs at (its own, or its precision's).
 OptLevel level_of(const Recipe& r);

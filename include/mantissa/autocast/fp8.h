@@ -46,6 +46,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mantissa/autocast/fp4.h"
 #include "mantissa/core/dtype.h"
 #include "mantissa/core/vocabulary.h"
 #include "mantissa/tensor/tensor.h"
@@ -74,6 +75,10 @@ struct Fp8Options {
   int64_t amax_history_len = 1024;  // Delayed
   AmaxCompute amax_compute = AmaxCompute::Max;
   int margin = 0;  // Delayed: scale = fp8_max / amax / 2^margin
+  // Set: the layers run the FP4 recipe instead (fp4.h; recipe, format and the delayed-scaling
+  // fields are then not used).
+  std::optional<Fp4Options> fp4 = std::nullopt;
+  bool delayed() const { return !fp4 && recipe == Fp8Recipe::Delayed; }
 };
 
 // The three tensors of an fp8 Linear layer.
@@ -113,6 +118,10 @@ struct Fp8TensorMeta {
 struct Fp8LinearState {
   std::string name;  // the layer's path in its model, e.g. "h.0.mlp.c_fc"
   std::array<Fp8TensorMeta, kNumFp8Roles> meta;
+  // FP4 with stochastic rounding: the layer's Philox seed, and the streams it has drawn (each
+  // SR quantization takes the next offset; checkpointed, so a resumed run draws the same bits).
+  uint64_t sr_seed = 0;
+  int64_t sr_draws = 0;
   Fp8TensorMeta& operator[](Fp8Role r) { return meta[size_t(r)]; }
   const Fp8TensorMeta& operator[](Fp8Role r) const { return meta[size_t(r)]; }
 };
@@ -141,7 +150,8 @@ class Fp8Context {
   void update(const AmaxReduce& reduce = {});
 
   // For checkpoints: "fp8.<layer>.<role>.scale" (F32, 1) and ".amax_history" (F32, len) for
-  // delayed scaling; nothing for the other recipes (their scales come from the data).
+  // delayed scaling; "fp8.<layer>.sr_draws" (I64, 1) for FP4 with stochastic rounding; nothing
+  // for the other recipes (their scales come from the data).
   std::map<std::string, Tensor> state_dict() const;
   // Restores what state_dict wrote; a missing or misshapen entry is an error naming it.
   void load_state_dict(const std::map<std::string, Tensor>& state);

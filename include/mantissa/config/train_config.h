@@ -172,6 +172,21 @@ inline constexpr Range kCountOrZero{0, kMaxCount};
     "Delayed scaling: scale = fp8_max / amax / 2^margin")                                          \
   _(amp::Fp8Layers, fp8_layers, "fp8-layers", amp::Fp8Layers::Inner, Fixed, Fp8, Fp8, kAnyValue,   \
     "Which Linear layers run in fp8")                                                              \
+  _(amp::Fp4Recipe, fp4_recipe, "fp4-recipe", amp::Fp4Recipe::NVFP4, Fixed, Fp4, Fp4, kAnyValue,   \
+    "The FP4 block scaling")                                                                       \
+  _(Switch, fp4_rht, "fp4-rht", Switch::On, Fixed, Fp4, Fp4, kAnyValue,                            \
+    "The 16-point Random Hadamard Transform on the weight-gradient GEMM's inputs")                 \
+  _(Switch, fp4_2d, "fp4-2d", Switch::On, Fixed, Fp4, Fp4, kAnyValue,                              \
+    "NVFP4 weights in 16x16 blocks (forward and backward see the same quantized weight)")          \
+  _(Switch, fp4_sr, "fp4-sr", Switch::On, Fixed, Fp4, Fp4, kAnyValue,                              \
+    "Stochastic rounding of the gradients' FP4 values")                                            \
+  _(amp::MxScale, fp4_mx_scale, "fp4-mx-scale", amp::MxScale::Floor, Fixed, Fp4, Fp4, kAnyValue,   \
+    "MXFP4: how the E8M0 block scale is rounded")                                                  \
+  _(amp::Fp8Layers, fp4_layers, "fp4-layers", amp::Fp8Layers::Inner, Fixed, Fp4, Fp4, kAnyValue,   \
+    "Which Linear layers are FP4 candidates")                                                      \
+  _(int64_t, fp4_high_precision_layers, "fp4-high-precision-layers", -1, Fixed, Fp4, Fp4,          \
+    (Range{-1, double(1 << 20)}),                                                                  \
+    "How many of the last FP4 candidates stay bf16 (-1: the NVFP4 paper's last 15%, rounded up)")  \
   /* ---- machine ------------------------------------------------------------------------- */      \
   /* Checkpoints are written from host copies and load onto any device. */                         \
   _(std::string, device, "device", "cpu", Tunable, Any, Machine, kAnyValue,                        \

@@ -49,6 +49,7 @@ MT_VOCABULARY(Resume, MT_FORALL_RESUME_POLICIES)
   _(ActivationCheckpointing, "activation-checkpointing", "classifiers and language models")  \
   _(Underflow, "underflow", "classifiers and language models")                               \
   _(Fp8, "fp8", "classifiers and language models (their Linear layers)")                     \
+  _(Fp4, "fp4", "classifiers and language models (their Linear layers)")                     \
   _(Distributed, "distributed", "classifiers and language models")
 MT_VOCABULARY(Feature, MT_FORALL_FEATURES)
 
@@ -70,6 +71,7 @@ constexpr Features features_of(F... f) {
   _(Optimizer, "Optimizer", "")                                    \
   _(Precision, "Precision", "")                                    \
   _(Fp8, "fp8 (--precision fp8)", "")                              \
+  _(Fp4, "fp4 (--precision fp4)", "")                              \
   _(Machine, "Machine", "")                                        \
   _(Parallel, "Data parallel (mpirun -n N ... --distributed)", "") \
   _(Outputs, "Outputs", "")                                        \
@@ -134,6 +136,15 @@ MT_VOCABULARY(ZeroGrad, MT_FORALL_ZERO_GRADS)
   _(Truncate, "truncate", "toward zero (the BFLOAT16 study's comparison)", RoundingMode::TowardZero)
 MT_VOCABULARY(StoreRounding, MT_FORALL_STORE_ROUNDINGS)
 RoundingMode rounding_mode(StoreRounding r);
+
+// An ingredient of a recipe, switched on or off (--fp4-rht off).
+#define MT_FORALL_SWITCHES(_) \
+  _(On, "on", "")             \
+  _(Off, "off", "")
+MT_VOCABULARY(Switch, MT_FORALL_SWITCHES)
+constexpr bool is_on(Switch s) {
+  return s == Switch::On;
+}
 
 // _(Enumerator, "name", "help", the dtype gradients travel in)
 #define MT_FORALL_GRAD_COMMS(_)                                            \

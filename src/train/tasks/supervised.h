@@ -46,7 +46,7 @@ class ImageClassifierTask final : public SupervisedTask {
   static constexpr config::Features kFeatures =
       config::features_of(config::Feature::GradAccum, config::Feature::EvalBatches,
                           config::Feature::ActivationCheckpointing, config::Feature::Underflow,
-                          config::Feature::Fp8, config::Feature::Distributed);
+                          config::Feature::Fp8, config::Feature::Fp4, config::Feature::Distributed);
   static void defaults(TrainConfig&) {}
 
   std::string_view name() const override { return kName; }
