@@ -529,6 +529,48 @@ def ladder_section(results, out_dir):
     return md, figures
 
 
+FP4_REFERENCES = ("fp32", "bf16-O1", "fp8-delayed")
+
+
+def fp4_ablation(results, family, rows, out_dir):
+    """The FP4 recipe's ingredients, each switched off, next to the full recipe and the bf16 and
+    fp8 references: a table and a loss-curve plot (markdown lines and the figure, or nothing)."""
+    fp4 = [r for r in rows if r["recipe"].startswith("fp4-") and r["mean"] is not None]
+    if not fp4:
+        return [], []
+    metric = family["metric"]
+    acc = is_accuracy(metric)
+    by_name = {r["recipe"]: r for r in rows}
+    full = by_name.get("fp4-nvfp4")
+
+    def delta(r, ref):
+        if ref is None or ref["mean"] is None or r["mean"] is None:
+            return None
+        if acc:
+            return (r["mean"] - ref["mean"]) * 100
+        return (r["mean"] - ref["mean"]) / abs(ref["mean"]) * 100 if ref["mean"] else None
+
+    unit = "pp" if acc else "%"
+    md = [f"### FP4 ablation: {family['name']}", "",
+          f"| recipe | {metric_label(metric, family)} | Δ vs fp4-nvfp4 ({unit}) | "
+          f"Δ vs bf16-O1 ({unit}) | time / fp32 | status |", "|---|---|---|---|---|---|"]
+    shown_rows = [by_name[n] for n in FP4_REFERENCES if n in by_name] + fp4
+    for r in shown_rows:
+        md.append("| {} | {} | {} | {} | {} | {} |".format(
+            r["recipe"], shown(r["mean"], metric) if r["mean"] is not None else "—",
+            fmt_or_dash(delta(r, full), "+.2f"), fmt_or_dash(delta(r, by_name.get("bf16-O1")), "+.2f"),
+            fmt_or_dash(r["time_ratio"], ".2f"), r["status"]))
+    md.append("")
+    names = {r["recipe"] for r in shown_rows}
+    subset = dict(results)
+    subset["cells"] = [c for c in results["cells"] if c["recipe"] in names]
+    subset["recipes"] = [r for r in results["recipes"] if r["name"] in names]
+    png = os.path.join(out_dir, f"curves-fp4-{family['name']}.png")
+    curve_plot(subset, family, png)
+    md += [f"![curves-fp4-{family['name']}](curves-fp4-{family['name']}.png)", ""]
+    return md, [png]
+
+
 def report(results, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     study = results["study"]
@@ -593,6 +635,9 @@ def report(results, out_dir):
         figures.append(png)
         md.append(f"![curves-{fam['name']}](curves-{fam['name']}.png)")
         md.append("")
+        ablation, ablation_figures = fp4_ablation(results, fam, rows, out_dir)
+        md += ablation
+        figures += ablation_figures
     under = []
     for fam in results["families"]:
         text, figs = underflow_plots(results, fam, out_dir)

@@ -101,21 +101,37 @@ MT_HOST_DEVICE constexpr Fp4BlockScale fp4_block_scale(float block_amax, Fp4Scal
 }
 
 // The fp4_e2m1 code of one scaled value x * encode: clamped to [-6, 6], then rounded to nearest
-// even or stochastically (round.h's rule with the random bits `rnd`). The sign of a zero is kept
-// (TE's Python reference sends -0.0 to +0; the hardware's cvt and ml_dtypes keep it). NaN gives the
-// code round.h gives (a zero); the caller's value says NaN.
+// even or stochastically (round.h's rule with the random bits `rnd`). Nearest even is the count
+// of fp4 midpoints below |x|, a tie going to the even code: |x| > 0.25, >= 0.75, > 1.25, >= 1.75,
+// > 2.5, >= 3.5, > 5 (TE's cast_to_fp4x2 buckets; the same codes as round.h's encoder, tested on
+// every float between -8 and 8 that is a midpoint, beside one, or random). Branch-free, so the
+// CPU's loop vectorizes. The sign of a zero is kept (TE's Python reference sends -0.0 to +0; the
+// hardware's cvt and ml_dtypes keep it); NaN gives the zero of its sign (the caller's value
+// says NaN).
+MT_HOST_DEVICE constexpr uint32_t fp4_nearest_code(float c) {
+  const uint32_t sign = (std::bit_cast<uint32_t>(c) >> 31) << 3;
+  const float a = c < 0.0f ? -c : c;
+  const uint32_t mag = uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) +
+                       uint32_t(a >= 1.75f) + uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) +
+                       uint32_t(a > 5.0f);
+  return sign | mag;
+}
 MT_HOST_DEVICE constexpr uint32_t fp4_code(float scaled, bool stochastic, uint32_t rnd) {
   constexpr FormatSpec e2m1 = format_spec(Format::FP4_E2M1);
   const float c = scaled > kFp4Max ? kFp4Max : (scaled < -kFp4Max ? -kFp4Max : scaled);
-  return detail::encode_bits<float>(
-      std::bit_cast<uint32_t>(c), e2m1,
-      stochastic ? RoundingMode::Stochastic : RoundingMode::NearestEven, Overflow::Saturate, rnd);
+  if (!stochastic) return fp4_nearest_code(c);
+  return detail::encode_bits<float>(std::bit_cast<uint32_t>(c), e2m1, RoundingMode::Stochastic,
+                                    Overflow::Saturate, rnd);
 }
 
-// The value of an fp4_e2m1 code (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives).
+// The value of an fp4_e2m1 code (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), in integer
+// arithmetic (no table: device code reads none): exponent field e, mantissa bit m, the value
+// is m / 2 for e = 0 and (2 + m) * 2^(e - 2) otherwise.
 MT_HOST_DEVICE constexpr float fp4_value(uint32_t code) {
-  constexpr FormatSpec e2m1 = format_spec(Format::FP4_E2M1);
-  return detail::decode_bits(code, e2m1);
+  const uint32_t e = (code >> 1) & 3u, m = code & 1u;
+  const uint32_t halves = e == 0 ? m : (2u + m) << (e - 1);
+  const float v = float(halves) * 0.5f;
+  return (code & 8u) ? -v : v;
 }
 
 // One element of fp4_quantize: its code, and its dequantized value (fp4 value times the block

@@ -24,8 +24,8 @@ void validate_precision(const TrainConfig& c) {
              "--precision bf16-pure is its own level (bf16 O3 with stochastic rounding); drop "
              "--opt-level ",
              level);
-    MT_CHECK(!amp::low_precision_gemms(p), "--precision ", name, " runs the Linear GEMMs in ",
-             name, " and the rest as bf16 O1 or O2; --opt-level ", level, " is not one of them");
+    MT_CHECK(!amp::low_precision_gemms(p), "--precision ", name, " runs the Linear GEMMs in ", name,
+             " and the rest as bf16 O1 or O2; --opt-level ", level, " is not one of them");
     MT_CHECK(amp::precision_info(p).levels != amp::kLevelO0, "--opt-level ", level,
              " needs a half precision: add --precision bf16 or fp16 (", name, " is O0 only)");
     MT_CHECK(false, "--opt-level O0 trains in fp32: use --precision fp32");

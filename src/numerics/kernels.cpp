@@ -463,6 +463,37 @@ MT_TARGET_AVX512 void stochastic_avx512(const float* src, uint16_t* dst, size_t 
   }
 }
 
+// Philox's bits alone, element i of the stream at index + i, into dst: the blocks as
+// stochastic_avx512 computes them.
+template <int K>
+MT_TARGET_AVX512 void random_bits_avx512(uint32_t* dst, size_t n, uint64_t seed, uint64_t offset,
+                                         uint64_t index) {
+  size_t i = 0;
+  for (; i < n && ((index + i) & 3) != 0; ++i)
+    dst[i] = random_bits(seed, offset, index + i);
+  if (i == n) return;
+  const PhiloxKeys keys(seed);
+  const __m512i ofs_lo = _mm512_set1_epi64(int64_t(offset & 0xffffffffu));
+  const __m512i ofs_hi = _mm512_set1_epi64(int64_t(offset >> 32));
+  const __m512i mask = _mm512_set1_epi64(int64_t(kBlockMask));
+  const __m512i step = _mm512_set1_epi64(8);
+  __m512i blk = _mm512_and_si512(_mm512_add_epi64(_mm512_set1_epi64(int64_t((index + i) >> 2)),
+                                                  _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7)),
+                                 mask);
+  for (; i + 32 * K <= n; i += 32 * K) {
+    __m512i blocks[K], r[2 * K];
+    for (int k = 0; k < K; ++k) {
+      blocks[k] = blk;
+      blk = _mm512_and_si512(_mm512_add_epi64(blk, step), mask);
+    }
+    philox_avx512<K>(blocks, ofs_lo, ofs_hi, keys, r);
+    for (int j = 0; j < 2 * K; ++j)
+      _mm512_storeu_si512(dst + i + 16 * j, r[j]);
+  }
+  for (; i < n; ++i)
+    dst[i] = random_bits(seed, offset, index + i);
+}
+
 template <int K>
 MT_TARGET_AVX2 inline void philox_avx2(const __m256i (&blocks)[K], __m256i ofs_lo, __m256i ofs_hi,
                                        const PhiloxKeys& keys, __m256i (&out)[2 * K]) {
@@ -691,6 +722,17 @@ void stochastic_dispatch(const float* src, uint16_t* dst, size_t n, uint64_t see
 }
 
 }  // namespace
+
+void random_bits_fill(uint32_t* dst, size_t n, uint64_t seed, uint64_t offset, uint64_t index,
+                      Isa isa) {
+  MT_ASSERT(isa_supported(isa), "instruction set ", isa_name(isa), " is not available here");
+#ifdef MT_X86_KERNELS
+  if (isa == Isa::Avx512 || isa == Isa::Avx512Bf16)
+    return random_bits_avx512<kSrGroupsAvx512>(dst, n, seed, offset, index);
+#endif
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = random_bits(seed, offset, index + i);
+}
 
 void f32_to_bf16_stochastic(const float* src, uint16_t* dst, size_t n, uint64_t seed,
                             uint64_t offset, uint64_t index, Isa isa) {

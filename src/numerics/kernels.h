@@ -40,4 +40,8 @@ void f32_to_bf16_stochastic(const float* src, uint16_t* dst, size_t n, uint64_t 
 void f32_to_f16_stochastic(const float* src, uint16_t* dst, size_t n, uint64_t seed,
                            uint64_t offset, uint64_t index, Isa isa);
 
+// dst[i] = random_bits(seed, offset, index + i) (philox.h), by the same vector Philox.
+void random_bits_fill(uint32_t* dst, size_t n, uint64_t seed, uint64_t offset, uint64_t index,
+                      Isa isa);
+
 }  // namespace mantissa::detail

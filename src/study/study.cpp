@@ -39,13 +39,21 @@ const std::vector<StudyRecipe>& study_recipes() {
   using config::StoreRounding;
   constexpr config::LossScale kDynamic{}, kOne{1.0};
   static const std::vector<StudyRecipe> recipes = {
-      {"fp32", "fp32 everywhere (the reference)", Precision::FP32, {}, kDynamic, {}, {}},
-      {"tf32", "fp32 with GEMM/conv inputs rounded to tf32", Precision::TF32, {}, kDynamic, {}, {}},
+      {"fp32", "fp32 everywhere (the reference)", Precision::FP32, {}, kDynamic, {}, {}, {}},
+      {"tf32",
+       "fp32 with GEMM/conv inputs rounded to tf32",
+       Precision::TF32,
+       {},
+       kDynamic,
+       {},
+       {},
+       {}},
       {"bf16-O1",
        "autocast to bf16, fp32 weights",
        Precision::BF16,
        OptLevel::O1,
        kDynamic,
+       {},
        {},
        {}},
       {"bf16-O2",
@@ -54,6 +62,7 @@ const std::vector<StudyRecipe>& study_recipes() {
        OptLevel::O2,
        kDynamic,
        StoreRounding::Nearest,
+       {},
        {}},
       {"bf16-O2-trunc",
        "bf16-O2 with the weights stored truncated (toward zero)",
@@ -61,12 +70,14 @@ const std::vector<StudyRecipe>& study_recipes() {
        OptLevel::O2,
        kDynamic,
        StoreRounding::Truncate,
+       {},
        {}},
       {"bf16-pure",
        "bf16 weights without fp32 masters, stochastic rounding",
        Precision::BF16Pure,
        {},
        kDynamic,
+       {},
        {},
        {}},
       {"fp16-O1",
@@ -75,6 +86,7 @@ const std::vector<StudyRecipe>& study_recipes() {
        OptLevel::O1,
        kDynamic,
        {},
+       {},
        {}},
       {"fp16-O2",
        "fp16 weights, fp32 masters, dynamic loss scaling",
@@ -82,12 +94,14 @@ const std::vector<StudyRecipe>& study_recipes() {
        OptLevel::O2,
        kDynamic,
        {},
+       {},
        {}},
       {"fp16-noscale",
        "fp16-O1 without loss scaling (a static scale of 1)",
        Precision::FP16,
        OptLevel::O1,
        kOne,
+       {},
        {},
        {}},
       {"fp8-delayed",
@@ -97,21 +111,66 @@ const std::vector<StudyRecipe>& study_recipes() {
        OptLevel::O1,
        kDynamic,
        {},
-       amp::Fp8Recipe::Delayed},
+       amp::Fp8Recipe::Delayed,
+       {}},
       {"fp8-current",
        "fp8 Linear GEMMs, per-tensor current scaling, the rest bf16-O1",
        Precision::FP8,
        OptLevel::O1,
        kDynamic,
        {},
-       amp::Fp8Recipe::Current},
+       amp::Fp8Recipe::Current,
+       {}},
       {"fp8-mxfp8",
        "fp8 Linear GEMMs, MXFP8 32-element blocks, the rest bf16-O1",
        Precision::FP8,
        OptLevel::O1,
        kDynamic,
        {},
-       amp::Fp8Recipe::MXFP8},
+       amp::Fp8Recipe::MXFP8,
+       {}},
+      {"fp4-nvfp4",
+       "NVFP4 Linear GEMMs with the paper's recipe (RHT on wgrad, 16x16 weight blocks, SR "
+       "gradients, the last 15% of layers bf16), the rest bf16-O1",
+       Precision::FP4,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       {},
+       {}},
+      {"fp4-nvfp4-no-rht",
+       "fp4-nvfp4 without the Random Hadamard Transform",
+       Precision::FP4,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       {},
+       {.rht = false}},
+      {"fp4-nvfp4-no-2d",
+       "fp4-nvfp4 with 1x16 weight blocks (backward quantizes the weight again)",
+       Precision::FP4,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       {},
+       {.two_d = false}},
+      {"fp4-nvfp4-no-sr",
+       "fp4-nvfp4 with gradients rounded to nearest",
+       Precision::FP4,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       {},
+       {.sr = false}},
+      {"fp4-mxfp4",
+       "MXFP4 Linear GEMMs (32-element blocks, E8M0 scales by the OCP rule), RHT and SR as "
+       "fp4-nvfp4",
+       Precision::FP4,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       {},
+       {.recipe = amp::Fp4Recipe::MXFP4}},
   };
   return recipes;
 }
@@ -276,6 +335,10 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
   c.loss_scale = r.loss_scale;
   c.rounding = r.rounding;
   c.fp8_recipe = r.fp8_recipe;
+  c.fp4_recipe = r.fp4.recipe;
+  c.fp4_rht = r.fp4.rht ? config::Switch::On : config::Switch::Off;
+  c.fp4_2d = r.fp4.two_d ? config::Switch::On : config::Switch::Off;
+  c.fp4_sr = r.fp4.sr ? config::Switch::On : config::Switch::Off;
   if (probe)
     c.underflow_every = std::max<int64_t>(1, c.max_steps / std::max(1, s.underflow_points));
   return c;
@@ -449,10 +512,10 @@ Json run_cell(const TrainConfig& config, const std::string& family, const std::s
       message = r.diverged;
     }
   } catch (const Error& e) {
-    // An fp8 recipe that cannot be set up on the model (fewer than three Linear layers: fp8
-    // keeps the first and the last in bf16; a task without fp8) does not apply to it; anything
-    // else failed: the study records why and goes on.
-    status = config.precision == amp::Precision::FP8 ? "not_applicable" : "failed";
+    // An fp8 or fp4 recipe that cannot be set up on the model (fewer than three Linear layers:
+    // both keep the first and the last in bf16; a task without them) does not apply to it;
+    // anything else failed: the study records why and goes on.
+    status = amp::low_precision_gemms(config.precision) ? "not_applicable" : "failed";
     message = e.message();
   }
   cell["status"] = status;

@@ -113,6 +113,34 @@ TEST(Fp4Golden, QuantizersMatchTheReferenceByteForByte) {
   }
 }
 
+// The branch-free rounding and decoding of fp4_math.h are round.h's definition: every code's
+// value, and the nearest-even code of the floats around every midpoint (the ties and their
+// neighbours), of a sweep over [-8, 8] and of the specials.
+TEST(Fp4Math, NearestCodeAndValueAreTheFormatsDefinition) {
+  for (uint32_t code = 0; code < 16; ++code)
+    EXPECT_EQ(std::bit_cast<uint32_t>(fp4_value(code)),
+              std::bit_cast<uint32_t>(decode(Format::FP4_E2M1, code)))
+        << code;
+  auto same = [](float x) {
+    const float c = x > 6.0f ? 6.0f : (x < -6.0f ? -6.0f : x);
+    return fp4_code(x, false, 0) == encode(Format::FP4_E2M1, c);
+  };
+  int wrong = 0;
+  for (const float mid : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f}) {
+    for (const float m : {mid, -mid}) {
+      wrong += !same(m) + !same(std::nextafter(m, 0.0f)) + !same(std::nextafter(m, 10.0f * m));
+    }
+  }
+  const uint32_t top = std::bit_cast<uint32_t>(8.0f);
+  for (uint32_t b = 0; b <= top; b += 61) {
+    const float x = std::bit_cast<float>(b);
+    wrong += !same(x) + !same(-x);
+  }
+  for (const float x : {0.0f, -0.0f, 1e-45f, -1e-45f, 7.0f, -100.0f, INFINITY, -INFINITY})
+    wrong += !same(x);
+  EXPECT_EQ(wrong, 0);
+}
+
 // Weights are quantized in 16 x 16 blocks so that the forward GEMM (W) and the backward one
 // (W^T) multiply the same values: quantizing W^T gives W's codes and scales, transposed.
 TEST(Fp4Quantize, SixteenBySixteenBlocksQuantizeATransposeAlike) {

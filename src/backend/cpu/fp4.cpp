@@ -4,13 +4,26 @@
 // block's amax, its scale, and its elements. Scalar code over the shared definition: FP4 is
 // emulated here for study, and the quantization is a small part of a step next to its GEMMs.
 #include <algorithm>
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers pass _mm512_undefined_*() as don't-care operands, which its own
+// -Wmaybe-uninitialized then flags at every inlined use: a known false positive (as in fp8.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#endif
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vector_isa.h"
 #include "backend/fp4_math.h"
+#include "numerics/kernels.h"
 
 namespace mantissa::backend::cpu {
 namespace {
@@ -23,23 +36,25 @@ inline float nan_max(float a, float b) {
 // x as f32, a row at a time (f16 and bf16 widened exactly).
 template <typename T>
 void load_row(const T* x, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = float(x[i]);
+  load_contiguous<T, float>(x, out, n);  // the vectorized conversions
 }
 
+// max |x| over the tensor from the bits: for a float with its sign bit cleared, the unsigned
+// order of the bits is the order of the magnitudes, and every NaN is above inf. So the loop is an
+// integer max (vectorized), NaN winning (returned as the quiet NaN, as the CUDA kernel does).
 template <typename T>
 float tensor_amax(const T* x, int64_t n) {
-  float m = 0;
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
+  constexpr Bits kMagnitude = Bits(std::numeric_limits<Bits>::max() >> 1);
+  const Bits* b = reinterpret_cast<const Bits*>(x);
+  Bits m = 0;
 #pragma omp parallel for reduction(max : m) if (n >= kParallelGrain && !omp_in_parallel())
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(float(x[i]));
-    m = a != a || m != m ? std::numeric_limits<float>::quiet_NaN() : std::max(m, a);
-  }
-  // OpenMP's max reduction may drop a NaN between threads: look again where it matters.
-  if (std::isnan(m)) return m;
-  for (int64_t i = 0; i < n && !std::isnan(m); ++i)
-    if (std::isnan(float(x[i]))) m = std::numeric_limits<float>::quiet_NaN();
-  return m;
+  for (int64_t i = 0; i < n; ++i)
+    m = std::max<Bits>(m, b[i] & kMagnitude);
+  T top;
+  std::memcpy(&top, &m, sizeof(T));
+  const float a = float(top);
+  return a != a ? std::numeric_limits<float>::quiet_NaN() : a;
 }
 
 struct Fp4Out {
@@ -48,29 +63,207 @@ struct Fp4Out {
   bfloat16* values;  // or nullptr
 };
 
-// Quantizes the block row `br_index` (rows [r0, r1)) of x.
+// An element's code, and its value as bf16 (exact: the float's top 16 bits).
+inline void store(const Fp4Element& e, uint8_t* codes, bfloat16* values, int64_t base, int64_t c) {
+  codes[c] = uint8_t(e.code);
+  if (values)
+    values[base + c] = bfloat16::from_bits(uint16_t(std::bit_cast<uint32_t>(e.value) >> 16));
+}
+
+#if defined(__x86_64__)
+#define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+// Round to nearest even of up to 16 values (mask k) of one block, as fp4_element computes them
+// operation for operation: the product x * encode in fp32; the code from the signs and the seven
+// midpoint comparisons (ordered: NaN compares false, giving its sign's zero; beyond 6 all seven
+// hold: the clamp to 6 is implied); the value from a permute of the 16 code values times the
+// block's value; NaN where x is not finite. Tested against the scalar definition in every build
+// (BackendConformance.EveryVectorBuildOfTheCpu).
+MT_AVX512 inline void store16(__m512 v, __m512i code, __mmask16 k, const Fp4BlockScale& s,
+                              uint8_t* codes, bfloat16* values);
+MT_AVX512 inline void nearest16(const float* x, __mmask16 k, const Fp4BlockScale& s, uint8_t* codes,
+                                bfloat16* values) {
+  const __m512 v = _mm512_maskz_loadu_ps(k, x);
+  const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(s.encode));
+  const __m512 a = _mm512_abs_ps(scaled);
+  __m512i mag = _mm512_setzero_si512();
+  const __m512i one = _mm512_set1_epi32(1);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), mag,
+                              one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), mag,
+                              one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), mag,
+                              one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), mag,
+                              one);
+  mag =
+      _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), mag, one);
+  mag =
+      _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), mag, one);
+  mag =
+      _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), mag, one);
+  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(scaled), 31), 3);
+  const __m512i code = _mm512_or_si512(sign, mag);
+  store16(v, code, k, s, codes, values);
+}
+
+// Codes as bytes; values (if wanted) the codes' values times the block's, NaN where x is not
+// finite, as bf16 (exact: the top 16 bits).
+MT_AVX512 inline void store16(__m512 v, __m512i code, __mmask16 k, const Fp4BlockScale& s,
+                              uint8_t* codes, bfloat16* values) {
+  _mm512_mask_cvtepi32_storeu_epi8(codes, k, code);
+  if (!values) return;
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                      -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  __m512 value = _mm512_mul_ps(_mm512_permutexvar_ps(code, table), _mm512_set1_ps(s.value));
+  const __m512i exponent = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000));
+  const __mmask16 nonfinite = _mm512_cmpeq_epi32_mask(exponent, _mm512_set1_epi32(0x7f800000));
+  value = _mm512_mask_mov_ps(value, nonfinite, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+  const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(value), 16);
+  _mm512_mask_cvtepi32_storeu_epi16(values, k, top);
+}
+
+// Stochastic rounding of up to 16 values, as fp4_element with Stochastic (round.h's rule on the
+// bits of the clamped value |c| = sig * 2^(e - 23)): the dropped bit count shift = 22 + max(0,
+// -e), keep = sig >> shift, threshold = the dropped bits scaled to 32 bits, the code 2 max(e, 0)
+// + keep + (r < threshold), at most 7. The clamp keeps NaN (max/min return their second operand
+// for NaN), and NaN gives the zero of the other sign, as encode_bits does.
+MT_AVX512 inline void stochastic16(const float* x, const uint32_t* rnd, __mmask16 k,
+                                   const Fp4BlockScale& s, uint8_t* codes, bfloat16* values) {
+  const __m512 v = _mm512_maskz_loadu_ps(k, x);
+  const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(s.encode));
+  const __m512 c =
+      _mm512_min_ps(_mm512_set1_ps(6.0f), _mm512_max_ps(_mm512_set1_ps(-6.0f), scaled));
+  const __m512i b = _mm512_castps_si512(c);
+  const __m512i abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  const __m512i ef = _mm512_srli_epi32(abs, 23);
+  const __m512i mant = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffff));
+  const __m512i sig =
+      _mm512_mask_or_epi32(mant, _mm512_test_epi32_mask(ef, ef), mant, _mm512_set1_epi32(1 << 23));
+  const __m512i below = _mm512_max_epi32(  // max(0, -e) with e = max(ef, 1) - 127
+      _mm512_sub_epi32(_mm512_set1_epi32(127), _mm512_max_epu32(ef, _mm512_set1_epi32(1))),
+      _mm512_setzero_si512());
+  const __m512i shift = _mm512_add_epi32(below, _mm512_set1_epi32(22));
+  const __m512i keep = _mm512_srlv_epi32(sig, shift);
+  // Shift counts above 31 (including "negative" ones) give 0.
+  const __m512i threshold =
+      _mm512_or_si512(_mm512_sllv_epi32(sig, _mm512_sub_epi32(_mm512_set1_epi32(32), shift)),
+                      _mm512_srlv_epi32(sig, _mm512_sub_epi32(shift, _mm512_set1_epi32(32))));
+  const __m512i base = _mm512_slli_epi32(
+      _mm512_max_epi32(_mm512_sub_epi32(ef, _mm512_set1_epi32(127)), _mm512_setzero_si512()), 1);
+  __m512i mag = _mm512_add_epi32(base, keep);
+  const __m512i r = _mm512_maskz_loadu_epi32(k, rnd);
+  mag =
+      _mm512_mask_sub_epi32(mag, _mm512_cmplt_epu32_mask(r, threshold), mag, _mm512_set1_epi32(-1));
+  mag = _mm512_min_epu32(mag, _mm512_set1_epi32(7));
+  __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(b, 31), 3);
+  sign = _mm512_mask_xor_epi32(sign, nan, sign, _mm512_set1_epi32(8));
+  mag = _mm512_mask_mov_epi32(mag, nan, _mm512_setzero_si512());
+  const __m512i code = _mm512_or_si512(sign, mag);
+  store16(v, code, k, s, codes, values);
+}
+
+MT_AVX512 void nearest_span(const float* row, int64_t c0, int64_t c1, const Fp4BlockScale& s,
+                            uint8_t* codes, bfloat16* values) {
+  for (int64_t c = c0; c < c1; c += 16) {
+    const int64_t n = std::min<int64_t>(16, c1 - c);
+    nearest16(row + c, __mmask16((1u << n) - 1u), s, codes + c, values ? values + c : nullptr);
+  }
+}
+
+MT_AVX512 void stochastic_span(const float* row, const uint32_t* rnd, int64_t c0, int64_t c1,
+                               const Fp4BlockScale& s, uint8_t* codes, bfloat16* values) {
+  for (int64_t c = c0; c < c1; c += 16) {
+    const int64_t n = std::min<int64_t>(16, c1 - c);
+    stochastic16(row + c, rnd + c, __mmask16((1u << n) - 1u), s, codes + c,
+                 values ? values + c : nullptr);
+  }
+}
+
+// max |x| over [c0, c1), NaN winning (the same as nan_max's fold: max is exact).
+MT_AVX512 float amax_span(const float* row, int64_t c0, int64_t c1) {
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (int64_t c = c0; c < c1; c += 16) {
+    const int64_t n = std::min<int64_t>(16, c1 - c);
+    const __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), row + c));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, v);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(m);
+}
+// One row's 16-groups through the transform in place: the 16 outputs of a group in one
+// register, each its own sum in index order (products and sums rounded separately, as the
+// scalar loop computes them).
+MT_AVX512 void hadamard_row(float* row, int64_t C, const float (&coef)[16][16]) {
+  __m512 c[16];
+  for (int i = 0; i < 16; ++i)
+    c[i] = _mm512_loadu_ps(coef[i]);
+  for (int64_t g = 0; g < C; g += 16) {
+    __m512 acc = _mm512_mul_ps(_mm512_set1_ps(row[g]), c[0]);
+    for (int i = 1; i < 16; ++i)
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(row[g + i]), c[i]));
+    _mm512_storeu_ps(row + g, acc);
+  }
+}
+#undef MT_AVX512
+#endif
+
+// Quantizes the block row `br_index` (rows [r0, r1)) of x: the blocks' scales, then each row,
+// its random bits first under stochastic rounding (the vector Philox), block by block.
 template <typename T>
 void quantize_block_row(const T* x, int64_t C, int64_t r0, int64_t r1, int64_t bc, int64_t nbc,
                         const Fp4QuantizeParams& p, const Nvfp4TensorScales& ts, int64_t br_index,
                         const Fp4Out& out, float* rows) {
   const int64_t n = r1 - r0;
+  const bool avx512 = vector_isa() == VectorIsa::Avx512;
   for (int64_t r = 0; r < n; ++r)
     load_row(x + (r0 + r) * C, C, rows + r * C);
+  thread_local std::vector<Fp4BlockScale> scales;
+  thread_local std::vector<uint32_t> bits;
+  scales.resize(size_t(nbc));
   for (int64_t b = 0; b < nbc; ++b) {
     const int64_t c0 = b * bc, c1 = std::min(C, c0 + bc);
     float amax = 0;
-    for (int64_t r = 0; r < n; ++r)
+    for (int64_t r = 0; r < n; ++r) {
+#if defined(__x86_64__)
+      if (avx512) {
+        amax = nan_max(amax, amax_span(rows + r * C, c0, c1));
+        continue;
+      }
+#endif
       for (int64_t c = c0; c < c1; ++c)
         amax = nan_max(amax, std::fabs(rows[r * C + c]));
-    const Fp4BlockScale s = fp4_block_scale(amax, p.rule, ts);
-    out.block_scales[br_index * nbc + b] = uint8_t(s.code);
-    for (int64_t r = 0; r < n; ++r) {
+    }
+    scales[size_t(b)] = fp4_block_scale(amax, p.rule, ts);
+    out.block_scales[br_index * nbc + b] = uint8_t(scales[size_t(b)].code);
+  }
+  if (p.stochastic) bits.resize(size_t(C));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = rows + r * C;
+    const int64_t base = (r0 + r) * C;
+    uint8_t* codes = out.codes + base;
+    bfloat16* values = out.values ? out.values + base : nullptr;
+    if (p.stochastic) {
+      detail::random_bits_fill(bits.data(), size_t(C), p.seed, p.offset, uint64_t(base),
+                               avx512 ? detail::Isa::Avx512 : detail::Isa::Scalar);
+    }
+    for (int64_t b = 0; b < nbc; ++b) {
+      const int64_t c0 = b * bc, c1 = std::min(C, c0 + bc);
+      const Fp4BlockScale& s = scales[size_t(b)];
+#if defined(__x86_64__)
+      if (avx512) {
+        if (p.stochastic) {
+          stochastic_span(row, bits.data(), c0, c1, s, codes, values);
+        } else {
+          nearest_span(row, c0, c1, s, codes, values);
+        }
+        continue;
+      }
+#endif
       for (int64_t c = c0; c < c1; ++c) {
-        const int64_t i = (r0 + r) * C + c;
-        const uint32_t bits = p.stochastic ? random_bits(p.seed, p.offset, uint64_t(i)) : 0;
-        const Fp4Element e = fp4_element(rows[r * C + c], s, p.stochastic, bits);
-        out.codes[i] = uint8_t(e.code);
-        if (out.values) out.values[i] = bfloat16(e.value);
+        const uint32_t rnd = p.stochastic ? bits[size_t(c)] : 0u;
+        store(fp4_element(row[c], s, p.stochastic, rnd), codes, out.values, base, c);
       }
     }
   }
@@ -115,7 +308,8 @@ void CpuBackend::fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, Tenso
 void CpuBackend::hadamard16(const Tensor& x, uint32_t signs, Tensor& out) {
   check_hadamard16(x, out, Device::cpu());
   const int64_t R = x.size(0), C = x.size(1);
-  float coef[16][16];
+  const bool avx512 = vector_isa() == VectorIsa::Avx512;
+  alignas(64) float coef[16][16];
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j)
       coef[i][j] = hadamard16_coefficient(signs, i, j);
@@ -123,18 +317,30 @@ void CpuBackend::hadamard16(const Tensor& x, uint32_t signs, Tensor& out) {
     dispatch_float(out.dtype(), "hadamard16", [&]<typename O>() {
       const T* src = static_cast<const T*>(x.data_ptr());
       O* dst = static_cast<O*>(out.data_ptr());
-      parallel_rows<float>(R, R * C * 16, 0, [&](int64_t r, float*) {
-        for (int64_t g = 0; g < C; g += 16) {
-          float v[16];
-          for (int i = 0; i < 16; ++i)
-            v[i] = float(src[r * C + g + i]);
-          for (int j = 0; j < 16; ++j) {
-            float acc = v[0] * coef[0][j];
-            for (int i = 1; i < 16; ++i)
-              acc = acc + v[i] * coef[i][j];
-            dst[r * C + g + j] = O(acc);
-          }
+      // A row in f32 (widened exactly), transformed in place, then stored with one rounding.
+      parallel_rows<float>(R, R * C * 16, C, [&](int64_t r, float* row) {
+        load_row(src + r * C, C, row);
+#if defined(__x86_64__)
+        if (avx512) {
+          hadamard_row(row, C, coef);
+          store_contiguous<float, O>(row, dst + r * C, C);
+          return;
         }
+#endif
+        for (int64_t g = 0; g < C; g += 16) {
+          // The 16 outputs side by side, each its own sum in index order (vectorized across
+          // the outputs: no sum reordered, no product fused).
+          float acc[16];
+          for (int j = 0; j < 16; ++j)
+            acc[j] = row[g] * coef[0][j];
+          for (int i = 1; i < 16; ++i) {
+            const float v = row[g + i];
+            for (int j = 0; j < 16; ++j)
+              acc[j] = acc[j] + v * coef[i][j];
+          }
+          std::memcpy(row + g, acc, sizeof(acc));
+        }
+        store_contiguous<float, O>(row, dst + r * C, C);
       });
     });
   });
