@@ -43,14 +43,14 @@ void RunLog::write(const nlohmann::ordered_json& record) {
   if (charted(kind)) {
     for (const auto& [key, value] : record.items())
       if (!coordinate(key)) scalar(kind + "/" + key, value);
-  } else if (kind == "fp8") {
-    // Per layer and role: fp8/<layer>/<role>/{amax,scale,range_used}.
+  } else if (kind == "fp8" || kind == "fp4") {
+    // Per layer and role: fp8/<layer>/<role>/{amax,scale,range_used} (fp4: amax, scale).
     for (const auto& layer : record["layers"]) {
       const std::string name = layer.value("layer", "");
       for (const auto& [role, stats] : layer.items()) {
         if (!stats.is_object()) continue;
         for (const auto& [key, value] : stats.items())
-          scalar("fp8/" + name + "/" + role + "/" + key, value);
+          scalar(kind + "/" + name + "/" + role + "/" + key, value);
       }
     }
   } else if (kind == "divergence" || kind == "skipped_step") {

@@ -1,17 +1,9 @@
 // CPU FP4 block quantization and the 16-point Hadamard transform (the contracts are in
 // backend_ops.h, the arithmetic in backend/fp4_math.h, shared with the CUDA backend). One pass
 // for the tensor amax where NVFP4 needs it, then blocks of rows spread over the threads, each
-// block's amax, its scale, and its elements. Scalar code over the shared definition: FP4 is
-// emulated here for study, and the quantization is a small part of a step next to its GEMMs.
+// block's amax, its scale, and its elements: in AVX-512 where the CPU has it (the same operations
+// as the scalar definition, which the other builds run; the conformance test compares them).
 #include <algorithm>
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers pass _mm512_undefined_*() as don't-care operands, which its own
-// -Wmaybe-uninitialized then flags at every inlined use: a known false positive (as in fp8.cpp).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#endif
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -19,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/avx512.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vector_isa.h"
@@ -71,7 +64,6 @@ inline void store(const Fp4Element& e, uint8_t* codes, bfloat16* values, int64_t
 }
 
 #if defined(__x86_64__)
-#define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 // Round to nearest even of up to 16 values (mask k) of one block, as fp4_element computes them
 // operation for operation: the product x * encode in fp32; the code from the signs and the seven
 // midpoint comparisons (ordered: NaN compares false, giving its sign's zero; beyond 6 all seven
@@ -206,7 +198,6 @@ MT_AVX512 void hadamard_row(float* row, int64_t C, const float (&coef)[16][16]) 
     _mm512_storeu_ps(row + g, acc);
   }
 }
-#undef MT_AVX512
 #endif
 
 // Quantizes the block row `br_index` (rows [r0, r1)) of x: the blocks' scales, then each row,

@@ -5,18 +5,11 @@
 // the threads; a per-tensor amax is reduced over them.
 #include <algorithm>
 #include <bit>
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers pass _mm512_undefined_*() as don't-care operands, which its own
-// -Wmaybe-uninitialized then flags at every inlined use: a known false positive.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#endif
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/avx512.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/stored.h"
@@ -54,7 +47,6 @@ void with_row(const T* x, int64_t r, int64_t C, float* buf, Fn f) {
 // quantize_one's, operation for operation, so the bits are the same (Fp8QuantizeKernel runs every
 // build against the scalar definition). A step holding a product that is not finite (a
 // non-finite input gives one; rare) goes through the scalar quantize_one, lane by lane.
-#define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
 template <typename S>
 MT_AVX512 inline __m512 load16(const S* x, __mmask16 k) {
@@ -213,7 +205,6 @@ MT_AVX512 void column_quantize_avx512(const S* x, int64_t C, const float* scale,
           stored_load(x, j), scale[j], kScaled ? scale_inv[j] : 1.0f, codes, values, j);
   }
 }
-#undef MT_AVX512
 #endif
 
 template <typename S>
