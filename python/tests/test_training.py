@@ -71,6 +71,19 @@ def test_trainer_fit_with_a_callback_and_evaluate():
     assert 'model = "mlp"' in t.config
 
 
+def test_trainer_runs_the_fp4_recipe_and_its_ablation_flags():
+    records = []
+    t = mt.Trainer(dict(CONFIG, precision="fp4", **{"fp4-recipe": "mxfp4", "fp4-sr": "off",
+                                                     "fp4-layers": "all"}))
+    summary = t.fit(callback=records.append)
+    assert summary["precision"] == "fp4" and summary["fp4"]["recipe"] == "mxfp4"
+    assert summary["fp4"]["sr"] is False and summary["fp4"]["layers"] >= 1
+    assert any(r["kind"] == "fp4" for r in records)
+    assert all(np.isfinite(t.step_losses()))
+    with pytest.raises(mt.Error, match="unknown --fp4-rht 'maybe'"):
+        mt.Trainer(dict(CONFIG, precision="fp4", **{"fp4-rht": "maybe"}))
+
+
 def test_config_mistakes_are_value_errors():
     with pytest.raises(mt.Error, match="did you mean 'batch-size'"):
         mt.Trainer({"bach-size": 3})
