@@ -180,7 +180,7 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType d
 }
 
 std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8Layers layers,
-                                     size_t keep_last) {
+                                     std::optional<size_t> keep_last) {
   std::vector<std::pair<std::string, nn::Linear*>> linears;
   for (auto& [path, m] : model.named_modules()) {
     if (auto* l = dynamic_cast<nn::Linear*>(m)) linears.emplace_back(path, l);
@@ -194,30 +194,21 @@ std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context, Fp8
                      "-layers all to run them in " + what + " too"
                : "; " + what + " runs the GEMMs of Linear layers, so it has nothing to do here");
   const size_t chosen = linears.size() - 2 * skip;
-  MT_CHECK(keep_last < chosen, what, ": keeping the last ", keep_last, " of the model ",
-           model.name(), "'s ", chosen, " candidate Linear layers in bf16 leaves none to run in ",
-           what, "; lower --fp4-high-precision-layers");
+  // Unset: the NVFP4 paper's share of the candidates, rounded up, leaving at least one.
+  const size_t keep = keep_last
+                          ? *keep_last
+                          : std::min(size_t(std::ceil(kFp4HighPrecisionShare * double(chosen))),
+                                     chosen > 0 ? chosen - 1 : 0);
+  MT_CHECK(keep < chosen, what, ": keeping the last ", keep, " of the model ", model.name(), "'s ",
+           chosen, " candidate Linear layers in bf16 leaves none to run in ", what,
+           "; lower --fp4-high-precision-layers");
   std::vector<std::string> names;
-  for (size_t i = skip; i + skip + keep_last < linears.size(); ++i) {
+  for (size_t i = skip; i + skip + keep < linears.size(); ++i) {
     linears[i].second->set_fp8_state(context.add_layer(linears[i].first));
     names.push_back(linears[i].first);
   }
   return names;
 }
-
-namespace {
-// How many of the FP4 candidate layers stay bf16: the given count, or the paper's share.
-size_t fp4_keep_last(nn::Module& model, const Recipe& r) {
-  if (r.fp4_high_precision_layers >= 0) return size_t(r.fp4_high_precision_layers);
-  size_t linears = 0;
-  for (auto& [path, m] : model.named_modules())
-    linears += dynamic_cast<nn::Linear*>(m) != nullptr;
-  const size_t skip = r.fp4_layers == Fp8Layers::Inner ? 2 : 0;
-  const size_t chosen = linears > skip ? linears - skip : 0;
-  const auto share = size_t(std::ceil(kFp4HighPrecisionShare * double(chosen)));
-  return chosen > 1 ? std::min(share, chosen - 1) : 0;
-}
-}  // namespace
 
 // The recipe a precision names (precision.h's table), set up by the level-level call above.
 Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
@@ -252,7 +243,9 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
     Fp8Options o;
     o.fp4 = recipe.fp4;
     auto context = std::make_shared<Fp8Context>(o);
-    prepare_fp8(model, *context, recipe.fp4_layers, fp4_keep_last(model, recipe));
+    const int64_t n = recipe.fp4_high_precision_layers;
+    prepare_fp8(model, *context, recipe.fp4_layers,
+                n >= 0 ? std::optional<size_t>(size_t(n)) : std::nullopt);
     amp.set_fp8(std::move(context));
   }
   return amp;

@@ -420,6 +420,31 @@ MT_TARGET_AVX512 inline __m512i stochastic_round_avx512(__m512i b, __m512i r) {
   }
 }
 
+// The block counters of a run of Philox groups from block `first` on: each next<K>() computes
+// K groups of 8 blocks (32 K words, in element order) and moves on.
+struct PhiloxGroups {
+  PhiloxKeys keys;
+  __m512i ofs_lo, ofs_hi, mask, step, blk;
+  MT_TARGET_AVX512 PhiloxGroups(uint64_t seed, uint64_t offset, uint64_t first)
+      : keys(seed),
+        ofs_lo(_mm512_set1_epi64(int64_t(offset & 0xffffffffu))),
+        ofs_hi(_mm512_set1_epi64(int64_t(offset >> 32))),
+        mask(_mm512_set1_epi64(int64_t(kBlockMask))),
+        step(_mm512_set1_epi64(8)),
+        blk(_mm512_and_si512(_mm512_add_epi64(_mm512_set1_epi64(int64_t(first)),
+                                              _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7)),
+                             mask)) {}
+  template <int K>
+  MT_TARGET_AVX512 inline void next(__m512i (&r)[2 * K]) {
+    __m512i blocks[K];
+    for (int k = 0; k < K; ++k) {
+      blocks[k] = blk;
+      blk = _mm512_and_si512(_mm512_add_epi64(blk, step), mask);
+    }
+    philox_avx512<K>(blocks, ofs_lo, ofs_hi, keys, r);
+  }
+};
+
 template <Format F, int K>
 MT_TARGET_AVX512 void stochastic_avx512(const float* src, uint16_t* dst, size_t n, uint64_t seed,
                                         uint64_t offset, uint64_t index) {
@@ -427,22 +452,11 @@ MT_TARGET_AVX512 void stochastic_avx512(const float* src, uint16_t* dst, size_t 
   const size_t head = std::min(n, size_t((4 - (index & 3)) & 3));
   stochastic_scalar<F>(src, dst, head, seed, offset, index);
   if (head == n) return;
-  const PhiloxKeys keys(seed);
-  const __m512i ofs_lo = _mm512_set1_epi64(int64_t(offset & 0xffffffffu));
-  const __m512i ofs_hi = _mm512_set1_epi64(int64_t(offset >> 32));
-  const __m512i mask = _mm512_set1_epi64(int64_t(kBlockMask));
-  const __m512i step = _mm512_set1_epi64(8);
-  __m512i blk = _mm512_and_si512(_mm512_add_epi64(_mm512_set1_epi64(int64_t((index + head) >> 2)),
-                                                  _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7)),
-                                 mask);
+  PhiloxGroups groups(seed, offset, (index + head) >> 2);
   size_t i = head;
   for (; i + 32 * K <= n; i += 32 * K) {
-    __m512i blocks[K], r[2 * K];
-    for (int k = 0; k < K; ++k) {
-      blocks[k] = blk;
-      blk = _mm512_and_si512(_mm512_add_epi64(blk, step), mask);
-    }
-    philox_avx512<K>(blocks, ofs_lo, ofs_hi, keys, r);
+    __m512i r[2 * K];
+    groups.next<K>(r);
     for (int j = 0; j < 2 * K; ++j) {
       const __m512i b = _mm512_loadu_si512(src + i + 16 * j);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 16 * j),
@@ -450,9 +464,8 @@ MT_TARGET_AVX512 void stochastic_avx512(const float* src, uint16_t* dst, size_t 
     }
   }
   for (; i < n; i += 32) {
-    __m512i blocks[1] = {blk}, r[2];
-    blk = _mm512_and_si512(_mm512_add_epi64(blk, step), mask);
-    philox_avx512<1>(blocks, ofs_lo, ofs_hi, keys, r);
+    __m512i r[2];
+    groups.next<1>(r);
     const size_t m = std::min<size_t>(32, n - i);
     for (size_t j = 0; j < 2 && 16 * j < m; ++j) {
       const __mmask16 lanes = __mmask16((1u << std::min<size_t>(16, m - 16 * j)) - 1);
@@ -472,21 +485,10 @@ MT_TARGET_AVX512 void random_bits_avx512(uint32_t* dst, size_t n, uint64_t seed,
   for (; i < n && ((index + i) & 3) != 0; ++i)
     dst[i] = random_bits(seed, offset, index + i);
   if (i == n) return;
-  const PhiloxKeys keys(seed);
-  const __m512i ofs_lo = _mm512_set1_epi64(int64_t(offset & 0xffffffffu));
-  const __m512i ofs_hi = _mm512_set1_epi64(int64_t(offset >> 32));
-  const __m512i mask = _mm512_set1_epi64(int64_t(kBlockMask));
-  const __m512i step = _mm512_set1_epi64(8);
-  __m512i blk = _mm512_and_si512(_mm512_add_epi64(_mm512_set1_epi64(int64_t((index + i) >> 2)),
-                                                  _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7)),
-                                 mask);
+  PhiloxGroups groups(seed, offset, (index + i) >> 2);
   for (; i + 32 * K <= n; i += 32 * K) {
-    __m512i blocks[K], r[2 * K];
-    for (int k = 0; k < K; ++k) {
-      blocks[k] = blk;
-      blk = _mm512_and_si512(_mm512_add_epi64(blk, step), mask);
-    }
-    philox_avx512<K>(blocks, ofs_lo, ofs_hi, keys, r);
+    __m512i r[2 * K];
+    groups.next<K>(r);
     for (int j = 0; j < 2 * K; ++j)
       _mm512_storeu_si512(dst + i + 16 * j, r[j]);
   }

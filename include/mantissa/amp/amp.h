@@ -121,9 +121,11 @@ MT_VOCABULARY(Fp8Layers, MT_FORALL_FP8_LAYERS)
 // Gives the chosen Linear layers of `model` a state in `context` (named by their module path);
 // they run in fp8 (or FP4: the context's options) inside an amp::Fp8Autocast region on
 // `context`. The last `keep_last` of the chosen ones stay in bf16 (FP4's selective high
-// precision). Returns the paths, in order. A model without Linear layers (or Inner with fewer
-// than three, or none left after keep_last) is an error naming the model.
+// precision; unset: kFp4HighPrecisionShare of them, rounded up, at least one left). Returns the
+// paths, in order. A model without Linear layers (or Inner with fewer than three, or none left
+// after keep_last) is an error naming the model.
 std::vector<std::string> prepare_fp8(nn::Module& model, Fp8Context& context,
-                                     Fp8Layers layers = Fp8Layers::Inner, size_t keep_last = 0);
+                                     Fp8Layers layers = Fp8Layers::Inner,
+                                     std::optional<size_t> keep_last = 0);
 
 }  // namespace mantissa::amp
