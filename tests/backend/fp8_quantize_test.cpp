@@ -189,6 +189,11 @@ TEST(Fp8QuantizeKernel, EveryBuildMatchesTheScalarDefinition) {
       {"mxfp8 1x32", {1, 32, Fp8ScaleRule::AmaxPow2, nullptr}},
       {"blockwise 1x128", {1, 128, Fp8ScaleRule::Amax, nullptr}},
       {"blockwise 128x128", {128, 128, Fp8ScaleRule::Amax, nullptr}},
+      // Rows (the rowwise recipes) and blocks whose width is no multiple of 16: a vector
+      // straddles two blocks (this caught the AVX-512 loop skipping a block's first values).
+      {"rowwise 1xC, power-of-two", {1, 0, Fp8ScaleRule::AmaxPow2, nullptr}},
+      {"rowwise 1xC", {1, 0, Fp8ScaleRule::Amax, nullptr}},
+      {"1x72 blocks", {1, 72, Fp8ScaleRule::Amax, nullptr}},
       // A transposed operand's blocks (fp8_quantize_transposed): a column wide, rows tall.
       {"mxfp8 32x1", {32, 1, Fp8ScaleRule::AmaxPow2, nullptr}},
       {"blockwise 128x1", {128, 1, Fp8ScaleRule::Amax, nullptr}},

@@ -161,6 +161,7 @@ MT_AVX512 int64_t row_span(const S* x, int64_t i, int64_t C, int64_t bc, const f
       if (!quantize16<S, F, kValues, kScaled, kCodes>(l, x + i, s, si, codes + i, values + i, k))
         return i;
     }
+    i = end;  // a block whose width is no multiple of 16 ends inside the last vector
   }
   return C;
 }
