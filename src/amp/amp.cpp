@@ -90,7 +90,9 @@ std::string Amp::describe() const {
        << (fp8_->layers().size() == 1 ? " Linear layer; " : " Linear layers; ");
   } else if (fp8_) {
     const Fp8Options& o = fp8_->options();
-    os << "fp8 " << name_of(o.recipe) << " (" << name_of(o.format) << ") in "
+    os << "fp8 " << name_of(o.recipe) << " (" << name_of(o.resolved_format())
+       << (o.resolved_pow2_scales() ? ", power-of-two scales" : "")
+       << (o.accumulate.fast ? ", accumulate " + o.accumulate.str() : "") << ") in "
        << fp8_->layers().size()
        << (fp8_->layers().size() == 1 ? " Linear layer; " : " Linear layers; ");
   }

@@ -4,6 +4,7 @@
 #include "mantissa/autocast/fp8.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -27,33 +28,45 @@ namespace {
 
 thread_local Fp8Context* t_context = nullptr;
 
-constexpr std::string_view kRecipeNames[] = {"delayed", "current", "mxfp8", "blockwise"};
-constexpr std::string_view kFormatNames[] = {"hybrid", "e4m3"};
 constexpr std::string_view kRoleNames[] = {"input", "weight", "grad_output"};
+
+struct RecipeTraits {
+  bool per_tensor;
+  Fp8Format format;
+  bool pow2;
+};
+constexpr RecipeTraits kRecipeTraits[] = {
+#define MT_FP8_RECIPE_TRAITS(e, name, help, per_tensor, format, pow2) {per_tensor, format, pow2},
+    MT_FORALL_FP8_RECIPES(MT_FP8_RECIPE_TRAITS)
+#undef MT_FP8_RECIPE_TRAITS
+};
+const RecipeTraits& traits(Fp8Recipe r) {
+  return kRecipeTraits[size_t(r)];
+}
 
 float fp8_max_of(DType d) {
   return float(format_info(*dtype_format(d)).max_finite);
 }
 
 // The scaling of `role` in the GEMM whose reduction runs along the columns of the quantized
-// matrix. Weights in the blockwise recipe are 128 x 128 blocks; everything else 1 x width.
+// matrix: per tensor (delayed, current), a row (rowwise), 1 x 32 (MXFP8); blockwise weights are
+// 128 x 128 blocks, its activations and gradients 1 x 128 tiles.
 Fp8Scaling scaling_for(const Fp8Options& o, Fp8Role role, const Fp8TensorMeta& meta) {
+  const Fp8ScaleRule rule = o.resolved_pow2_scales() ? Fp8ScaleRule::AmaxPow2 : Fp8ScaleRule::Amax;
   switch (o.recipe) {
     case Fp8Recipe::Delayed:
       return {0, 0, Fp8ScaleRule::Given, 1, meta.scale};
     case Fp8Recipe::Current:
-      return {0, 0, Fp8ScaleRule::Amax, 1};
+      return {0, 0, rule, 1};
     case Fp8Recipe::MXFP8:
       return {1, 32, Fp8ScaleRule::AmaxPow2, 1};
     case Fp8Recipe::Blockwise:
-      return role == Fp8Role::Weight ? Fp8Scaling{128, 128, Fp8ScaleRule::Amax, 1}
-                                     : Fp8Scaling{1, 128, Fp8ScaleRule::Amax, 1};
+      return role == Fp8Role::Weight ? Fp8Scaling{128, 128, rule, 1} : Fp8Scaling{1, 128, rule, 1};
+    case Fp8Recipe::Rowwise:
+    case Fp8Recipe::RowwiseGwHp:
+      return {1, 0, rule, 1};
   }
   return {};
-}
-
-bool per_tensor(Fp8Recipe r) {
-  return r == Fp8Recipe::Delayed || r == Fp8Recipe::Current;
 }
 
 // What gives an Fp8Tensor's shape and device: its codes, or its values where the codes were not
@@ -110,16 +123,43 @@ void observe(Fp8LinearState& st, Fp8Role role, const Fp8Tensor& q, const Fp8Opti
 
 }  // namespace
 
-// ---- names ---------------------------------------------------------------------------------
+// ---- names and options --------------------------------------------------------------------
 
-namespace {
-template <typename E, size_t N>
-std::optional<E> parse_name(const std::string_view (&names)[N], std::string_view name) {
-  for (size_t i = 0; i < N; ++i)
-    if (names[i] == name) return E(i);
-  return std::nullopt;
+Fp8Format Fp8Options::resolved_format() const {
+  return format.value_or(traits(recipe).format);
 }
-}  // namespace
+
+bool Fp8Options::resolved_pow2_scales() const {
+  return pow2_scales.value_or(traits(recipe).pow2);
+}
+
+bool Fp8Options::per_tensor() const {
+  return traits(recipe).per_tensor;
+}
+
+Fp8Accumulation Fp8Accumulation::parse(std::string_view text) {
+  if (text == "fp32") return {};
+  if (text == "fast") return {.fast = true};
+  const std::string_view prefix = "fast:";
+  int64_t n = 0;
+  if (text.starts_with(prefix)) {
+    const std::string_view digits = text.substr(prefix.size());
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && n >= 1)
+      return {.fast = true, .promote_every = n};
+  }
+  MT_CHECK(false,
+           "--fp8-accumulate takes fp32, fast (the tensor cores' narrow accumulator for the whole "
+           "sum) or fast:N (promoted to fp32 every N products, N >= 1; DeepSeek-V3 uses 128), "
+           "got '",
+           std::string(text), "'");
+  return {};
+}
+
+std::string Fp8Accumulation::str() const {
+  if (!fast) return "fp32";
+  return promote_every > 0 ? "fast:" + std::to_string(promote_every) : "fast";
+}
 
 std::string_view fp8_role_name(Fp8Role r) {
   return kRoleNames[size_t(r)];
@@ -137,6 +177,15 @@ Fp8Context::Fp8Context(const Fp8Options& options) : options_(options) {
            options.amax_history_len);
   MT_CHECK(options.margin >= 0 && options.margin < 64, "fp8: the margin must be in [0, 64), got ",
            options.margin);
+  MT_CHECK(!options.pow2_scales || !*options.pow2_scales || options.recipe != Fp8Recipe::Delayed,
+           "fp8: delayed scaling takes its scales from the amax history, not as powers of two; "
+           "use --fp8-recipe current or rowwise for power-of-two scales");
+  MT_CHECK(
+      !options.pow2_scales || *options.pow2_scales || options.recipe != Fp8Recipe::MXFP8,
+      "fp8: MXFP8's block scales are E8M0, powers of two by definition; drop --fp8-pow2-scales "
+      "off or pick another recipe");
+  MT_CHECK(!options.accumulate.fast || options.accumulate.promote_every >= 0,
+           "fp8: promote_every must be >= 0 (0: never), got ", options.accumulate.promote_every);
 }
 
 std::shared_ptr<Fp8LinearState> Fp8Context::add_layer(const std::string& name) {
@@ -165,7 +214,7 @@ void Fp8Context::update(const AmaxReduce& reduce) {
       m.place(device);
       histories.push_back(m.amax_history);
       scales.push_back(m.scale);
-      fp8_max.push_back(fp8_max_of(fp8_dtype(options_.format, Fp8Role(r))));
+      fp8_max.push_back(fp8_max_of(fp8_dtype(options_.resolved_format(), Fp8Role(r))));
     }
   }
   if (reduce) {
@@ -379,13 +428,16 @@ Tensor fp8_dequantize(const Fp8Tensor& t) {
   return mul(t.codes.to(DType::F32), expand_blocks(t.scale_inv, t.block_rows, t.block_cols, R, C));
 }
 
-Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DType out_dtype) {
+Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DType out_dtype,
+                const Fp8Accumulation& accumulate) {
   MT_CHECK(layout_of(a).defined() && layout_of(b).defined(),
            "fp8_gemm: an operand has neither codes nor values");
   const Tensor &la = layout_of(a), &lb = layout_of(b);
   MT_CHECK(la.dim() == 2 && lb.dim() == 2 && la.size(1) == lb.size(1),
            "fp8_gemm: a (M, K) and b (N, K) must share K, got ", la.describe(), " and ",
            lb.describe());
+  MT_CHECK(accumulate.promote_every >= 0, "fp8_gemm: promote_every must be >= 0, got ",
+           accumulate.promote_every);
   NoGrad ng;
   const int64_t M = la.size(0), K = la.size(1), N = lb.size(0);
   const int64_t bka = std::min(a.block_cols, K), bkb = std::min(b.block_cols, K);
@@ -395,7 +447,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
   const bool both_e5m2 = a.codes.defined() && b.codes.defined() &&
                          a.codes.dtype() == DType::FP8_E5M2 && b.codes.dtype() == DType::FP8_E5M2;
   backend::Backend& be = backend::backend_for(la.device());
-  if (per_tensor && !both_e5m2 && a.codes.defined() && b.codes.defined() &&
+  if (!accumulate.fast && per_tensor && !both_e5m2 && a.codes.defined() && b.codes.defined() &&
       !(a.values.defined() && b.values.defined())) {
     // Codes alone (a device's quantization): the backend's fp8 GEMM (cuBLASLt's on fp8 tensor
     // cores, else emulated), its operands with K innermost (a transposed view in backward is
@@ -406,24 +458,30 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     return bias.defined() ? add(out, bias.to(DType::F32)).to(out_dtype) : out;
   }
   // The emulation: the codes' values (exact in bf16), scaled per block in the backend's
-  // block_scaled_gemm. Power-of-two scales (MXFP8) are in the values already, exactly (code *
-  // 2^e is exact in bf16 unless a block's amax is below 2^-118, where it would be a bf16
-  // subnormal): one GEMM of the scaled values, with unit scales.
+  // block_scaled_gemm (or, accumulating fast, its narrow-accumulator model). Power-of-two scales
+  // (MXFP8, rowwise) are in the values already, exactly (code * 2^e is exact in bf16 unless a
+  // block's amax is below 2^-118, where it would be a bf16 subnormal): one GEMM of the scaled
+  // values, with unit scales. (Accumulating fast, this is the model of scales applied after the
+  // sums as long as the scales of a row and a column are the same along K: per tensor and per
+  // row; MXFP8's block scales on Hopper are applied in software, per block, in any case.)
   const bool pow2 = a.power_of_two_scales && b.power_of_two_scales;
   auto operand = [pow2](const Fp8Tensor& t) {
     if (pow2) return t.values.defined() ? t.values : fp8_dequantize(t).to(DType::BF16);
     return t.values.defined() && !t.power_of_two_scales ? t.values : codes_bf16(t.codes);
   };
   Tensor out = Tensor::empty({M, N}, out_dtype, la.device());
-  if (pow2) {
-    const Tensor one = Tensor::ones({1, 1}, DType::F32, la.device());
-    be.block_scaled_gemm(operand(a), one, std::max<int64_t>(M, 1), operand(b), one,
-                         std::max<int64_t>(N, 1), std::max<int64_t>(K, 1),
-                         bias.defined() ? &bias : nullptr, out);
+  const Tensor one = Tensor::ones({1, 1}, DType::F32, la.device());
+  const Tensor& sa = pow2 ? one : a.scale_inv;
+  const Tensor& sb = pow2 ? one : b.scale_inv;
+  const int64_t ra = pow2 ? std::max<int64_t>(M, 1) : a.block_rows;
+  const int64_t rb = pow2 ? std::max<int64_t>(N, 1) : b.block_rows;
+  const int64_t bk = std::max<int64_t>(pow2 ? K : bka, 1);
+  const Tensor* bias_p = bias.defined() ? &bias : nullptr;
+  if (accumulate.fast) {
+    be.fast_accumulate_gemm(operand(a), sa, ra, operand(b), sb, rb, bk, accumulate.promote_every,
+                            bias_p, out);
   } else {
-    be.block_scaled_gemm(operand(a), a.scale_inv, a.block_rows, operand(b), b.scale_inv,
-                         b.block_rows, std::max<int64_t>(bka, 1), bias.defined() ? &bias : nullptr,
-                         out);
+    be.block_scaled_gemm(operand(a), sa, ra, operand(b), sb, rb, bk, bias_p, out);
   }
   return out;
 }
@@ -458,11 +516,31 @@ Tensor linear_bias_grad(const Tensor& g2, DType b_dtype) {
   return (g2.dtype() == b_dtype ? sum(g2, {0}) : sum(g2.to(DType::F32), {0})).to(b_dtype);
 }
 
+namespace {
+
+// rowwise_with_gw_hp's weight gradient dw (out, in) = g^T (out, M) . x (M, in) in the forward's
+// precision `hp`: both rounded to it (bf16 under autocast) and multiplied with fp32 sums, rounded
+// once into the weight's dtype (for bf16, the emulation's GEMM with unit scales).
+Tensor high_precision_wgrad(const Tensor& g2, const Tensor& x2, DType hp, DType w_dtype) {
+  NoGrad ng;
+  if (hp != DType::BF16) return matmul(g2.t().to(DType::F32), x2.to(DType::F32)).to(w_dtype);
+  const int64_t out_features = g2.size(1), in = x2.size(1), M = g2.size(0);
+  Tensor dw = Tensor::empty({out_features, in}, w_dtype, g2.device());
+  const Tensor one = Tensor::ones({1, 1}, DType::F32, g2.device());
+  backend::backend_for(g2.device())
+      .block_scaled_gemm(g2.t().to(DType::BF16), one, std::max<int64_t>(out_features, 1),
+                         x2.t().to(DType::BF16), one, std::max<int64_t>(in, 1),
+                         std::max<int64_t>(M, 1), nullptr, dw);
+  return dw;
+}
+
+}  // namespace
+
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearState& state,
                   const Fp8Options& o) {
   if (o.fp4) return fp4_linear(x, w, b, state, *o.fp4);
   check_linear_operands("fp8_linear", x, w, b);
-  if (!x.device().is_cpu() && !per_tensor(o.recipe)) {
+  if (!x.device().is_cpu() && !o.per_tensor()) {
     warn("fp8:emulated:" + std::string(name_of(o.recipe)),
          "fp8 on " + x.device().str() + ": the " + std::string(name_of(o.recipe)) +
              " recipe's GEMMs run emulated (fp8 codes through a bf16 GEMM with fp32 sums, the "
@@ -474,13 +552,14 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   const int64_t in = w.size(1), out_features = w.size(0);
   const DType out_dtype = linear_output_dtype(x, w, b);
   const bool training = autograd::needs_grad({&x, &w, &b});
-  const DType fwd_dtype = fp8_dtype(o.format, Fp8Role::Input);
-  const DType grad_dtype = fp8_dtype(o.format, Fp8Role::GradOutput);
+  const DType fwd_dtype = fp8_dtype(o.resolved_format(), Fp8Role::Input);
+  const DType grad_dtype = fp8_dtype(o.resolved_format(), Fp8Role::GradOutput);
+  const Fp8Accumulation acc = o.accumulate;
 
   // Per-tensor scales serve every GEMM, so the codes are what backward keeps (a byte per value);
   // block scales run along the reduction dimension, which differs in each GEMM, so the block
   // recipes keep the inputs and quantize them again along the other dimension.
-  const bool keep_codes = per_tensor(o.recipe);
+  const bool keep_codes = o.per_tensor();
   // What each quantization writes, the one choice by device: the CPU's GEMMs are emulated and
   // read the values, so codes are written only where backward keeps them; on a device the
   // per-tensor GEMMs read the codes (fp8 tensor cores) and the block recipes' emulated GEMMs
@@ -499,7 +578,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   observe(state, Fp8Role::Weight, qw, o, training);
   Shape out_shape = x.shape();
   out_shape[out_shape.size() - 1] = out_features;
-  Tensor y = fp8_gemm(qx, qw, b, out_dtype).view(out_shape);
+  Tensor y = fp8_gemm(qx, qw, b, out_dtype, acc).view(out_shape);
   if (!training) return y;
 
   // The codes only (a byte a value): backward converts them again.
@@ -526,19 +605,23 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
         observe(*st, Fp8Role::GradOutput, qg, o, true);
         Tensor dx, dw, db;
         if (keep_codes) {
-          if (gx) dx = fp8_gemm(qg, transposed(kw), Tensor(), x_dtype);
-          if (gw) dw = fp8_gemm(transposed(qg), transposed(kx), Tensor(), w_dtype);
+          if (gx) dx = fp8_gemm(qg, transposed(kw), Tensor(), x_dtype, acc);
+          if (gw) dw = fp8_gemm(transposed(qg), transposed(kx), Tensor(), w_dtype, acc);
         } else {
           const Tensor xv = saved_x.unpack(), wv = saved_w.unpack();
-          const Fp8Scaling sw = scaling_for(o, Fp8Role::Weight, (*st)[Fp8Role::Weight]);
+          Fp8Scaling sw = scaling_for(o, Fp8Role::Weight, (*st)[Fp8Role::Weight]);
           const Fp8Scaling sg = scaling_for(o, Fp8Role::GradOutput, (*st)[Fp8Role::GradOutput]);
           const Fp8Scaling sx = scaling_for(o, Fp8Role::Input, (*st)[Fp8Role::Input]);
+          // rowwise_with_gw_hp: the input gradient against one scale for the whole weight.
+          if (o.recipe == Fp8Recipe::RowwiseGwHp) sw.block_rows = sw.block_cols = 0;
           if (gx) {  // dx (M, in) = g (M, out) . w^T (in, out): reduction along out
-            dx = fp8_gemm(qg, quantize_transposed(wv, fwd_dtype, sw, once), Tensor(), x_dtype);
+            dx = fp8_gemm(qg, quantize_transposed(wv, fwd_dtype, sw, once), Tensor(), x_dtype, acc);
           }
-          if (gw) {  // dw (out, in) = g^T (out, M) . x^T (in, M): reduction along M
+          if (gw && o.recipe == Fp8Recipe::RowwiseGwHp) {
+            dw = high_precision_wgrad(g2, xv, out_dtype, w_dtype);
+          } else if (gw) {  // dw (out, in) = g^T (out, M) . x^T (in, M): reduction along M
             dw = fp8_gemm(quantize_transposed(g2, grad_dtype, sg, once),
-                          quantize_transposed(xv, fwd_dtype, sx, once), Tensor(), w_dtype);
+                          quantize_transposed(xv, fwd_dtype, sx, once), Tensor(), w_dtype, acc);
           }
         }
         if (gb) db = linear_bias_grad(g2, b_dtype);

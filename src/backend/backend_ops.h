@@ -150,6 +150,14 @@
     (const Tensor& a, const Tensor& a_scales, int64_t a_rows, const Tensor& b, const Tensor&     \
     b_scales, int64_t b_rows, int64_t bk, const Tensor* bias, Tensor& out),                       \
     (a, a_scales, a_rows, b, b_scales, b_rows, bk, bias, out))                                    \
+  /* block_scaled_gemm with fp8 tensor cores' fast accumulation modelled (fp8_math.h): each */     \
+  /* slice's sum is fast_accumulate_dot's, its products in order of k through the e8m13 */         \
+  /* accumulator, promoted to an fp32 sum every `promote` products (0: at the slice's end); the */ \
+  /* slices' factors, their sum and the bias as block_scaled_gemm's, operation for operation. */   \
+  _(Linalg, void, fast_accumulate_gemm,                                                           \
+    (const Tensor& a, const Tensor& a_scales, int64_t a_rows, const Tensor& b, const Tensor&     \
+    b_scales, int64_t b_rows, int64_t bk, int64_t promote, const Tensor* bias, Tensor& out),     \
+    (a, a_scales, a_rows, b, b_scales, b_rows, bk, promote, bias, out))                           \
   /* ---- convolution and pooling (NCHW) ------------------------------------------------------ */\
   _(Convolution, void, conv2d,                                                                    \
     (const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, const Conv2dParams& p,    \

@@ -142,6 +142,58 @@ MT_HOST_DEVICE constexpr float delayed_scale(float amax, float fp8_max, int marg
   return is_finite_value(double(s)) ? s : old;
 }
 
+// The fast accumulator of fp8 GEMMs (fast_accumulate_gemm; amp::Fp8Accumulation): a float with
+// kFastAccumulatorBits bits after the leading one and fp32's exponent (e8m13, about what Hopper's
+// fp8 tensor cores keep), every addition exact and then truncated toward zero.
+inline constexpr int kFastAccumulatorBits = 13;
+inline constexpr uint32_t kFastAccumulatorDrop = (uint32_t(1) << (23 - kFastAccumulatorBits)) - 1;
+
+// a + b in fp32 rounded toward zero. On the host from the sum rounded to nearest, s, and its
+// error e (TwoSum: a + b = s + e exactly, |e| <= half an ulp of s): where e points toward zero
+// the exact sum is just inside s and the answer is the float before s (one step down in the
+// magnitude's bits, which crosses into the binade below correctly). A finite sum beyond fp32's
+// range gives the largest float, as rounding toward zero does; inf and NaN pass. The device's
+// __fadd_rz and AVX-512's embedded rounding (cpu/fp8_gemm.cpp) compute the same.
+MT_HOST_DEVICE float add_toward_zero(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rz(a, b);
+#else
+  const float s = a + b;
+  const uint32_t sb = std::bit_cast<uint32_t>(s);
+  auto finite = [](float v) { return (std::bit_cast<uint32_t>(v) & 0x7f800000u) != 0x7f800000u; };
+  if (!finite(s))
+    return finite(a) && finite(b) ? std::bit_cast<float>((sb & 0x80000000u) | 0x7f7fffffu) : s;
+  const float bb = s - a;
+  const float e = (a - (s - bb)) + (b - bb);
+  const bool inward = e != 0.0f && ((std::bit_cast<uint32_t>(e) ^ sb) >> 31) != 0;
+  return inward ? std::bit_cast<float>(sb - 1) : s;
+#endif
+}
+
+// acc + p onto the accumulator's grid, truncated toward zero, for acc on that grid: the fp32 sum
+// rounded toward zero, its last 23 - 13 bits cleared (the grid is a subset of fp32's, so the two
+// truncations are one). Exact for p exact in fp32 (a product of two fp8 values always is).
+MT_HOST_DEVICE float fast_accumulate(float acc, float p) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(add_toward_zero(acc, p)) &
+                              ~kFastAccumulatorDrop);
+}
+
+// fast_accumulate_gemm's slice sum: product(k) for k in [0, n) (each exact in fp32) through
+// the fast accumulator, promoted (added to an fp32 sum, rounded to nearest) every `promote`
+// products (0: once, at the end).
+template <typename Product>
+MT_HOST_DEVICE float fast_accumulate_sum(int64_t n, int64_t promote, Product product) {
+  float total = 0.0f, acc = 0.0f;
+  for (int64_t k = 0; k < n; ++k) {
+    acc = fast_accumulate(acc, product(k));
+    if (promote > 0 && (k + 1) % promote == 0) {
+      total = total + acc;
+      acc = 0.0f;
+    }
+  }
+  return total + acc;
+}
+
 // fp8_observe's and fp8_update_scales's arguments as their contracts (backend_ops.h) want them.
 inline void check_fp8_observe(const Tensor& amax, const Tensor& scale_inv, const Tensor& stats,
                               const Tensor* history, Device device) {

@@ -148,6 +148,25 @@ struct Traits<LossScale> {
   }
 };
 
+template <>
+struct Traits<amp::Fp8Accumulation> {
+  static constexpr ValueKind kind = ValueKind::Text;
+  static Json to_json(const amp::Fp8Accumulation& v) { return v.str(); }
+  static std::string from_json(const Json& j, amp::Fp8Accumulation& out) {
+    if (!j.is_string()) return "must be a string, not " + j.dump();
+    return from_text(j.get<std::string>(), out);
+  }
+  static std::string to_text(const amp::Fp8Accumulation& v) { return v.str(); }
+  static std::string from_text(std::string_view t, amp::Fp8Accumulation& out) {
+    try {
+      out = amp::Fp8Accumulation::parse(t);
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return "";
+  }
+};
+
 // The words of a vocabulary option, with the option's name for messages ("unknown --schedule").
 std::string word_error(std::string_view key, std::string_view given, std::span<const Word> words) {
   try {
@@ -428,6 +447,8 @@ amp::Recipe recipe_of(const TrainConfig& c) {
   r.seed = c.seed;
   r.fp8.recipe = c.fp8_recipe;
   r.fp8.format = c.fp8_format;
+  if (c.fp8_pow2_scales) r.fp8.pow2_scales = is_on(*c.fp8_pow2_scales);
+  r.fp8.accumulate = c.fp8_accumulate;
   r.fp8.amax_history_len = c.fp8_amax_history;
   r.fp8.margin = c.fp8_margin;
   r.fp8_layers = c.fp8_layers;

@@ -129,6 +129,44 @@ const std::vector<StudyRecipe>& study_recipes() {
        {},
        amp::Fp8Recipe::MXFP8,
        {}},
+      {"fp8-rowwise",
+       "fp8 Linear GEMMs, torchao's rowwise recipe (a power-of-two scale per row, E4M3 "
+       "everywhere), the rest bf16-O1",
+       Precision::FP8,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       amp::Fp8Recipe::Rowwise,
+       {}},
+      {"fp8-rowwise-gw-hp",
+       "fp8 Linear GEMMs, torchao's rowwise_with_gw_hp (the weight gradient in bf16), the rest "
+       "bf16-O1",
+       Precision::FP8,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       amp::Fp8Recipe::RowwiseGwHp,
+       {}},
+      {"fp8-fast-accumulate",
+       "fp8-current with the tensor cores' 13-bit accumulator for whole sums (cuBLASLt's "
+       "fast accumulation), modelled",
+       Precision::FP8,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       amp::Fp8Recipe::Current,
+       {},
+       {.fast = true}},
+      {"fp8-fast-accumulate-128",
+       "fp8-fast-accumulate with the partial sums promoted to fp32 every 128 products "
+       "(DeepSeek-V3)",
+       Precision::FP8,
+       OptLevel::O1,
+       kDynamic,
+       {},
+       amp::Fp8Recipe::Current,
+       {},
+       {.fast = true, .promote_every = 128}},
       {"fp4-nvfp4",
        "NVFP4 Linear GEMMs with the paper's recipe (RHT on wgrad, 16x16 weight blocks, SR "
        "gradients, the last 15% of layers bf16), the rest bf16-O1",
@@ -334,7 +372,10 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
   c.opt_level = r.opt_level;
   c.loss_scale = r.loss_scale;
   c.rounding = r.rounding;
-  c.fp8_recipe = r.fp8_recipe;
+  if (r.precision == amp::Precision::FP8) {  // the other rows leave the fp8 options alone
+    c.fp8_recipe = r.fp8_recipe;
+    c.fp8_accumulate = r.fp8_accumulate;
+  }
   c.fp4_recipe = r.fp4.recipe;
   c.fp4_rht = r.fp4.rht ? config::Switch::On : config::Switch::Off;
   c.fp4_2d = r.fp4.two_d ? config::Switch::On : config::Switch::Off;

@@ -35,7 +35,8 @@ Json fp8_record(const Run& run) {
       entry = {{"amax", st[0]}, {"scale", st[1]}};
       if (!fp4) {
         const double fp8_max =
-            format_info(*dtype_format(amp::fp8_dtype(fp8.options().format, role))).max_finite;
+            format_info(*dtype_format(amp::fp8_dtype(fp8.options().resolved_format(), role)))
+                .max_finite;
         entry["range_used"] = double(st[0]) * st[1] / fp8_max;
       }
       if (st[2] > 0) {
@@ -122,8 +123,11 @@ std::string summary_of(const Run& run, const TrainResult& result) {
                   {"layers", fp8->layers().size()},
                   {"nonfinite_amaxes", nonfinite}};
     } else {
-      j["fp8"] = {{"recipe", std::string(name_of(run.config.fp8_recipe))},
-                  {"format", std::string(name_of(run.config.fp8_format))},
+      const amp::Fp8Options& o = fp8->options();
+      j["fp8"] = {{"recipe", std::string(name_of(o.recipe))},
+                  {"format", std::string(name_of(o.resolved_format()))},
+                  {"pow2_scales", o.resolved_pow2_scales()},
+                  {"accumulate", o.accumulate.str()},
                   {"layers", fp8->layers().size()},
                   {"nonfinite_amaxes", nonfinite}};
     }

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "harness/errors.h"
 #include "mantissa/amp/amp.h"
 #include "mantissa/amp/grad_scaler.h"
 #include "mantissa/autocast/autocast.h"
@@ -278,6 +279,7 @@ TEST(Fp8Quantize, RefusesWhatItCannotDo) {
 // comes from the amaxes of steps t-3 .. t-1 and never from step t itself.
 TEST(Fp8Delayed, HistoryRollMaxMarginAndUpdateOrder) {
   Fp8Options o;
+  o.recipe = Fp8Recipe::Delayed;
   o.amax_history_len = 3;
   o.margin = 1;
   Fp8Context ctx(o);
@@ -312,6 +314,7 @@ TEST(Fp8Delayed, HistoryRollMaxMarginAndUpdateOrder) {
 // grad_output) to `reduce` first, and scales and history follow what it returns.
 TEST(Fp8Delayed, UpdateTakesTheReducedAmaxes) {
   Fp8Options o;
+  o.recipe = Fp8Recipe::Delayed;
   o.amax_history_len = 2;
   Fp8Context ctx(o);
   auto a = ctx.add_layer("a"), b = ctx.add_layer("b");
@@ -343,6 +346,7 @@ TEST(Fp8Delayed, UpdateTakesTheReducedAmaxes) {
 
 TEST(Fp8Delayed, MostRecentAndZeroAmaxKeepTheScale) {
   Fp8Options o;
+  o.recipe = Fp8Recipe::Delayed;
   o.amax_history_len = 4;
   o.amax_compute = AmaxCompute::MostRecent;
   Fp8Context ctx(o);
@@ -356,7 +360,7 @@ TEST(Fp8Delayed, MostRecentAndZeroAmaxKeepTheScale) {
 }
 
 TEST(Fp8Delayed, EvaluationDoesNotMoveTheScales) {
-  Fp8Context ctx;
+  Fp8Context ctx({.recipe = Fp8Recipe::Delayed});
   auto st = ctx.add_layer("l");
   const Tensor x = randn({5, 8}, 11), w = randn({4, 8}, 12);  // nothing requires grad
   fp8_linear(x, w, Tensor(), *st, ctx.options());
@@ -366,6 +370,7 @@ TEST(Fp8Delayed, EvaluationDoesNotMoveTheScales) {
 
 TEST(Fp8Delayed, StateDictRoundTripsAndRefusesAMismatch) {
   Fp8Options o;
+  o.recipe = Fp8Recipe::Delayed;
   o.amax_history_len = 5;
   Fp8Context a(o);
   auto la = a.add_layer("h.0.fc");
@@ -408,8 +413,7 @@ TEST(Fp8Linear, GradientsMatchTheBf16LinearWithinFp8Tolerance) {
   Tensor br = b0.to(DType::F64).set_requires_grad(true);
   Tensor yr = linear(xr, wr, br);
   yr.backward(gy.to(DType::F64));
-  for (Fp8Recipe r :
-       {Fp8Recipe::Delayed, Fp8Recipe::Current, Fp8Recipe::MXFP8, Fp8Recipe::Blockwise}) {
+  for (Fp8Recipe r : all_words<Fp8Recipe>()) {
     for (Fp8Format f : {Fp8Format::Hybrid, Fp8Format::E4M3}) {
       Fp8Options o;
       o.recipe = r;
@@ -452,7 +456,7 @@ TEST(Fp8Linear, GradientsMatchTheBf16LinearWithinFp8Tolerance) {
 }
 
 TEST(Fp8Linear, NonFiniteInputsPoisonTheOutputAndAreNotRecorded) {
-  Fp8Context ctx;
+  Fp8Context ctx({.recipe = Fp8Recipe::Delayed});
   auto st = ctx.add_layer("blk.fc");
   Tensor x = randn({4, 16}, 31);
   x.narrow(0, 1, 1).narrow(1, 2, 1).fill_(std::numeric_limits<double>::infinity());
@@ -496,7 +500,7 @@ TEST(Fp8Linear, ANonFiniteStepIsSkippedByTheStaticScaler) {
 }
 
 TEST(Fp8Linear, LargeFiniteValuesSaturateInsteadOfOverflowing) {
-  Fp8Context ctx;
+  Fp8Context ctx({.recipe = Fp8Recipe::Delayed});
   auto st = ctx.add_layer("l");
   (*st)[Fp8Role::Input].set_scale(1000.0f);  // a late scale: x * scale > 448
   const Tensor x = Tensor::full({2, 4}, 1.0f);
@@ -505,6 +509,153 @@ TEST(Fp8Linear, LargeFiniteValuesSaturateInsteadOfOverflowing) {
   // x quantizes to 448 (saturated), times 1/1000: 4 * 0.448
   for (double v : as_f64(y))
     EXPECT_NEAR(v, 4 * 0.448, 1e-6);
+}
+
+// ---- the rowwise recipes, power-of-two scales, the fast accumulator ---------------------------
+
+// dst (rows, K) in float64: each row of t quantized on its own, per tensor, by `rule`, and
+// dequantized: what a scale per row along K must give.
+std::vector<double> per_row_values(const Tensor& t, DType dtype, Fp8ScaleRule rule) {
+  std::vector<double> out;
+  for (int64_t r = 0; r < t.size(0); ++r) {
+    const Fp8Tensor q = fp8_quantize(t.narrow(0, r, 1), dtype, {0, 0, rule, 1});
+    for (double v : as_f64(fp8_dequantize(q)))
+      out.push_back(v);
+  }
+  return out;
+}
+
+// rowwise: y = x W^T from x and W quantized a row at a time with power-of-two scales (E4M3
+// both), each row on its own against fp8_quantize per tensor; the sum to fp32's rounding.
+TEST(Fp8Rowwise, TheForwardQuantizesEachRowOfBothOperandsOnItsOwn) {
+  const int64_t M = 9, K = 200, N = 7;
+  const Tensor x = randn({M, K}, 61, 2.0), w = randn({N, K}, 62, 0.05);
+  // Rows a thousand times apart: one scale per tensor would flush the small rows' values.
+  x.narrow(0, 3, 1).mul_(1e-3);
+  Fp8Options o{.recipe = Fp8Recipe::Rowwise};
+  EXPECT_EQ(o.resolved_format(), Fp8Format::E4M3);
+  EXPECT_TRUE(o.resolved_pow2_scales());
+  Fp8Context ctx(o);
+  auto st = ctx.add_layer("l");
+  const std::vector<double> y = as_f64(fp8_linear(x, w, Tensor(), *st, o));
+  const std::vector<double> xv = per_row_values(x, DType::FP8_E4M3, Fp8ScaleRule::AmaxPow2);
+  const std::vector<double> wv = per_row_values(w, DType::FP8_E4M3, Fp8ScaleRule::AmaxPow2);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double want = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        want += xv[size_t(m * K + k)] * wv[size_t(n * K + k)];
+        mag += std::fabs(xv[size_t(m * K + k)] * wv[size_t(n * K + k)]);
+      }
+      EXPECT_NEAR(y[size_t(m * N + n)], want, mag * K * 0x1p-24) << m << ", " << n;
+    }
+  }
+  // The scale of the last quantization is a power of two.
+  const float s = (*st)[Fp8Role::Weight].last_scale();
+  EXPECT_EQ(std::exp2(std::round(std::log2(s))), s);
+}
+
+// rowwise_with_gw_hp: dW is the bf16 GEMM of dy^T and x with fp32 sums (no fp8), dx is dy
+// quantized per row against W quantized per tensor, both E4M3 with fp32 scales.
+TEST(Fp8Rowwise, WithGwHpTheWeightGradientIsBf16AndTheInputGradientUsesATensorScale) {
+  const int64_t M = 24, K = 40, N = 9;
+  const Tensor x0 = randn({M, K}, 63), w0 = randn({N, K}, 64, 0.1), gy0 = randn({M, N}, 65, 1e-2);
+  Fp8Options o{.recipe = Fp8Recipe::RowwiseGwHp};
+  EXPECT_FALSE(o.resolved_pow2_scales());
+  Fp8Context ctx(o);
+  auto st = ctx.add_layer("l");
+  Tensor x = x0.to(DType::BF16).set_requires_grad(true);
+  Tensor w = w0.clone().set_requires_grad(true);
+  Tensor y;
+  {
+    Autocast ac(Device::cpu(), DType::BF16);
+    y = fp8_linear(x, w, Tensor(), *st, o);
+  }
+  const Tensor gy = gy0.to(DType::BF16);
+  y.backward(gy);
+  // dW (N, K) = sum over m of bf16(dy)[m, n] * x[m, k], in float64, against the fp32 result.
+  const std::vector<double> gv = as_f64(gy), xv = as_f64(x.detach());
+  const std::vector<double> dw = as_f64(w.grad());
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      double want = 0, mag = 0;
+      for (int64_t m = 0; m < M; ++m) {
+        want += gv[size_t(m * N + n)] * xv[size_t(m * K + k)];
+        mag += std::fabs(gv[size_t(m * N + n)] * xv[size_t(m * K + k)]);
+      }
+      ASSERT_NEAR(dw[size_t(n * K + k)], want, mag * M * 0x1p-24) << n << ", " << k;
+    }
+  }
+  // dx (M, K) = sum over n of q(dy)[m, n] * q(W)[n, k]: dy per row, W per tensor.
+  const std::vector<double> qg = per_row_values(gy, DType::FP8_E4M3, Fp8ScaleRule::Amax);
+  const std::vector<double> qw =
+      as_f64(fp8_dequantize(fp8_quantize(w0, DType::FP8_E4M3, {0, 0, Fp8ScaleRule::Amax, 1})));
+  const std::vector<double> dx = as_f64(x.grad());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      double want = 0;
+      for (int64_t n = 0; n < N; ++n)
+        want += qg[size_t(m * N + n)] * qw[size_t(n * K + k)];
+      // One bf16 rounding of the fp32 sum.
+      ASSERT_NEAR(dx[size_t(m * K + k)], want, std::fabs(want) * 0x1p-8 + 1e-12) << m << ", " << k;
+    }
+  }
+}
+
+TEST(Fp8Options, PowerOfTwoScalesWhereTheRecipeHasThem) {
+  EXPECT_FALSE(Fp8Options{.recipe = Fp8Recipe::Current}.resolved_pow2_scales());
+  EXPECT_TRUE(Fp8Options{.recipe = Fp8Recipe::MXFP8}.resolved_pow2_scales());
+  EXPECT_EQ(Fp8Options{.recipe = Fp8Recipe::Current}.resolved_format(), Fp8Format::Hybrid);
+  EXPECT_EQ(
+      (Fp8Options{.recipe = Fp8Recipe::Rowwise, .format = Fp8Format::Hybrid}.resolved_format()),
+      Fp8Format::Hybrid);
+  // Current with power-of-two scales: the scale it used is one.
+  Fp8Options o{.recipe = Fp8Recipe::Current, .pow2_scales = true};
+  Fp8Context ctx(o);
+  auto st = ctx.add_layer("l");
+  fp8_linear(randn({4, 16}, 66, 3.0), randn({5, 16}, 67), Tensor(), *st, o);
+  const float s = (*st)[Fp8Role::Input].last_scale();
+  EXPECT_EQ(std::exp2(std::round(std::log2(s))), s);
+  EXPECT_LE((*st)[Fp8Role::Input].last_amax() * s, 448.0f);
+  // Delayed scaling has no power-of-two rule; MXFP8's E8M0 scales have no other.
+  EXPECT_HAS(
+      testing::error_of([] { Fp8Context({.recipe = Fp8Recipe::Delayed, .pow2_scales = true}); }),
+      "delayed scaling takes its scales from the amax history");
+  EXPECT_HAS(
+      testing::error_of([] { Fp8Context({.recipe = Fp8Recipe::MXFP8, .pow2_scales = false}); }),
+      "powers of two by definition");
+}
+
+TEST(Fp8Options, AccumulationParsesAndPrintsBack) {
+  for (const char* text : {"fp32", "fast", "fast:1", "fast:128"})
+    EXPECT_EQ(Fp8Accumulation::parse(text).str(), text);
+  EXPECT_EQ(Fp8Accumulation::parse("fast:128"), (Fp8Accumulation{true, 128}));
+  for (const char* bad : {"fast:0", "fast:", "fast:12x", "fast:-3", "slow", "FP32", ""})
+    EXPECT_HAS(testing::error_of([bad] { Fp8Accumulation::parse(bad); }),
+               "--fp8-accumulate takes fp32, fast")
+        << bad;
+}
+
+// The fast accumulator in a Linear: K = 20000 equal products of 448 * 448 (ones scaled to E4M3's
+// max) swamp the 13-bit accumulator about halfway (its last place passes twice the product near
+// 2^31), so the output falls short by about half; promoted every 128 products the partial sums
+// are exact and the output is fp32's (20000, to the rounding of the scales).
+TEST(Fp8Accumulate, FastSwampsALongSumAndPromotionRestoresIt) {
+  const Tensor x = Tensor::full({2, 20000}, 1.0), w = Tensor::full({3, 20000}, 1.0);
+  auto run = [&](const char* accumulate) {
+    Fp8Options o{.recipe = Fp8Recipe::Current, .accumulate = Fp8Accumulation::parse(accumulate)};
+    Fp8Context ctx(o);
+    auto st = ctx.add_layer("l");
+    return as_f64(fp8_linear(x, w, Tensor(), *st, o));
+  };
+  for (double v : run("fp32"))
+    EXPECT_NEAR(v, 20000, 20000 * 1e-6);
+  for (double v : run("fast:128"))
+    EXPECT_NEAR(v, 20000, 20000 * 1e-6);
+  for (double v : run("fast")) {
+    EXPECT_LT(v, 0.6 * 20000);
+    EXPECT_GT(v, 0.4 * 20000);
+  }
 }
 
 // ---- prepare_fp8 and the region
@@ -544,8 +695,7 @@ TEST(Fp8Prepare, InnerKeepsTheFirstAndLastLinearAndTheRegionSwitchesFp8On) {
 }
 
 TEST(Fp8Options, NamesParseBack) {
-  for (Fp8Recipe r :
-       {Fp8Recipe::Delayed, Fp8Recipe::Current, Fp8Recipe::MXFP8, Fp8Recipe::Blockwise})
+  for (Fp8Recipe r : all_words<Fp8Recipe>())
     EXPECT_EQ(find_word<Fp8Recipe>(name_of(r)), r);
   EXPECT_FALSE(find_word<Fp8Recipe>("tensorwise").has_value());
   EXPECT_EQ(find_word<Fp8Format>("e4m3"), Fp8Format::E4M3);

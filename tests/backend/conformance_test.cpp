@@ -427,6 +427,25 @@ void linalg_cases(std::vector<Case>& c) {
                    be.block_scaled_gemm(a, sa, 1, b, sb, 16, bk, &bias, out);
                    return Outputs{out};
                  }});
+    // The fast accumulator is a sequence of IEEE operations in a fixed order: the same bits.
+    for (const int64_t promote : {int64_t(0), int64_t(32)}) {
+      c.push_back(
+          {"fast_accumulate_gemm",
+           dt_name(out_dt) + " 1x128 / 16-row blocks, promote " + std::to_string(promote), out_dt,
+           true, 4, 1, [out_dt, promote](Backend& be, const Place& p) {
+             const int64_t M = 37, N = 21, K = 300, bk = 128, S = 3;
+             const Tensor a =
+                 p.rand({M, K}, DType::F32, 41, -300, 300).to(DType::FP8_E4M3).to(DType::BF16);
+             const Tensor b =
+                 p.rand({K, N}, DType::F32, 42, -8, 8).to(DType::FP8_E4M3).to(DType::BF16).t();
+             const Tensor sa = p.rand({M, S}, DType::F32, 43, 0.01, 2);
+             const Tensor sb = p.rand({2, S}, DType::F32, 44, 0.01, 2);
+             const Tensor bias = p.rand({N}, DType::BF16, 45);
+             Tensor out = p.out({M, N}, out_dt);
+             be.fast_accumulate_gemm(a, sa, 1, b, sb, 16, bk, promote, &bias, out);
+             return Outputs{out};
+           }});
+    }
   }
 }
 

@@ -242,10 +242,13 @@ TEST(CudaFp8Linear, ForwardAndBackwardFollowTheCpuInEveryRecipe) {
     }
     return std::sqrt(num / den);
   };
-  for (const amp::Fp8Recipe r : {amp::Fp8Recipe::Delayed, amp::Fp8Recipe::Current,
-                                 amp::Fp8Recipe::MXFP8, amp::Fp8Recipe::Blockwise}) {
-    amp::Fp8Options o;
-    o.recipe = r;
+  // Every recipe, and rowwise with the fast accumulator (the same kernel's model on both).
+  std::vector<amp::Fp8Options> options;
+  for (const amp::Fp8Recipe r : all_words<amp::Fp8Recipe>())
+    options.push_back({.recipe = r});
+  options.push_back({.recipe = amp::Fp8Recipe::Rowwise, .accumulate = {true, 128}});
+  for (const amp::Fp8Options& o : options) {
+    const amp::Fp8Recipe r = o.recipe;
     struct Run {
       Tensor y, gx, gw, gb;
     };
@@ -265,8 +268,8 @@ TEST(CudaFp8Linear, ForwardAndBackwardFollowTheCpuInEveryRecipe) {
     // tensor cores' reduced precision within a k-group, up to 2^-10.7 of sum |terms| per
     // element (above), which cancelling terms (sum |terms| ~ sqrt(K) |sum| here) magnify in
     // relative terms: 2^-6. A wrong scale, operand or transposition is off by O(1).
-    const std::string what(name_of(r));
-    const bool native = r == amp::Fp8Recipe::Delayed || r == amp::Fp8Recipe::Current;
+    const std::string what = std::string(name_of(r)) + " " + o.accumulate.str();
+    const bool native = o.per_tensor() && !o.accumulate.fast;
     const double tol = native ? std::ldexp(1.0, -6) : 1e-5;
     EXPECT_LT(rel(g.y, c.y), tol) << what;
     EXPECT_LT(rel(g.gx, c.gx), tol) << what;

@@ -96,7 +96,9 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 0 and abs(json.loads(out)["test_accuracy"] - f8.get("test_accuracy", -1)) < 1e-12,
           f"eval of an fp8 checkpoint reproduces its accuracy ({rc}, {out!r}, {err[-300:]!r})")
     for flags, needle in ((["--opt-level", "O2"], "half precision"),
-                          (["--fp8-recipe", "current"], "apply to --precision fp8"),
+                          (["--fp8-recipe", "rowwise"], "apply to --precision fp8"),
+                          (["--precision", "fp8", "--fp8-accumulate", "fast:0"], "--fp8-accumulate takes fp32, fast"),
+                          (["--precision", "fp8", "--fp8-recipe", "delayed", "--fp8-pow2-scales", "on"], "delayed scaling takes its scales from the amax history"),
                           (["--precision", "fp8", "--fp8-recipe", "tensorwise"], "unknown --fp8-recipe 'tensorwise'; use delayed: "),
                           (["--precision", "fp8", "--opt-level", "O3"], "bf16 O1 or O2"),
                           (["--precision", "bf16", "--rounding", "stochastic"], "half weights"),

@@ -456,7 +456,7 @@ TEST(Ranks, ZeroOneSkipsOnBothRanksWhenAnInfReachesOneOwner) {
 // scales and rank 0's checkpoint holds every rank's state. Without the reduction the same run's
 // scales differ (checked first, so the test can see the difference it guards).
 TEST(Ranks, Fp8DelayedScalesAreTheSameOnEveryRank) {
-  amp::Fp8Context local;
+  amp::Fp8Context local({.recipe = amp::Fp8Recipe::Delayed});
   auto st = local.add_layer("l");
   std::vector<float> h = (*st)[amp::Fp8Role::Input].history();
   h[0] = 1.0f + float(world().rank());
@@ -472,6 +472,7 @@ TEST(Ranks, Fp8DelayedScalesAreTheSameOnEveryRank) {
   c.max_steps = 6;
   c.epochs = 0;
   c.set("precision", "fp8");
+  c.set("fp8-recipe", "delayed");
   c.set("fp8-layers", "all");
   c.distributed = true;
   c.progress = false;

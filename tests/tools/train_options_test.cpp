@@ -35,6 +35,8 @@ std::string other_value(const OptionInfo& o) {
       return "cuda:1";  // parsed, not opened: no Trainer is built here
     case Field::loss_scale:
       return "512";
+    case Field::fp8_accumulate:
+      return "fast:128";
     default:
       break;
   }
@@ -72,6 +74,7 @@ Options enablers_of(Field f) {
     case Field::init_scale:
     case Field::underflow_every:
       return {{"precision", "fp16"}};
+
     case Field::grad_comm:
     case Field::zero:
       return {{"distributed", "true"}};

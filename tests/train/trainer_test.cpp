@@ -448,19 +448,32 @@ TEST_F(TrainerTest, ZeroedGradientsTrainTheSameStepsAndHoldMoreMemory) {
 }
 
 // --precision fp8: the inner Linear layers run in fp8, the delayed-scaling state (scales and amax
-// histories) is in the checkpoint, and a resumed run continues bit for bit; every recipe trains.
+// histories) is in the checkpoint, and a resumed run continues bit for bit; every recipe trains,
+// and so does the fast accumulator.
 TEST_F(TrainerTest, Fp8RunsResumeBitwiseAndRecordTheirScales) {
-  for (const char* recipe : {"delayed", "current", "mxfp8", "blockwise"}) {
-    SCOPED_TRACE(recipe);
+  struct Variant {
+    const char* recipe;
+    const char* accumulate;
+  };
+  std::vector<Variant> variants;
+  for (const amp::Fp8Recipe r : all_words<amp::Fp8Recipe>())
+    variants.push_back({name_of(r).data(), "fp32"});
+  variants.push_back({"rowwise", "fast:16"});
+  variants.push_back({"current", "fast"});
+  for (const Variant& v : variants) {
+    const char* recipe = v.recipe;
+    SCOPED_TRACE(std::string(recipe) + " " + v.accumulate);
     TrainConfig straight = small("mlp");
     straight.synthetic_size = 256;
     straight.dropout = 0;
     straight.set("precision", "fp8");
     straight.set("opt-level", "O2");
     straight.set("fp8-recipe", recipe);
+    straight.set("fp8-accumulate", v.accumulate);
     straight.fp8_amax_history = 16;
     straight.log_every = 2;
-    straight.metrics_path = file(std::string(recipe) + ".jsonl");
+    const std::string name = std::string(recipe) + "-" + std::string(v.accumulate).substr(0, 4);
+    straight.metrics_path = file(name + ".jsonl");
     Trainer a(straight);
     const TrainResult ra = a.fit();
     ASSERT_NE(a.fp8(), nullptr);
@@ -485,13 +498,13 @@ TEST_F(TrainerTest, Fp8RunsResumeBitwiseAndRecordTheirScales) {
 
     TrainConfig first = straight;
     first.metrics_path.clear();
-    first.checkpoint_path = file(std::string(recipe) + ".safetensors");
+    first.checkpoint_path = file(name + ".safetensors");
     Trainer b(first);
     b.fit(1);
     const SafetensorsFile ck = load_safetensors(first.checkpoint_path);
     bool has_fp8 = false;
-    for (const auto& [name, t] : ck.tensors)
-      has_fp8 = has_fp8 || name.find("scaler.fp8.") == 0;
+    for (const auto& [key, t] : ck.tensors)
+      has_fp8 = has_fp8 || key.find("scaler.fp8.") == 0;
     EXPECT_EQ(has_fp8, std::string(recipe) == "delayed");
     TrainConfig resumed = straight;
     resumed.metrics_path.clear();

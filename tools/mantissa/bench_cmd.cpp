@@ -74,12 +74,18 @@ Variant parse_variant(const std::string& item, amp::Fp8Layers fp8_layers) {
     v.recipe.precision = amp::resolve(parse_word<amp::Precision>(parts[0], "--precision"));
     if (parts.size() > 1) v.recipe.level = parse_word<amp::OptLevel>(parts[1], "opt level");
     if (parts.size() > 2) v.recipe.fp8.recipe = parse_word<amp::Fp8Recipe>(parts[2], "fp8 recipe");
+    if (parts.size() > 3) {  // the accumulation, itself "fast:N" maybe
+      std::string acc = parts[3];
+      for (size_t i = 4; i < parts.size(); ++i)
+        acc += ":" + parts[i];
+      v.recipe.fp8.accumulate = amp::Fp8Accumulation::parse(acc);
+    }
   } catch (const Error& e) {
     MT_CHECK(false, what, e.message());
   }
   const amp::Precision p = v.recipe.precision;
-  MT_CHECK(parts.size() <= (p == amp::Precision::FP8 ? 3u : 2u), what,
-           "use PRECISION[:LEVEL], or fp8[:LEVEL[:RECIPE]]");
+  MT_CHECK(parts.size() <= (p == amp::Precision::FP8 ? 5u : 2u), what,
+           "use PRECISION[:LEVEL], or fp8[:LEVEL[:RECIPE[:ACCUMULATE]]]");
   MT_CHECK(!v.recipe.level || amp::accepts_level(p, *v.recipe.level), what, name_of(p),
            " does not run at ", name_of(*v.recipe.level));
   v.recipe.fp8_layers = fp8_layers;
@@ -87,6 +93,8 @@ Variant parse_variant(const std::string& item, amp::Fp8Layers fp8_layers) {
   if (amp::precision_info(p).levels != amp::kLevelO0 && amp::precision_info(p).levels != 0)
     v.label += " " + std::string(name_of(amp::level_of(v.recipe)));
   if (p == amp::Precision::FP8) v.label += " " + std::string(name_of(v.recipe.fp8.recipe));
+  if (p == amp::Precision::FP8 && v.recipe.fp8.accumulate.fast)
+    v.label += " " + v.recipe.fp8.accumulate.str();
   return v;
 }
 
@@ -294,10 +302,11 @@ Command add_bench_command(CLI::App& app) {
                   "fp8 variants: which Linear layers run in fp8: " +
                       word_list(words_of<amp::Fp8Layers>(), /*with_help=*/true))
       ->capture_default_str();
-  cmd->add_option("--precision", a->precisions,
-                  "Comma-separated precisions to compare, each PRECISION[:LEVEL] as for train "
-                  "(fp8[:LEVEL[:RECIPE]] for fp8), e.g. fp32,bf16,bf16:O2,fp16:O2,bf16-pure,"
-                  "fp8:O2:delayed (ratios are to the first)")
+  cmd->add_option(
+         "--precision", a->precisions,
+         "Comma-separated precisions to compare, each PRECISION[:LEVEL] as for train "
+         "(fp8[:LEVEL[:RECIPE[:ACCUMULATE]]] for fp8), e.g. fp32,bf16,bf16:O2,fp16:O2,bf16-pure,"
+         "fp8:O2:delayed (ratios are to the first)")
       ->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Batch size")->capture_default_str();
   cmd->add_option("--seq-len", a->seq_len, "Sequence length (token models)")->capture_default_str();

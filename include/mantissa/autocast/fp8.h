@@ -1,7 +1,7 @@
 // FP8 training: the GEMMs of Linear layers in fp8 with the published scaling recipes, exact on
 // any CPU (docs/fp8.md).
 //
-//   amp::Fp8Context fp8({.recipe = amp::Fp8Recipe::Delayed});   // Transformer Engine's defaults
+//   amp::Fp8Context fp8({.recipe = amp::Fp8Recipe::Delayed});   // or Current, Rowwise, ...
 //   amp::prepare_fp8(*model, fp8);            // amp.h: fp8 state on the Linear layers it picks
 //   {
 //     amp::Autocast ac(Device::cpu(), DType::BF16);   // everything else as bf16 O1
@@ -15,16 +15,23 @@
 // A Linear layer in fp8 (fp8_linear) quantizes its input and weight to E4M3 and the gradient of
 // its output to E5M2 (Fp8Format::Hybrid; Fp8Format::E4M3 uses E4M3 for all three), each with a
 // scale so its values use fp8's range, and computes y = x W^T, dx = dy W and dW = dy^T x as fp8
-// products accumulated in fp32 and rounded once (the Hopper contract). How the scale is chosen is
-// the recipe:
+// products accumulated in fp32 and rounded once (the Hopper contract; Fp8Options::accumulate
+// fast: Hopper's narrow accumulator, modelled). How the scale is chosen is the recipe:
 //   Delayed   per tensor, from the amax history of earlier steps (TE's DelayedScaling: history
 //             1024, max over it, margin 0; scale = fp8_max / amax / 2^margin). This step's amax
 //             is recorded for the next: update() computes the new scales, then rolls the history.
-//   Current   per tensor, from this tensor's amax (one extra pass over it).
+//   Current   per tensor, from this tensor's amax (one extra pass over it); the default, as
+//             torchao's tensorwise recipe is its default (it dropped delayed scaling).
 //   MXFP8     blocks of 32 along the reduction dimension with power-of-two (E8M0) scales.
 //   Blockwise DeepSeek-V3: 1 x 128 tiles for activations and gradients, 128 x 128 blocks for
 //             weights, fp32 scales, the partial sums of each 128-wide slice scaled and
 //             accumulated in fp32.
+//   Rowwise   torchao's: every GEMM's operands with a scale per row along its reduction (x per
+//             token, W per output row forward; W per input column, dy per token for dx; dy^T
+//             and x^T per feature for dW), E4M3 for all three, power-of-two scales.
+//   RowwiseGwHp torchao's rowwise_with_gw_hp: the forward as rowwise; dx = dy (per row) . W
+//             (one scale for the whole weight); dW = dy^T x in the forward's precision (bf16
+//             with fp32 sums), not in fp8.
 // The emulation is exact: the fp8 codes (exact in bf16) go through a bf16 GEMM with fp32
 // accumulation, and the scales are applied to the fp32 sums (per tensor, per 128-slice) or, being
 // powers of two, to the codes (MXFP8).
@@ -53,25 +60,59 @@
 
 namespace mantissa::amp {
 
-// The recipes (name_of / find_word: core/vocabulary.h).
-#define MT_FORALL_FP8_RECIPES(_)                                                       \
-  _(Delayed, "delayed", "per tensor, from the amax history of earlier steps")          \
-  _(Current, "current", "per tensor, from this step's amax")                           \
-  _(MXFP8, "mxfp8", "blocks of 32 along the reduction dimension, power-of-two scales") \
-  _(Blockwise, "blockwise", "DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks")
-MT_VOCABULARY(Fp8Recipe, MT_FORALL_FP8_RECIPES)
+// The recipes (name_of / find_word: core/vocabulary.h), each with its traits: whether it scales
+// per tensor (one scale serves all three GEMMs, so backward keeps the codes), the formats it uses
+// unless Fp8Options::format says, and whether its scales are powers of two unless
+// Fp8Options::pow2_scales says.
+#define MT_FORALL_FP8_RECIPES(_)                                                                   \
+  _(Delayed, "delayed", "per tensor, from the amax history of earlier steps (Transformer Engine)", \
+    true, Fp8Format::Hybrid, false)                                                                \
+  _(Current, "current", "per tensor, from this step's amax (torchao's tensorwise, TE's current)",  \
+    true, Fp8Format::Hybrid, false)                                                                \
+  _(MXFP8, "mxfp8", "blocks of 32 along the reduction dimension, power-of-two scales", false,      \
+    Fp8Format::Hybrid, true)                                                                       \
+  _(Blockwise, "blockwise", "DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks", false,   \
+    Fp8Format::Hybrid, false)                                                                      \
+  _(Rowwise, "rowwise",                                                                            \
+    "torchao's: a scale per row along each GEMM's reduction, E4M3, power-of-two scales", false,    \
+    Fp8Format::E4M3, true)                                                                         \
+  _(RowwiseGwHp, "rowwise_with_gw_hp",                                                             \
+    "torchao's: rowwise forward, the input gradient against a per-tensor weight scale, the "       \
+    "weight gradient in high precision",                                                           \
+    false, Fp8Format::E4M3, false)
 
 #define MT_FORALL_FP8_FORMATS(_)                                                      \
   _(Hybrid, "hybrid", "E4M3 for inputs and weights, E5M2 (more range) for gradients") \
   _(E4M3, "e4m3", "E4M3 for all three")
 MT_VOCABULARY(Fp8Format, MT_FORALL_FP8_FORMATS)
+MT_VOCABULARY(Fp8Recipe, MT_FORALL_FP8_RECIPES)
 
 // How delayed scaling reads its history: the max over it, or only the most recent amax.
 enum class AmaxCompute : uint8_t { Max, MostRecent };
 
+// How the fp8 GEMMs sum their products: in fp32 (the exact contract: products exact, sums in
+// fp32), or fast: Hopper's fp8 tensor-core accumulator, modelled (docs/fp8.md) as 13 bits after
+// the leading one (e8m13), the products added in order of k, each sum exact then truncated
+// toward zero; the partial sum added to an fp32 one every `promote_every` products (0: at the
+// end of each K slice of scales only, i.e. never for per-tensor and per-row scales), as
+// DeepSeek-V3 promotes every 128. Spelled "fp32", "fast" or "fast:N".
+struct Fp8Accumulation {
+  bool fast = false;
+  int64_t promote_every = 0;
+  bool operator==(const Fp8Accumulation&) const = default;
+  static Fp8Accumulation parse(std::string_view text);  // a mantissa::Error names what is wrong
+  std::string str() const;
+};
+
 struct Fp8Options {
-  Fp8Recipe recipe = Fp8Recipe::Delayed;
-  Fp8Format format = Fp8Format::Hybrid;
+  Fp8Recipe recipe = Fp8Recipe::Current;
+  // Unset: the recipe's (e4m3 for the rowwise recipes, as torchao's; hybrid otherwise).
+  std::optional<Fp8Format> format = std::nullopt;
+  // Unset: the recipe's (on for rowwise and mxfp8). On: each block's scale the power of two
+  // 2^-ceil(log2(amax / fp8_max)), so scaling is exact. Delayed scaling has no such rule and
+  // MXFP8 no other.
+  std::optional<bool> pow2_scales = std::nullopt;
+  Fp8Accumulation accumulate{};
   int64_t amax_history_len = 1024;  // Delayed
   AmaxCompute amax_compute = AmaxCompute::Max;
   int margin = 0;  // Delayed: scale = fp8_max / amax / 2^margin
@@ -79,6 +120,10 @@ struct Fp8Options {
   // fields are then not used).
   std::optional<Fp4Options> fp4 = std::nullopt;
   bool delayed() const { return !fp4 && recipe == Fp8Recipe::Delayed; }
+  Fp8Format resolved_format() const;
+  bool resolved_pow2_scales() const;
+  // Whether one scale per tensor serves all three GEMMs (delayed, current).
+  bool per_tensor() const;
 };
 
 // The three tensors of an fp8 Linear layer.
@@ -224,8 +269,10 @@ Tensor fp8_dequantize(const Fp8Tensor& t);
 // a (M, K) @ b (N, K)^T [+ bias (N)] -> (M, N) in `out_dtype`: the fp8 products accumulated in
 // fp32, each block's scales applied to its partial sum, the bias added in fp32, rounded once.
 // a and b may be transposed views of quantized tensors (the blocks follow the view). Their
-// blocks along K must agree (both per tensor, or the same width).
-Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DType out_dtype);
+// blocks along K must agree (both per tensor, or the same width). `accumulate` fast: the sums
+// in the narrow accumulator's model instead (Fp8Accumulation), on any device.
+Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DType out_dtype,
+                const Fp8Accumulation& accumulate = {});
 
 // The op: linear(x, weight, bias) with all three GEMMs in fp8 under `options`, recording amaxes
 // into `state` (while grad mode is on) and, with delayed scaling, quantizing with its scales.

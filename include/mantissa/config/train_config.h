@@ -162,10 +162,18 @@ inline constexpr Range kCountOrZero{0, kMaxCount};
   _(int64_t, underflow_every, "underflow-every", 0, Tunable, Underflow, Precision, kCountOrZero,   \
     "Every N steps, measure fp16 gradient underflow against fp32 gradients of the same weights "   \
     "(fp16 O1; one more fp32 forward and backward each; 0: off)")                                  \
-  _(amp::Fp8Recipe, fp8_recipe, "fp8-recipe", amp::Fp8Recipe::Delayed, Fixed, Fp8, Fp8, kAnyValue, \
+  _(amp::Fp8Recipe, fp8_recipe, "fp8-recipe", amp::Fp8Options{}.recipe, Fixed, Fp8, Fp8, kAnyValue, \
     "How fp8 scales are chosen")                                                                   \
-  _(amp::Fp8Format, fp8_format, "fp8-format", amp::Fp8Format::Hybrid, Fixed, Fp8, Fp8, kAnyValue,  \
-    "The fp8 formats")                                                                             \
+  _(std::optional<amp::Fp8Format>, fp8_format, "fp8-format", std::nullopt, Fixed, Fp8, Fp8,       \
+    kAnyValue, "The fp8 formats (empty: the recipe's: e4m3 for the rowwise ones, hybrid otherwise)") \
+  _(std::optional<Switch>, fp8_pow2_scales, "fp8-pow2-scales", std::nullopt, Fixed, Fp8, Fp8,     \
+    kAnyValue,                                                                                     \
+    "Scales rounded to powers of two, 2^-ceil(log2(amax / fp8_max)) (empty: the recipe's: on for " \
+    "rowwise and mxfp8, off otherwise)")                                                           \
+  _(amp::Fp8Accumulation, fp8_accumulate, "fp8-accumulate", amp::Fp8Accumulation{}, Fixed, Fp8,   \
+    Fp8, kAnyValue,                                                                                \
+    "How fp8 GEMMs sum: fp32, or fast[:N]: the tensor cores' ~13-bit accumulator, promoted to "    \
+    "fp32 every N products (DeepSeek-V3: 128; no N: never)")                                       \
   _(int64_t, fp8_amax_history, "fp8-amax-history", 1024, Fixed, Fp8, Fp8,                          \
     (Range{1, double(1 << 20)}), "Delayed scaling: steps of amax history the scale is the max over") \
   _(int, fp8_margin, "fp8-margin", 0, Fixed, Fp8, Fp8, (Range{0, 63}),                             \

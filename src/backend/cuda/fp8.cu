@@ -5,6 +5,7 @@
 // K slice, its sums scaled and added in fp32 as the CPU adds them). Straightforward rather than
 // fast: cuBLASLt's block-scaled fp8 GEMMs are still to come.
 #include <cmath>
+#include <optional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
@@ -111,6 +112,20 @@ __global__ void scale_accumulate_kernel(float* acc, const float* part, const flo
   }
 }
 
+// One K slice of fast_accumulate_gemm: part (M, N) = the fast accumulator's sums of a[m, k0 +
+// k] * b[n, k0 + k] over k in [0, kl) (fp8_math.h's fast_accumulate_sum, as the CPU's).
+__global__ void fast_part_kernel(const __nv_bfloat16* a, int64_t a0, int64_t a1,
+                                 const __nv_bfloat16* b, int64_t b0, int64_t b1, int64_t M,
+                                 int64_t N, int64_t k0, int64_t kl, int64_t promote, float* part) {
+  MT_GRID_STRIDE_LOOP(i, M * N) {
+    const int64_t m = i / N, n = i - m * N;
+    const __nv_bfloat16* ar = a + m * a0 + k0 * a1;
+    const __nv_bfloat16* br = b + n * b0 + k0 * b1;
+    part[i] = fast_accumulate_sum(
+        kl, promote, [&](int64_t k) { return __fmul_rn(load(ar + k * a1), load(br + k * b1)); });
+  }
+}
+
 // A contiguous copy of t on this backend's device (t itself when it is one).
 Tensor contiguous_here(Backend& be, const Tensor& t, DType dtype) {
   if (t.is_contiguous() && t.dtype() == dtype) return t;
@@ -143,31 +158,59 @@ void CudaBackend::fp8_update_scales(std::span<Tensor> histories, std::span<Tenso
   }
 }
 
+namespace {
+
+// block_scaled_gemm and fast_accumulate_gemm: each K slice's sums (a GEMM, or with `promote`
+// the fast accumulator's kernel), scaled and added in fp32 as the CPU adds them.
+void sliced_gemm(CudaBackend& be, int device, const Tensor& a, const Tensor& a_scales,
+                 int64_t a_rows, const Tensor& b, const Tensor& b_scales, int64_t b_rows,
+                 int64_t bk, const Tensor* bias, Tensor& out, std::optional<int64_t> promote) {
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1), S = a_scales.size(1);
+  const Tensor sa = contiguous_here(be, a_scales, DType::F32);
+  const Tensor sb = contiguous_here(be, b_scales, DType::F32);
+  const Tensor bias_f = bias ? contiguous_here(be, *bias, DType::F32) : Tensor();
+  Tensor acc = out.dtype() == DType::F32 ? out : Tensor::empty({M, N}, DType::F32, out.device());
+  Tensor part = Tensor::empty({1, M, N}, DType::F32, out.device());
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t k0 = s * bk, kl = std::min(bk, K - k0);
+    if (kl > 0 && promote) {
+      launch(M * N, device, fast_part_kernel, device_ptr<__nv_bfloat16>(a), a.stride(0),
+             a.stride(1), device_ptr<__nv_bfloat16>(b), b.stride(0), b.stride(1), M, N, k0, kl,
+             *promote, device_ptr<float>(part));
+    } else if (kl > 0) {
+      be.matmul(a.narrow(1, k0, kl).unsqueeze(0), b.narrow(1, k0, kl).t().unsqueeze(0), nullptr,
+                part, MatmulOptions{});
+    } else {
+      be.fill(part, 0.0);  // K == 0: no sums
+    }
+    launch(M * N, device, scale_accumulate_kernel, device_ptr<float>(acc), device_ptr<float>(part),
+           device_ptr<float>(sa), a_rows, device_ptr<float>(sb), b_rows, M, N, S, s,
+           s + 1 == S && bias ? device_ptr<float>(bias_f) : nullptr);
+  }
+  if (!acc.is_same(out)) be.copy(acc, out);  // the one rounding into the output dtype
+}
+
+}  // namespace
+
 void CudaBackend::block_scaled_gemm(const Tensor& a, const Tensor& a_scales, int64_t a_rows,
                                     const Tensor& b, const Tensor& b_scales, int64_t b_rows,
                                     int64_t bk, const Tensor* bias, Tensor& out) {
   DeviceGuard guard(device_);
   check_block_scaled_gemm(a, a_scales, a_rows, b, b_scales, b_rows, bk, bias, out);
-  const int64_t M = a.size(0), N = b.size(0), K = a.size(1), S = a_scales.size(1);
   if (out.numel() == 0) return;
-  const Tensor sa = contiguous_here(*this, a_scales, DType::F32);
-  const Tensor sb = contiguous_here(*this, b_scales, DType::F32);
-  const Tensor bias_f = bias ? contiguous_here(*this, *bias, DType::F32) : Tensor();
-  Tensor acc = out.dtype() == DType::F32 ? out : Tensor::empty({M, N}, DType::F32, out.device());
-  Tensor part = Tensor::empty({1, M, N}, DType::F32, out.device());
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t k0 = s * bk, kl = std::min(bk, K - k0);
-    if (kl > 0) {
-      matmul(a.narrow(1, k0, kl).unsqueeze(0), b.narrow(1, k0, kl).t().unsqueeze(0), nullptr, part,
-             MatmulOptions{});
-    } else {
-      fill(part, 0.0);  // K == 0: no sums
-    }
-    launch(M * N, device_, scale_accumulate_kernel, device_ptr<float>(acc), device_ptr<float>(part),
-           device_ptr<float>(sa), a_rows, device_ptr<float>(sb), b_rows, M, N, S, s,
-           s + 1 == S && bias ? device_ptr<float>(bias_f) : nullptr);
-  }
-  if (!acc.is_same(out)) copy(acc, out);  // the one rounding into the output dtype
+  sliced_gemm(*this, device_, a, a_scales, a_rows, b, b_scales, b_rows, bk, bias, out,
+              std::nullopt);
+}
+
+void CudaBackend::fast_accumulate_gemm(const Tensor& a, const Tensor& a_scales, int64_t a_rows,
+                                       const Tensor& b, const Tensor& b_scales, int64_t b_rows,
+                                       int64_t bk, int64_t promote, const Tensor* bias,
+                                       Tensor& out) {
+  DeviceGuard guard(device_);
+  check_block_scaled_gemm(a, a_scales, a_rows, b, b_scales, b_rows, bk, bias, out);
+  MT_ASSERT(promote >= 0, "fast_accumulate_gemm: promote must be >= 0, got ", promote);
+  if (out.numel() == 0) return;
+  sliced_gemm(*this, device_, a, a_scales, a_rows, b, b_scales, b_rows, bk, bias, out, promote);
 }
 
 void CudaBackend::fp8_quantize(const Tensor& x, const Fp8QuantizeParams& p, Tensor& codes,
