@@ -529,19 +529,26 @@ def ladder_section(results, out_dir):
     return md, figures
 
 
-FP4_REFERENCES = ("fp32", "bf16-O1", "fp8-delayed")
+# The groups of recipes the report shows side by side for a family: each its rows (a prefix),
+# the recipe the others are compared with, and the references shown above them.
+RECIPE_GROUPS = (
+    {"title": "FP4 ablation", "prefix": "fp4-", "baseline": "fp4-nvfp4",
+     "references": ("fp32", "bf16-O1", "fp8-delayed"), "plot": "fp4"},
+    {"title": "fp8 recipes and accumulation", "prefix": "fp8-", "baseline": "fp8-current",
+     "references": ("fp32", "bf16-O1"), "plot": "fp8"},
+)
 
 
-def fp4_ablation(results, family, rows, out_dir):
-    """The FP4 recipe's ingredients, each switched off, next to the full recipe and the bf16 and
-    fp8 references: a table and a loss-curve plot (markdown lines and the figure, or nothing)."""
-    fp4 = [r for r in rows if r["recipe"].startswith("fp4-") and r["mean"] is not None]
-    if not fp4:
+def recipe_group(results, family, rows, out_dir, group):
+    """A group of recipes (RECIPE_GROUPS) next to its baseline and the bf16 and fp32 references:
+    a table and a loss-curve plot (markdown lines and the figure, or nothing)."""
+    members = [r for r in rows if r["recipe"].startswith(group["prefix"]) and r["mean"] is not None]
+    if not members:
         return [], []
     metric = family["metric"]
     acc = is_accuracy(metric)
     by_name = {r["recipe"]: r for r in rows}
-    full = by_name.get("fp4-nvfp4")
+    base = by_name.get(group["baseline"])
 
     def delta(r, ref):
         if ref is None or ref["mean"] is None or r["mean"] is None:
@@ -551,23 +558,24 @@ def fp4_ablation(results, family, rows, out_dir):
         return (r["mean"] - ref["mean"]) / abs(ref["mean"]) * 100 if ref["mean"] else None
 
     unit = "pp" if acc else "%"
-    md = [f"### FP4 ablation: {family['name']}", "",
-          f"| recipe | {metric_label(metric, family)} | Δ vs fp4-nvfp4 ({unit}) | "
+    md = [f"### {group['title']}: {family['name']}", "",
+          f"| recipe | {metric_label(metric, family)} | Δ vs {group['baseline']} ({unit}) | "
           f"Δ vs bf16-O1 ({unit}) | time / fp32 | status |", "|---|---|---|---|---|---|"]
-    shown_rows = [by_name[n] for n in FP4_REFERENCES if n in by_name] + fp4
+    shown_rows = [by_name[n] for n in group["references"] if n in by_name] + members
     for r in shown_rows:
         md.append("| {} | {} | {} | {} | {} | {} |".format(
             r["recipe"], shown(r["mean"], metric) if r["mean"] is not None else "—",
-            fmt_or_dash(delta(r, full), "+.2f"), fmt_or_dash(delta(r, by_name.get("bf16-O1")), "+.2f"),
+            fmt_or_dash(delta(r, base), "+.2f"), fmt_or_dash(delta(r, by_name.get("bf16-O1")), "+.2f"),
             fmt_or_dash(r["time_ratio"], ".2f"), r["status"]))
     md.append("")
     names = {r["recipe"] for r in shown_rows}
     subset = dict(results)
     subset["cells"] = [c for c in results["cells"] if c["recipe"] in names]
     subset["recipes"] = [r for r in results["recipes"] if r["name"] in names]
-    png = os.path.join(out_dir, f"curves-fp4-{family['name']}.png")
+    name = f"curves-{group['plot']}-{family['name']}"
+    png = os.path.join(out_dir, name + ".png")
     curve_plot(subset, family, png)
-    md += [f"![curves-fp4-{family['name']}](curves-fp4-{family['name']}.png)", ""]
+    md += [f"![{name}]({name}.png)", ""]
     return md, [png]
 
 
@@ -635,9 +643,10 @@ def report(results, out_dir):
         figures.append(png)
         md.append(f"![curves-{fam['name']}](curves-{fam['name']}.png)")
         md.append("")
-        ablation, ablation_figures = fp4_ablation(results, fam, rows, out_dir)
-        md += ablation
-        figures += ablation_figures
+        for group in RECIPE_GROUPS:
+            group_md, group_figures = recipe_group(results, fam, rows, out_dir, group)
+            md += group_md
+            figures += group_figures
     under = []
     for fam in results["families"]:
         text, figs = underflow_plots(results, fam, out_dir)
