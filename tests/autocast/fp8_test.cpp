@@ -513,6 +513,22 @@ TEST(Fp8Linear, LargeFiniteValuesSaturateInsteadOfOverflowing) {
 
 // ---- the rowwise recipes, power-of-two scales, the fast accumulator ---------------------------
 
+// The float64 sum over k < n of a[a0 + k * as] * b[b0 + k * bs], and the sum of |terms| (the
+// error bound's scale).
+struct Dot {
+  double sum = 0, mag = 0;
+};
+Dot dot(const std::vector<double>& a, int64_t a0, int64_t as, const std::vector<double>& b,
+        int64_t b0, int64_t bs, int64_t n) {
+  Dot d;
+  for (int64_t k = 0; k < n; ++k) {
+    const double t = a[size_t(a0 + k * as)] * b[size_t(b0 + k * bs)];
+    d.sum += t;
+    d.mag += std::fabs(t);
+  }
+  return d;
+}
+
 // dst (rows, K) in float64: each row of t quantized on its own, per tensor, by `rule`, and
 // dequantized: what a scale per row along K must give.
 std::vector<double> per_row_values(const Tensor& t, DType dtype, Fp8ScaleRule rule) {
@@ -542,12 +558,8 @@ TEST(Fp8Rowwise, TheForwardQuantizesEachRowOfBothOperandsOnItsOwn) {
   const std::vector<double> wv = per_row_values(w, DType::FP8_E4M3, Fp8ScaleRule::AmaxPow2);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      double want = 0, mag = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        want += xv[size_t(m * K + k)] * wv[size_t(n * K + k)];
-        mag += std::fabs(xv[size_t(m * K + k)] * wv[size_t(n * K + k)]);
-      }
-      EXPECT_NEAR(y[size_t(m * N + n)], want, mag * K * 0x1p-24) << m << ", " << n;
+      const Dot want = dot(xv, m * K, 1, wv, n * K, 1, K);
+      EXPECT_NEAR(y[size_t(m * N + n)], want.sum, want.mag * K * 0x1p-24) << m << ", " << n;
     }
   }
   // The scale of the last quantization is a power of two.
@@ -578,12 +590,8 @@ TEST(Fp8Rowwise, WithGwHpTheWeightGradientIsBf16AndTheInputGradientUsesATensorSc
   const std::vector<double> dw = as_f64(w.grad());
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t k = 0; k < K; ++k) {
-      double want = 0, mag = 0;
-      for (int64_t m = 0; m < M; ++m) {
-        want += gv[size_t(m * N + n)] * xv[size_t(m * K + k)];
-        mag += std::fabs(gv[size_t(m * N + n)] * xv[size_t(m * K + k)]);
-      }
-      ASSERT_NEAR(dw[size_t(n * K + k)], want, mag * M * 0x1p-24) << n << ", " << k;
+      const Dot want = dot(gv, n, N, xv, k, K, M);
+      ASSERT_NEAR(dw[size_t(n * K + k)], want.sum, want.mag * M * 0x1p-24) << n << ", " << k;
     }
   }
   // dx (M, K) = sum over n of q(dy)[m, n] * q(W)[n, k]: dy per row, W per tensor.
@@ -593,9 +601,7 @@ TEST(Fp8Rowwise, WithGwHpTheWeightGradientIsBf16AndTheInputGradientUsesATensorSc
   const std::vector<double> dx = as_f64(x.grad());
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) {
-      double want = 0;
-      for (int64_t n = 0; n < N; ++n)
-        want += qg[size_t(m * N + n)] * qw[size_t(n * K + k)];
+      const double want = dot(qg, m * N, 1, qw, k, K, N).sum;
       // One bf16 rounding of the fp32 sum.
       ASSERT_NEAR(dx[size_t(m * K + k)], want, std::fabs(want) * 0x1p-8 + 1e-12) << m << ", " << k;
     }

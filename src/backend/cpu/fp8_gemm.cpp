@@ -68,8 +68,9 @@ Tensor slice_batch(const Tensor& t, int64_t k0, int64_t S, int64_t w) {
 
 // The fast accumulator's slice sums of one output row (fast_accumulate_gemm): out[n] for n in
 // [0, N) = fast_accumulate_sum over a[k0 + k] * bt[k0 + k, n], a the row (f32, contiguous)
-// and bt the other operand transposed (K, N; f32, contiguous). The vector loop runs the scalar
-// fast_accumulate's IEEE operations lane by lane, in the same order, so the bits are the same.
+// and bt the other operand transposed (K, N; f32, contiguous). The vector loop adds in the same
+// order with the instruction's own rounding toward zero, which the scalar add_toward_zero
+// computes exactly: the bits are the same.
 void fast_row_scalar(const float* a, const float* bt, int64_t N, int64_t k0, int64_t kl,
                      int64_t promote, float* out) {
   for (int64_t n = 0; n < N; ++n)
