@@ -4,7 +4,6 @@
 #include "mantissa/autocast/fp8.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -29,20 +28,6 @@ namespace {
 thread_local Fp8Context* t_context = nullptr;
 
 constexpr std::string_view kRoleNames[] = {"input", "weight", "grad_output"};
-
-struct RecipeTraits {
-  bool per_tensor;
-  Fp8Format format;
-  bool pow2;
-};
-constexpr RecipeTraits kRecipeTraits[] = {
-#define MT_FP8_RECIPE_TRAITS(e, name, help, per_tensor, format, pow2) {per_tensor, format, pow2},
-    MT_FORALL_FP8_RECIPES(MT_FP8_RECIPE_TRAITS)
-#undef MT_FP8_RECIPE_TRAITS
-};
-const RecipeTraits& traits(Fp8Recipe r) {
-  return kRecipeTraits[size_t(r)];
-}
 
 float fp8_max_of(DType d) {
   return float(format_info(*dtype_format(d)).max_finite);
@@ -123,43 +108,7 @@ void observe(Fp8LinearState& st, Fp8Role role, const Fp8Tensor& q, const Fp8Opti
 
 }  // namespace
 
-// ---- names and options --------------------------------------------------------------------
-
-Fp8Format Fp8Options::resolved_format() const {
-  return format.value_or(traits(recipe).format);
-}
-
-bool Fp8Options::resolved_pow2_scales() const {
-  return pow2_scales.value_or(traits(recipe).pow2);
-}
-
-bool Fp8Options::per_tensor() const {
-  return traits(recipe).per_tensor;
-}
-
-Fp8Accumulation Fp8Accumulation::parse(std::string_view text) {
-  if (text == "fp32") return {};
-  if (text == "fast") return {.fast = true};
-  const std::string_view prefix = "fast:";
-  int64_t n = 0;
-  if (text.starts_with(prefix)) {
-    const std::string_view digits = text.substr(prefix.size());
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && n >= 1)
-      return {.fast = true, .promote_every = n};
-  }
-  MT_CHECK(false,
-           "--fp8-accumulate takes fp32, fast (the tensor cores' narrow accumulator for the whole "
-           "sum) or fast:N (promoted to fp32 every N products, N >= 1; DeepSeek-V3 uses 128), "
-           "got '",
-           std::string(text), "'");
-  return {};
-}
-
-std::string Fp8Accumulation::str() const {
-  if (!fast) return "fp32";
-  return promote_every > 0 ? "fast:" + std::to_string(promote_every) : "fast";
-}
+// ---- names ------------------------------------------------------------------------------
 
 std::string_view fp8_role_name(Fp8Role r) {
   return kRoleNames[size_t(r)];
