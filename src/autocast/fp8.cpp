@@ -135,6 +135,10 @@ Fp8Context::Fp8Context(const Fp8Options& options) : options_(options) {
       "off or pick another recipe");
   MT_CHECK(!options.accumulate.fast || options.accumulate.promote_every >= 0,
            "fp8: promote_every must be >= 0 (0: never), got ", options.accumulate.promote_every);
+  MT_CHECK(!options.accumulate.native ||
+               (options.accumulate.fast && options.accumulate.promote_every == 0),
+           "fp8: native accumulation is the GPU's own, fast and never promoted (cuBLASLt has no "
+           "promotion interval); set fast = true and promote_every = 0, or use the model (fast:N)");
 }
 
 std::shared_ptr<Fp8LinearState> Fp8Context::add_layer(const std::string& name) {
@@ -396,15 +400,27 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
   const bool both_e5m2 = a.codes.defined() && b.codes.defined() &&
                          a.codes.dtype() == DType::FP8_E5M2 && b.codes.dtype() == DType::FP8_E5M2;
   backend::Backend& be = backend::backend_for(la.device());
-  if (!accumulate.fast && per_tensor && !both_e5m2 && a.codes.defined() && b.codes.defined() &&
-      !(a.values.defined() && b.values.defined())) {
+  const bool codes_alone = per_tensor && !both_e5m2 && a.codes.defined() && b.codes.defined() &&
+                           !(a.values.defined() && b.values.defined());
+  if (codes_alone && (!accumulate.fast || accumulate.native)) {
     // Codes alone (a device's quantization): the backend's fp8 GEMM (cuBLASLt's on fp8 tensor
     // cores, else emulated), its operands with K innermost (a transposed view in backward is
     // copied, a byte a value).
     auto k_inner = [](const Tensor& c) { return c.stride(1) == 1 ? c : c.contiguous(); };
     Tensor out = Tensor::empty({M, N}, bias.defined() ? DType::F32 : out_dtype, la.device());
-    be.fp8_gemm(k_inner(a.codes), a.scale_inv, k_inner(b.codes), b.scale_inv, out);
+    be.fp8_gemm(k_inner(a.codes), a.scale_inv, k_inner(b.codes), b.scale_inv, accumulate.native,
+                out);
     return bias.defined() ? add(out, bias.to(DType::F32)).to(out_dtype) : out;
+  }
+  if (accumulate.native) {
+    warn("fp8:native-accumulate:modelled",
+         "--fp8-accumulate native: " +
+             std::string(la.device().is_cuda()
+                             ? "the GPU's fast accumulation serves the per-tensor recipes' GEMMs "
+                               "(delayed, current); this recipe's block-scaled GEMMs"
+                             : "there are no fp8 tensor cores on the " + la.device().str() +
+                                   "; its fp8 GEMMs") +
+             " run the accumulator's model (--fp8-accumulate fast) instead");
   }
   // The emulation: the codes' values (exact in bf16), scaled per block in the backend's
   // block_scaled_gemm (or, accumulating fast, its narrow-accumulator model). Power-of-two scales

@@ -43,6 +43,7 @@ bool Fp8Options::per_tensor() const {
 Fp8Accumulation Fp8Accumulation::parse(std::string_view text) {
   if (text == "fp32") return {};
   if (text == "fast") return {.fast = true};
+  if (text == "native") return {.fast = true, .native = true};
   const std::string_view prefix = "fast:";
   int64_t n = 0;
   if (text.starts_with(prefix)) {
@@ -53,14 +54,15 @@ Fp8Accumulation Fp8Accumulation::parse(std::string_view text) {
   }
   MT_CHECK(false,
            "--fp8-accumulate takes fp32, fast (the tensor cores' narrow accumulator for the whole "
-           "sum) or fast:N (promoted to fp32 every N products, N >= 1; DeepSeek-V3 uses 128), "
-           "got '",
+           "sum), fast:N (promoted to fp32 every N products, N >= 1; DeepSeek-V3 uses 128) or "
+           "native (the GPU's own: cuBLASLt's FAST_ACCUM), got '",
            std::string(text), "'");
   return {};
 }
 
 std::string Fp8Accumulation::str() const {
   if (!fast) return "fp32";
+  if (native) return "native";
   return promote_every > 0 ? "fast:" + std::to_string(promote_every) : "fast";
 }
 

@@ -135,10 +135,12 @@
   /* K innermost (unit stride), the scales one-element F32 tensors on their device; products */   \
   /* exact, sums in fp32 (any order), the scales applied in fp32, out (contiguous F32, BF16 or */ \
   /* F16) rounded once. CUDA: cuBLASLt's fp8 GEMM on compute capability 8.9+, else emulated. */   \
+  /* With fast_accumulate, the sums are the device's fast accumulation instead: cuBLASLt's */      \
+  /* FAST_ACCUM on fp8 tensor cores (unmodelled), else fast_accumulate_gemm's model (promote 0). */\
   _(Linalg, void, fp8_gemm,                                                                       \
     (const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,     \
-    Tensor& out),                                                                                 \
-    (a, a_scale_inv, b, b_scale_inv, out))                                                        \
+    bool fast_accumulate, Tensor& out),                                                           \
+    (a, a_scale_inv, b, b_scale_inv, fast_accumulate, out))                                       \
   /* The emulated GEMM of block-scaled fp8 operands (autocast/fp8.h), given their values: out */   \
   /* (M, N) = sum over the K slices s of width bk (the last may be short; bk >= K: one slice) */   \
   /* of (a[:, s] . b[:, s]^T) * (sa[m / a_rows, s] * sb[n / b_rows, s]), + bias. a (M, K) and b */ \

@@ -633,13 +633,20 @@ TEST(Fp8Options, PowerOfTwoScalesWhereTheRecipeHasThem) {
 }
 
 TEST(Fp8Options, AccumulationParsesAndPrintsBack) {
-  for (const char* text : {"fp32", "fast", "fast:1", "fast:128"})
+  for (const char* text : {"fp32", "fast", "fast:1", "fast:128", "native"})
     EXPECT_EQ(Fp8Accumulation::parse(text).str(), text);
   EXPECT_EQ(Fp8Accumulation::parse("fast:128"), (Fp8Accumulation{true, 128}));
-  for (const char* bad : {"fast:0", "fast:", "fast:12x", "fast:-3", "slow", "FP32", ""})
+  EXPECT_EQ(Fp8Accumulation::parse("native"), (Fp8Accumulation{true, 0, true}));
+  for (const char* bad :
+       {"fast:0", "fast:", "fast:12x", "fast:-3", "slow", "FP32", "", "native:128"})
     EXPECT_HAS(testing::error_of([bad] { Fp8Accumulation::parse(bad); }),
                "--fp8-accumulate takes fp32, fast")
         << bad;
+  // The GPU's own accumulation has no promotion interval to set.
+  EXPECT_HAS(testing::error_of([] {
+               Fp8Context({.accumulate = Fp8Accumulation{true, 128, true}});
+             }),
+             "native accumulation is the GPU's own");
 }
 
 // The fast accumulator in a Linear: K = 20000 equal products of 448 * 448 (ones scaled to E4M3's
@@ -658,10 +665,15 @@ TEST(Fp8Accumulate, FastSwampsALongSumAndPromotionRestoresIt) {
     EXPECT_NEAR(v, 20000, 20000 * 1e-6);
   for (double v : run("fast:128"))
     EXPECT_NEAR(v, 20000, 20000 * 1e-6);
-  for (double v : run("fast")) {
+  const std::vector<double> fast = run("fast");
+  for (double v : fast) {
     EXPECT_LT(v, 0.6 * 20000);
     EXPECT_GT(v, 0.4 * 20000);
   }
+  // The CPU has no fp8 tensor cores: native is the model, and says so once.
+  reset_warnings();
+  EXPECT_EQ(run("native"), fast);
+  EXPECT_EQ(warning_count("fp8:native-accumulate:modelled"), 1);  // the one GEMM, forward
 }
 
 // ---- prepare_fp8 and the region

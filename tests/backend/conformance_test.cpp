@@ -408,7 +408,7 @@ void linalg_cases(std::vector<Case>& c) {
            const Tensor sa = p.host(Tensor::full({1}, 0.25, DType::F32));
            const Tensor sb = p.host(Tensor::full({1}, 3.0, DType::F32));
            Tensor out = p.out({33, 48}, out_dt);
-           be.fp8_gemm(a, sa, b, sb, out);
+           be.fp8_gemm(a, sa, b, sb, false, out);
            return Outputs{out};
          }});
     c.push_back({"block_scaled_gemm", dt_name(out_dt) + " 1x128 / 16-row blocks, bias", out_dt,

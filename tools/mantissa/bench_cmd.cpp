@@ -8,6 +8,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -272,10 +273,13 @@ int run_bench(const BenchArgs& a) {
       "{} ({} parameters) on {}, batch {}, {} thread(s); median of {} steps interleaved across "
       "precisions; peak memory of one step measured alone\n",
       a.model, parameters, device.str(), a.batch_size, get_num_threads(), a.steps);
-  fmt::print("{:<18} {:>9} {:>12} {:>9} {:>12} {:>9}\n", "precision", "ms/step",
+  size_t width = std::string_view("precision").size();  // the widest label's
+  for (const Row& row : rows)
+    width = std::max(width, row.label.size());
+  fmt::print("{:<{}} {:>9} {:>12} {:>9} {:>12} {:>9}\n", "precision", width, "ms/step",
              tokens ? "tokens/s" : "samples/s", "speedup", "peak memory", "memory");
   for (const Row& row : rows) {
-    fmt::print("{:<18} {:>9.2f} {:>12.0f} {:>8.2f}x {:>12} {:>8.2f}x\n", row.label, row.ms,
+    fmt::print("{:<{}} {:>9.2f} {:>12.0f} {:>8.2f}x {:>12} {:>8.2f}x\n", row.label, width, row.ms,
                double(samples) / (row.ms / 1e3), base.ms / row.ms, train::format_bytes(row.peak),
                double(row.peak) / double(base.peak));
   }

@@ -95,10 +95,14 @@ enum class AmaxCompute : uint8_t { Max, MostRecent };
 // the leading one (e8m13), the products added in order of k, each sum exact then truncated
 // toward zero; the partial sum added to an fp32 one every `promote_every` products (0: at the
 // end of each K slice of scales only, i.e. never for per-tensor and per-row scales), as
-// DeepSeek-V3 promotes every 128. Spelled "fp32", "fast" or "fast:N".
+// DeepSeek-V3 promotes every 128. Or native: the device's own fast accumulation, unmodelled --
+// cuBLASLt's FAST_ACCUM on fp8 tensor cores, for the per-tensor recipes' GEMMs of codes; every
+// other GEMM (the CPU's, a GPU's without fp8 tensor cores, the block-scaled recipes') runs the
+// model (fast), with a warning. Spelled "fp32", "fast", "fast:N" or "native".
 struct Fp8Accumulation {
   bool fast = false;
   int64_t promote_every = 0;
+  bool native = false;  // fast too
   bool operator==(const Fp8Accumulation&) const = default;
   static Fp8Accumulation parse(std::string_view text);  // a mantissa::Error names what is wrong
   std::string str() const;

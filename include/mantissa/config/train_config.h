@@ -172,8 +172,9 @@ inline constexpr Range kCountOrZero{0, kMaxCount};
     "rowwise and mxfp8, off otherwise)")                                                           \
   _(amp::Fp8Accumulation, fp8_accumulate, "fp8-accumulate", amp::Fp8Accumulation{}, Fixed, Fp8,   \
     Fp8, kAnyValue,                                                                                \
-    "How fp8 GEMMs sum: fp32, or fast[:N]: the tensor cores' ~13-bit accumulator, promoted to "    \
-    "fp32 every N products (DeepSeek-V3: 128; no N: never)")                                       \
+    "How fp8 GEMMs sum: fp32; fast[:N]: the tensor cores' ~13-bit accumulator modelled, "          \
+    "promoted to fp32 every N products (DeepSeek-V3: 128; no N: never); native: the GPU's own "    \
+    "(cuBLASLt FAST_ACCUM; elsewhere the model)")                                                  \
   _(int64_t, fp8_amax_history, "fp8-amax-history", 1024, Fixed, Fp8, Fp8,                          \
     (Range{1, double(1 << 20)}), "Delayed scaling: steps of amax history the scale is the max over") \
   _(int, fp8_margin, "fp8-margin", 0, Fixed, Fp8, Fp8, (Range{0, 63}),                             \

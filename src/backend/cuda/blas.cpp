@@ -384,11 +384,12 @@ cudaDataType_t fp8_type(DType d) {
 // cuBLASLt's fp8 GEMM: out^T (N x M, column-major) = b (stored K x N, op T) @ a (stored K x M,
 // op N) -- the "TN" layout its fp8 kernels require -- with the scales as device pointers (A's
 // is b's, B's is a's) and fp32 accumulation (FAST_ACCUM off: partial sums are promoted to fp32
-// registers, as Transformer Engine does for its gradient GEMMs). False, with nothing queued,
+// registers, as Transformer Engine does for its gradient GEMMs) or, with `fast`, the tensor cores'
+// own narrower accumulation (FAST_ACCUM on, as TE's forward GEMMs). False, with nothing queued,
 // where the device or the shapes do not qualify (leading dimensions and K multiples of 16,
 // 16-byte aligned pointers) or cuBLASLt has no algorithm.
 bool native_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
-                     const Tensor& b_scale_inv, Tensor& out, int device) {
+                     const Tensor& b_scale_inv, bool fast, Tensor& out, int device) {
   const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
   const int64_t lda = a.stride(0), ldb = b.stride(0);
   if (!has_fp8_tensor_cores(device)) return false;
@@ -402,15 +403,16 @@ bool native_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b
   op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   op.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale_inv.data_ptr());
   op.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv.data_ptr());
-  const int8_t fast_accum = 0;
+  const int8_t fast_accum = fast ? 1 : 0;
   op.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
   Layout la(fp8_type(b.dtype()), uint64_t(K), uint64_t(N), ldb, 1, 0);
   Layout lb(fp8_type(a.dtype()), uint64_t(K), uint64_t(M), lda, 1, 0);
   Layout ld(cuda_type(out.dtype()), uint64_t(N), uint64_t(M), N, 1, 0);
   const uint32_t al_a = alignment(b.data_ptr()), al_b = alignment(a.data_ptr()),
                  al_d = alignment(out.data_ptr());
+  // Slot 1 is the other GEMMs' io dtype (>= 0): -1 and -2 are fp8's, fp32 and fast sums.
   const std::vector<int64_t> key = {device,
-                                    -1,
+                                    fast ? -2 : -1,
                                     int64_t(a.dtype()),
                                     int64_t(b.dtype()),
                                     int64_t(out.dtype()),
@@ -512,7 +514,7 @@ bool matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, Tens
 }
 
 void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
-                           const Tensor& b_scale_inv, Tensor& out) {
+                           const Tensor& b_scale_inv, bool fast_accumulate, Tensor& out) {
   DeviceGuard guard(device_);
   check_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out);
   const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
@@ -521,7 +523,7 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
     fill(out, 0.0);
     return;
   }
-  if (native_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out, device_)) return;
+  if (native_fp8_gemm(a, a_scale_inv, b, b_scale_inv, fast_accumulate, out, device_)) return;
   warn("fp8:emulated:cuda",
        "fp8 GEMMs on cuda:" + std::to_string(device_) +
            " run emulated (the codes through a bf16 GEMM with fp32 sums, the CPU's numbers): " +
@@ -533,8 +535,13 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
   Tensor bb = Tensor::empty({N, K}, DType::BF16, out.device());
   copy(a, ab);
   copy(b, bb);
-  block_scaled_gemm(ab, a_scale_inv.view({1, 1}), M, bb, b_scale_inv.view({1, 1}), N, K, nullptr,
-                    out);
+  if (fast_accumulate) {  // the model of what the tensor cores would do
+    fast_accumulate_gemm(ab, a_scale_inv.view({1, 1}), M, bb, b_scale_inv.view({1, 1}), N, K, 0,
+                         nullptr, out);
+  } else {
+    block_scaled_gemm(ab, a_scale_inv.view({1, 1}), M, bb, b_scale_inv.view({1, 1}), N, K, nullptr,
+                      out);
+  }
 }
 
 }  // namespace mantissa::backend::cuda
