@@ -63,6 +63,9 @@ Fp4Tensor fp4_quantize(const Tensor& x_arg, const Fp4Quantization& q) {
   p.offset = q.offset;
   const int64_t R = x.size(0), C = x.size(1), bc = backend::fp4_block_cols(p.rule);
   Fp4Tensor t;
+  t.recipe = q.recipe;
+  t.mx_scale = q.mx_scale;
+  t.block_rows = p.block_rows;
   t.codes = Tensor::empty({R, C}, DType::U8, d);
   t.block_scales =
       Tensor::empty({(R + p.block_rows - 1) / p.block_rows, (C + bc - 1) / bc}, DType::U8, d);
@@ -96,8 +99,24 @@ Tensor fp4_gemm(const Fp4Tensor& a, const Fp4Tensor& b, const Tensor& bias, DTyp
            "fp4_gemm: a (M, K) and b (N, K) must share K, got ",
            a.values.defined() ? a.values.describe() : "undefined", " and ",
            b.values.defined() ? b.values.describe() : "undefined");
+  MT_CHECK(a.recipe == b.recipe, "fp4_gemm: a and b must be quantized by one recipe, got ",
+           name_of(a.recipe), " and ", name_of(b.recipe));
   NoGrad ng;
   const int64_t M = a.values.size(0), N = b.values.size(0), K = a.values.size(1);
+  if (a.values.device().is_cuda() && a.codes.defined() && b.codes.defined()) {
+    // FP4 tensor cores, where the GPU has them: alpha is the scales' product, NaN (through 0 *
+    // amax) where an amax is not finite, computed on the device.
+    const Tensor alpha =
+        add(mul(a.scale_inv, b.scale_inv), add(mul(a.amax, 0.0), mul(b.amax, 0.0)));
+    const bool direct = out_dtype == DType::BF16 && !bias.defined();
+    Tensor native = Tensor::empty({M, N}, direct ? DType::BF16 : DType::F32, a.values.device());
+    if (backend::backend_for(native.device())
+            .fp4_gemm(a.codes, a.block_scales, a.block_rows, b.codes, b.block_scales, b.block_rows,
+                      alpha, rule_of(a.recipe, a.mx_scale), native)) {
+      if (direct) return native;
+      return (bias.defined() ? add(native, bias.to(DType::F32)) : native).to(out_dtype);
+    }
+  }
   Tensor out = Tensor::empty({M, N}, out_dtype, a.values.device());
   // One K slice, each operand's one tensor scale: (sum of exact products in fp32) * sa * sb.
   backend::backend_for(out.device())
@@ -158,6 +177,8 @@ Tensor fp4_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
           Fp4Tensor wt;
           if (kept_w.values.defined()) {
             wt = kept_w;
+            wt.codes = kept_w.codes.t();
+            wt.block_scales = kept_w.block_scales.t();
             wt.values = kept_w.values.t();
           } else {
             wt = fp4_quantize(saved_w.unpack().t().contiguous(), rne);

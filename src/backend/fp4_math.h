@@ -167,6 +167,26 @@ constexpr uint32_t hadamard16_signs(uint64_t seed) {
   return random_bits(seed, 0, 0) & 0xffffu;
 }
 
+// The operands of a native FP4 GEMM (fp4_gemm; cuBLASLt's block-scaled GEMMs on compute
+// capability 10.0+). The codes go two to a byte, the first (lower k) in the low nibble. The block
+// scales go as cuBLASLt reads them (cuBLAS's "1D block scaling factors layout"): a matrix with a
+// row per row of the operand and a column per block along K, padded to tiles of 128 rows by 4
+// columns (the padding zero), the tiles one after another (row of tiles by row of tiles), each
+// tile's 512 bytes as 32 rows of 16: row r, column c at (r % 32) * 16 + (r / 32 % 4) * 4 + c % 4.
+MT_HOST_DEVICE constexpr uint8_t fp4_pack_pair(uint32_t first, uint32_t second) {
+  return uint8_t((first & 0xfu) | ((second & 0xfu) << 4));
+}
+MT_HOST_DEVICE constexpr int64_t fp4_swizzled_rows(int64_t rows) {
+  return (rows + 127) / 128 * 128;
+}
+MT_HOST_DEVICE constexpr int64_t fp4_swizzled_cols(int64_t cols) {
+  return (cols + 3) / 4 * 4;
+}
+MT_HOST_DEVICE constexpr int64_t fp4_swizzled_scale_offset(int64_t r, int64_t c, int64_t cols) {
+  const int64_t tile = (r / 128) * (fp4_swizzled_cols(cols) / 4) + c / 4;
+  return tile * 512 + (r % 32) * 16 + (r / 32 % 4) * 4 + c % 4;
+}
+
 // fp4_quantize's arguments as its contract (backend_ops.h) wants them; host side, shared by the
 // backends. An internal caller's mistake, so an assertion.
 inline void check_fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, const Tensor& codes,
@@ -192,6 +212,30 @@ inline void check_fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, cons
             br, "x", bc, " block), one-element F32 scale_inv and amax, bf16 values; got ",
             x.describe(), ", ", codes.describe(), ", ", block_scales.describe(), ", ",
             scale_inv.describe(), ", ", amax.describe());
+}
+
+// fp4_gemm's arguments as its contract (backend_ops.h) wants them.
+inline void check_fp4_gemm(const Tensor& a_codes, const Tensor& a_scales, int64_t a_block_rows,
+                           const Tensor& b_codes, const Tensor& b_scales, int64_t b_block_rows,
+                           const Tensor& alpha, Fp4ScaleRule rule, const Tensor& out) {
+  const Device d = out.device();
+  const int64_t bc = fp4_block_cols(rule);
+  auto operand = [&](const Tensor& codes, const Tensor& scales, int64_t br) {
+    return codes.dim() == 2 && codes.dtype() == DType::U8 && codes.device() == d &&
+           (br == 1 || (br == 16 && rule == Fp4ScaleRule::Nvfp4)) && scales.dim() == 2 &&
+           scales.dtype() == DType::U8 && scales.device() == d &&
+           scales.size(0) == (codes.size(0) + br - 1) / br &&
+           scales.size(1) == (codes.size(1) + bc - 1) / bc;
+  };
+  MT_ASSERT(operand(a_codes, a_scales, a_block_rows) && operand(b_codes, b_scales, b_block_rows) &&
+                a_codes.size(1) == b_codes.size(1) && alpha.dtype() == DType::F32 &&
+                alpha.numel() == 1 && alpha.device() == d && out.dim() == 2 &&
+                out.size(0) == a_codes.size(0) && out.size(1) == b_codes.size(0) &&
+                out.is_contiguous() && (out.dtype() == DType::F32 || out.dtype() == DType::BF16),
+            "fp4_gemm wants U8 codes a (M, K) and b (N, K) with their U8 block scales, a "
+            "one-element F32 alpha and a contiguous F32 or BF16 out (M, N) on one device; got ",
+            a_codes.describe(), ", ", a_scales.describe(), ", ", b_codes.describe(), ", ",
+            b_scales.describe(), ", ", alpha.describe(), " -> ", out.describe());
 }
 
 inline void check_hadamard16(const Tensor& x, const Tensor& out, Device device) {

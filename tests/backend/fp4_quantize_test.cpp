@@ -6,7 +6,9 @@
 // tensor scale byte for byte (atol 0), on the CPU and, where there is one, on the GPU. Then the
 // properties the recipe relies on: 16x16 blocks quantize a matrix and its transpose alike,
 // stochastic rounding is unbiased and seeded, the transform keeps dot products, a given amax
-// is used, and non-finite inputs show as NaN values.
+// is used, and non-finite inputs show as NaN values. Last, the native FP4 GEMM's operands (the
+// codes packed, the scales in cuBLASLt's swizzled layout) against the golden layout, and, on a GPU
+// with FP4 tensor cores, its output against the emulation.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -273,6 +275,85 @@ TEST(Fp4Quantize, NonFiniteInputsGiveNanValues) {
       }
     }
   }
+}
+
+// fp4_math.h's layout of a native FP4 GEMM's operands is the one tools/reference/fp4_golden.py
+// derives from cuBLAS's docs (torchao's to_blocked): every scale of a 200 x 9 matrix lands where
+// the golden says, nothing else is written (the rest is padding), and codes pack two to a byte
+// with the first in the low nibble.
+TEST(Fp4Golden, NativeGemmOperandsTakeCublasLtsLayout) {
+  const SafetensorsFile f =
+      load_safetensors(std::string(MANTISSA_GOLDEN_DIR) + "/fp4_golden.safetensors");
+  const std::vector<int32_t> index = f.at("gemm_layout.scale_index").to_vector<int32_t>();
+  const int64_t rows = 200, cols = 9;
+  ASSERT_EQ(int64_t(index.size()), fp4_swizzled_rows(rows) * fp4_swizzled_cols(cols));
+  std::vector<int32_t> placed(index.size(), -1);
+  for (int64_t r = 0; r < fp4_swizzled_rows(rows); ++r) {
+    for (int64_t c = 0; c < fp4_swizzled_cols(cols); ++c) {
+      const int64_t at = fp4_swizzled_scale_offset(r, c, cols);
+      ASSERT_TRUE(at >= 0 && at < int64_t(placed.size())) << r << ", " << c;
+      EXPECT_EQ(placed[size_t(at)], -1) << "two scales at " << at;
+      placed[size_t(at)] = r < rows && c < cols ? int32_t(r * cols + c) : -2;
+    }
+  }
+  for (int32_t& v : placed)
+    v = v == -2 ? -1 : v;  // the padding, as the golden writes it
+  EXPECT_EQ(placed, index);
+
+  const std::vector<uint8_t> codes = bytes_of(f.at("nvfp4_1d_ragged.codes")),
+                             packed = bytes_of(f.at("gemm_layout.packed"));
+  ASSERT_EQ(codes.size(), 2 * packed.size());
+  std::vector<uint8_t> mine(packed.size());
+  for (size_t i = 0; i < mine.size(); ++i)
+    mine[i] = fp4_pack_pair(codes[2 * i], codes[2 * i + 1]);
+  EXPECT_EQ(mine, packed);
+}
+
+// The native FP4 GEMM (cuBLASLt, compute capability 10.0+) against the emulation on the same
+// quantized operands: NVFP4 1x16 activations against 16x16 weights (and the weights transposed,
+// as dgrad reads them), and MXFP4; fp32 sums in either order, so within a few fp32 roundings of
+// sum |terms|. Skips where the GPU has no FP4 tensor cores (Hopper: fp4_gemm says false, the
+// recipe emulates there, as on the CPU).
+TEST(CudaFp4Gemm, NativeMatchesTheEmulation) {
+  MT_REQUIRE_CUDA();
+  Backend& gpu = backend_for(Device::cuda());
+  const Device d = Device::cuda();
+  const int64_t M = 64, N = 96, K = 256;
+  const Tensor x = Tensor::uniform({M, K}, -3, 3, 61).to(d),
+               w = Tensor::uniform({N, K}, -1, 1, 62).to(d);
+  bool ran = false;
+  for (const Fp4ScaleRule rule : {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxCeil}) {
+    for (const bool transposed_weight : {false, true}) {
+      if (transposed_weight && rule != Fp4ScaleRule::Nvfp4) continue;
+      Fp4QuantizeParams pa, pb;
+      pa.rule = pb.rule = rule;
+      pb.block_rows = rule == Fp4ScaleRule::Nvfp4 ? 16 : 1;
+      // The weight as dgrad sees it: (K, N) quantized in 16 x 16 blocks, read transposed.
+      const Tensor wq = transposed_weight ? Tensor::uniform({K, N}, -1, 1, 63).to(d) : w;
+      const Quantized qa = quantize(x, pa), qb = quantize(wq, pb);
+      const Tensor bc = transposed_weight ? qb.codes.t() : qb.codes,
+                   bs = transposed_weight ? qb.block_scales.t() : qb.block_scales,
+                   bv = transposed_weight ? qb.values.t() : qb.values;
+      const Tensor alpha = mul(qa.scale_inv, qb.scale_inv);
+      Tensor native = Tensor::full({M, N}, NAN, DType::F32, d);
+      if (!gpu.fp4_gemm(qa.codes, qa.block_scales, 1, bc, bs, pb.block_rows, alpha, rule, native))
+        continue;
+      ran = true;
+      Tensor emulated = Tensor::full({M, N}, NAN, DType::F32, d);
+      gpu.block_scaled_gemm(qa.values, qa.scale_inv.view({1, 1}), M, bv, qb.scale_inv.view({1, 1}),
+                            N, K, nullptr, emulated);
+      const Tensor mag = matmul(abs(qa.values.to(DType::F32)), abs(bv.to(DType::F32)).t());
+      const std::vector<float> g = native.to(Device::cpu()).to_vector<float>(),
+                               e = emulated.to(Device::cpu()).to_vector<float>();
+      const std::vector<float> m = mul(mag, alpha).to(Device::cpu()).to_vector<float>();
+      int wrong = 0;
+      for (size_t i = 0; i < g.size(); ++i)
+        wrong += !(std::fabs(g[i] - e[i]) <= std::ldexp(1.0f, -20) * m[i] + 1e-30f);
+      EXPECT_EQ(wrong, 0) << (rule == Fp4ScaleRule::Nvfp4 ? "nvfp4" : "mxfp4")
+                          << (transposed_weight ? ", the weight transposed" : "");
+    }
+  }
+  if (!ran) GTEST_SKIP() << "this GPU has no FP4 tensor cores (compute capability 10.0+)";
 }
 
 }  // namespace

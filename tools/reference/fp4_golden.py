@@ -40,6 +40,13 @@ Stochastic rounding has no bit-exact reference (the hardware's cvt.rs draws its 
 of the stream (seed, offset) is word i % 4 of the block for counter (i / 4, offset) and key
 seed), and round.h's rule: round away from zero when bits < (dropped fraction) * 2^32.
 
+The operands of a native FP4 GEMM (cuBLASLt on compute capability 10.0+), as cuBLAS's docs
+("1D block scaling factors layout") and torchao's to_blocked define them: "gemm_layout.scale_index"
+(I32) is the swizzled layout of a 200 x 9 scale matrix whose entries are their row-major index,
+-1 in the padding: padded to 128 x 4 tiles, viewed (row tiles, 128, col tiles, 4), permuted to
+(row tiles, col tiles, 128, 4), each tile reshaped (4, 32, 4) and its first two axes swapped;
+"gemm_layout.packed" (U8) is nvfp4_1d_ragged's codes two to a byte, the first in the low nibble.
+
 Layout: for each case C, "C.x" (the input, F32; a bf16 input as its exact values), "C.codes" (U8,
 R x C: one fp4 code per byte), "C.scales" (U8: E4M3 or E8M0 codes per block), "C.amax" and
 "C.scale_inv" (F32, 1); the rht case also "C.x_t" (F32: the bf16 values of the transform of x^T).
@@ -255,7 +262,20 @@ def build():
         tensors[f"{name}.scale_inv"] = np.array([scale_inv], dtype=F32)
         meta[name] = {"rule": rule, "block_rows": br, "stochastic": sr, "seed": SR_SEED,
                       "offset": SR_OFFSET, "dtype": dtype, "rht": rht}
+    tensors["gemm_layout.scale_index"] = to_blocked(
+        np.arange(200 * 9, dtype=np.int32).reshape(200, 9))
+    codes = tensors["nvfp4_1d_ragged.codes"]
+    tensors["gemm_layout.packed"] = np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4))
     return tensors, {"cases": json.dumps(meta, sort_keys=True)}
+
+
+def to_blocked(s: np.ndarray) -> np.ndarray:
+    rows, cols = s.shape
+    rt, ct = -(-rows // 128), -(-cols // 4)
+    padded = np.full((rt * 128, ct * 4), -1, dtype=s.dtype)
+    padded[:rows, :cols] = s
+    tiles = padded.reshape(rt, 128, ct, 4).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(tiles.reshape(-1, 4, 32, 4).transpose(0, 2, 1, 3)).reshape(-1)
 
 
 def main() -> None:

@@ -67,9 +67,13 @@ struct Fp4Quantization {
 // A matrix in FP4: codes (R, C) U8, one fp4_e2m1 code per byte; block_scales (U8, E4M3 or E8M0
 // codes per block); values (BF16, R x C): code value times block scale, exact; scale_inv (F32, 1)
 // the tensor's decode scale (NVFP4; 1 for MX); amax (F32, 1) the tensor's max |x|. The element
-// (r, c) stands for values[r, c] * scale_inv.
+// (r, c) stands for values[r, c] * scale_inv. A transposed view transposes codes, block_scales
+// and values alike (16 x 16 blocks stay blocks).
 struct Fp4Tensor {
   Tensor codes, block_scales, values, scale_inv, amax;
+  Fp4Recipe recipe = Fp4Recipe::NVFP4;
+  MxScale mx_scale = MxScale::Floor;
+  int64_t block_rows = 1;  // 16: NVFP4's 16 x 16 blocks
 };
 
 // x (R, C), f32, bf16 or f16.
@@ -84,6 +88,10 @@ uint32_t fp4_rht_signs(uint64_t seed);
 
 // a (M, K) @ b (N, K)^T [+ bias] -> (M, N) in out_dtype: the values' products in fp32 sums,
 // times both scale_inv, the bias added in fp32, rounded once. a and b may be transposed views.
+// On a GPU with FP4 tensor cores (compute capability 10.0+) the codes run cuBLASLt's FP4 GEMM
+// (the same products, fp32 sums in its order, scaled by the scale_invs' product; a non-finite
+// amax makes the whole output NaN, where the emulation's NaN stays in the rows and columns it
+// touches); elsewhere the emulation.
 Tensor fp4_gemm(const Fp4Tensor& a, const Fp4Tensor& b, const Tensor& bias, DType out_dtype);
 
 struct Fp8LinearState;

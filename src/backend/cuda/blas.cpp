@@ -436,7 +436,81 @@ bool native_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b
   return true;
 }
 
+// Whether the device has FP4 tensor cores (compute capability 10.0+: Blackwell).
+bool has_fp4_tensor_cores(int device) {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int major = 0;
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return known[device] = major >= 10;
+}
+
 }  // namespace
+
+// ---- FP4 (compute capability 10.0+) ----------------------------------------------------------
+
+// cuBLASLt's FP4 types and block-scale modes arrived in CUDA 12.8: an older toolkit builds the
+// emulation only.
+#if CUDART_VERSION >= 12080
+#define MT_CUBLASLT_FP4 1
+#else
+#define MT_CUBLASLT_FP4 0
+#endif
+
+bool fp4_gemm_qualifies(int64_t M, int64_t N, int64_t K, int device) {
+  // K a multiple of 32: whole bytes and 16-byte rows of packed codes, whole MX blocks; N of 16:
+  // the output rows 16-byte aligned.
+  return MT_CUBLASLT_FP4 && M > 0 && K > 0 && K % 32 == 0 && N % 16 == 0 &&
+         has_fp4_tensor_cores(device);
+}
+
+// The "TN" product as for fp8: out^T (N x M, column-major) = b (stored K x N, op T) @ a (stored
+// K x M, op N), each operand's block scales (A's are b's, B's are a's) in the mode of the rule
+// (16-wide E4M3 for NVFP4, 32-wide E8M0 for MX), alpha and beta read from the device.
+bool native_fp4_gemm(const Tensor& a_packed, const Tensor& a_scales, const Tensor& b_packed,
+                     const Tensor& b_scales, const Tensor& alpha, Fp4ScaleRule rule, Tensor& out,
+                     int device) {
+#if MT_CUBLASLT_FP4
+  const int64_t M = a_packed.size(0), N = b_packed.size(0), K = 2 * a_packed.size(1);
+  const cublasLtMatmulMatrixScale_t mode = rule == Fp4ScaleRule::Nvfp4
+                                               ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3
+                                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+  OpDesc op(CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  op.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  op.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode);
+  op.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode);
+  op.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scales.data_ptr());
+  op.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scales.data_ptr());
+  op.set(CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_DEVICE);
+  Layout la(CUDA_R_4F_E2M1, uint64_t(K), uint64_t(N), K, 1, 0);
+  Layout lb(CUDA_R_4F_E2M1, uint64_t(K), uint64_t(M), K, 1, 0);
+  Layout ld(cuda_type(out.dtype()), uint64_t(N), uint64_t(M), N, 1, 0);
+  const uint32_t al_a = alignment(b_packed.data_ptr()), al_b = alignment(a_packed.data_ptr()),
+                 al_d = alignment(out.data_ptr());
+  // Slot 1: -3 and -4 are FP4's two scale modes (fp8's are -1 and -2, other GEMMs' dtypes >= 0).
+  const std::vector<int64_t> key = {
+      device, rule == Fp4ScaleRule::Nvfp4 ? -3 : -4, int64_t(out.dtype()), M, N, K, al_a, al_b,
+      al_d};
+  cublasLtHandle_t handle = lt_handle(device);
+  cublasLtMatmulAlgo_t algo{};
+  if (!find_algo(handle, op, la, lb, ld, key, al_a, al_b, al_d, true, algo)) return false;
+  const Tensor workspace = scratch(int64_t(kWorkspaceBytes), device);
+  const Tensor beta = Tensor::zeros({1}, DType::F32, out.device());
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, alpha.data_ptr(), b_packed.data_ptr(), la.d,
+                                 a_packed.data_ptr(), lb.d, beta.data_ptr(), out.data_ptr(), ld.d,
+                                 out.data_ptr(), ld.d, &algo, workspace.data_ptr(), kWorkspaceBytes,
+                                 stream_for(device)));
+  return true;
+#else
+  (void)a_packed, (void)a_scales, (void)b_packed, (void)b_scales, (void)alpha, (void)rule,
+      (void)out, (void)device;
+  return false;
+#endif
+}
 
 void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& out,
                          const MatmulOptions& options) {

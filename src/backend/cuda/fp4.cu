@@ -5,6 +5,7 @@
 // amax, scale and elements. Straightforward rather than fast: the recipe's GEMMs dominate.
 #include <cmath>
 
+#include "backend/cuda/blas.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_utils.cuh"
 #include "backend/fp4_math.h"
@@ -72,7 +73,56 @@ __global__ void hadamard16_kernel(const S* x, int64_t n, uint32_t signs, O* out)
   }
 }
 
+// A native FP4 GEMM's operand from fp4_quantize's (fp4_math.h has the layout): the codes of
+// (rows, 2 * half_k) with element strides (s_r, s_k), two to a byte along k.
+__global__ void fp4_pack_kernel(const uint8_t* codes, int64_t rows, int64_t half_k, int64_t s_r,
+                                int64_t s_k, uint8_t* out) {
+  MT_GRID_STRIDE_LOOP(i, rows * half_k) {
+    const uint8_t* p = codes + (i / half_k) * s_r + 2 * (i % half_k) * s_k;
+    out[i] = fp4_pack_pair(p[0], p[s_k]);
+  }
+}
+
+// The block scales (one per block_rows x block along k, element strides (s_r, s_c)) as a row per
+// operand row, swizzled, the padding zero.
+__global__ void fp4_swizzle_scales_kernel(const uint8_t* scales, int64_t rows, int64_t cols,
+                                          int64_t block_rows, int64_t s_r, int64_t s_c,
+                                          uint8_t* out) {
+  const int64_t pc = fp4_swizzled_cols(cols);
+  MT_GRID_STRIDE_LOOP(i, fp4_swizzled_rows(rows) * pc) {
+    const int64_t r = i / pc, c = i % pc;
+    out[fp4_swizzled_scale_offset(r, c, cols)] =
+        r < rows && c < cols ? scales[(r / block_rows) * s_r + c * s_c] : uint8_t(0);
+  }
+}
+
 }  // namespace
+
+bool CudaBackend::fp4_gemm(const Tensor& a_codes, const Tensor& a_scales, int64_t a_block_rows,
+                           const Tensor& b_codes, const Tensor& b_scales, int64_t b_block_rows,
+                           const Tensor& alpha, Fp4ScaleRule rule, Tensor& out) {
+  DeviceGuard guard(device_);
+  check_fp4_gemm(a_codes, a_scales, a_block_rows, b_codes, b_scales, b_block_rows, alpha, rule,
+                 out);
+  const int64_t M = a_codes.size(0), N = b_codes.size(0), K = a_codes.size(1);
+  if (!fp4_gemm_qualifies(M, N, K, device_)) return false;
+  const Device d = out.device();
+  auto packed = [&](const Tensor& codes) {
+    Tensor p = Tensor::empty({codes.size(0), K / 2}, DType::U8, d);
+    launch(p.numel(), device_, fp4_pack_kernel, device_ptr<const uint8_t>(codes), codes.size(0),
+           K / 2, codes.stride(0), codes.stride(1), device_ptr<uint8_t>(p));
+    return p;
+  };
+  auto swizzled = [&](const Tensor& scales, int64_t rows, int64_t block_rows) {
+    const int64_t cols = scales.size(1);
+    Tensor s = Tensor::empty({fp4_swizzled_rows(rows) * fp4_swizzled_cols(cols)}, DType::U8, d);
+    launch(s.numel(), device_, fp4_swizzle_scales_kernel, device_ptr<const uint8_t>(scales), rows,
+           cols, block_rows, scales.stride(0), scales.stride(1), device_ptr<uint8_t>(s));
+    return s;
+  };
+  return native_fp4_gemm(packed(a_codes), swizzled(a_scales, M, a_block_rows), packed(b_codes),
+                         swizzled(b_scales, N, b_block_rows), alpha, rule, out, device_);
+}
 
 void CudaBackend::fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, Tensor& codes,
                                Tensor& block_scales, Tensor& scale_inv, Tensor& amax,
