@@ -209,6 +209,36 @@ void data_cases(std::vector<Case>& c) {
                    }});
     }
   }
+  // The FP4 GEMM, or where a backend has no FP4 tensor cores (it says false) what its caller
+  // then runs, the emulation: the same products, fp32 sums in either's order.
+  for (const Fp4ScaleRule rule : {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxCeil}) {
+    const bool nv = rule == Fp4ScaleRule::Nvfp4;
+    c.push_back(
+        {"fp4_gemm", nv ? "nvfp4 1x16 x 16x16" : "mxfp4", DType::F32, false, 8, 256,
+         [rule, nv](Backend& be, const Place& p) {
+           const int64_t M = 40, N = 48, K = 256, bc = nv ? 16 : 32, wr = nv ? 16 : 1;
+           auto quantize = [&](const Tensor& x, int64_t br, Tensor& codes, Tensor& scales,
+                               Tensor& scale_inv, Tensor& amax, Tensor& values) {
+             const int64_t R = x.size(0);
+             codes = p.zeros({R, K}, DType::U8);
+             scales = p.zeros({(R + br - 1) / br, K / bc}, DType::U8);
+             scale_inv = p.out({1}, DType::F32);
+             amax = p.out({1}, DType::F32);
+             values = p.out({R, K}, DType::BF16);
+             be.fp4_quantize(x, Fp4QuantizeParams{rule, br}, codes, scales, scale_inv, amax,
+                             &values);
+           };
+           Tensor ac, as, ai, aa, av, bc_, bs, bi, ba, bv;
+           quantize(p.rand({M, K}, DType::F32, 10, -3, 3), 1, ac, as, ai, aa, av);
+           quantize(p.rand({N, K}, DType::F32, 11, -1, 1), wr, bc_, bs, bi, ba, bv);
+           Tensor out = p.out({M, N}, DType::F32);
+           if (!be.fp4_gemm(ac, as, 1, bc_, bs, wr, p.host(Tensor::full({1}, 1.0)), rule, out)) {
+             be.block_scaled_gemm(av, p.host(Tensor::full({1, 1}, 1.0)), M, bv,
+                                  p.host(Tensor::full({1, 1}, 1.0)), N, K, nullptr, out);
+           }
+           return Outputs{out};
+         }});
+  }
   for (DType in : {DType::F32, DType::BF16, DType::F16}) {
     c.push_back({"hadamard16", std::string("rht ") + dt_name(in), in, true, 4, 1,
                  [in](Backend& be, const Place& p) {

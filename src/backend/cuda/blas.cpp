@@ -364,17 +364,22 @@ void native_matmul(CudaBackend& be, const Tensor& a, const Tensor& b, const Tens
 
 // ---- fp8 -------------------------------------------------------------------------------------
 
-// Whether the device has fp8 tensor cores (compute capability 8.9: Ada; 9.0: Hopper; later).
-bool has_fp8_tensor_cores(int device) {
+// The device's compute capability as major * 10 + minor (9.0: 90), asked once per device.
+int compute_capability(int device) {
   static std::mutex mu;
-  static std::map<int, bool> known;
+  static std::map<int, int> known;
   const std::lock_guard<std::mutex> lock(mu);
   const auto it = known.find(device);
   if (it != known.end()) return it->second;
   int major = 0, minor = 0;
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return known[device] = major * 10 + minor >= 89;
+  return known[device] = major * 10 + minor;
+}
+
+// Whether the device has fp8 tensor cores (compute capability 8.9: Ada; 9.0: Hopper; later).
+bool has_fp8_tensor_cores(int device) {
+  return compute_capability(device) >= 89;
 }
 
 cudaDataType_t fp8_type(DType d) {
@@ -438,14 +443,7 @@ bool native_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b
 
 // Whether the device has FP4 tensor cores (compute capability 10.0+: Blackwell).
 bool has_fp4_tensor_cores(int device) {
-  static std::mutex mu;
-  static std::map<int, bool> known;
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  int major = 0;
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return known[device] = major >= 10;
+  return compute_capability(device) >= 100;
 }
 
 }  // namespace
