@@ -14,13 +14,16 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "backend/cpu/vector_isa.h"
 #include "backend/cuda_test_util.h"
+#include "backend/forced_isa.h"
 #include "backend/fp4_math.h"
 #include "harness/op_harness.h"
 #include "mantissa/io/safetensors.h"
@@ -272,6 +275,86 @@ TEST(Fp4Quantize, NonFiniteInputsGiveNanValues) {
       EXPECT_FALSE(std::isfinite(q.amax.item<float>()));
       if (r != Fp4ScaleRule::Nvfp4) {
         EXPECT_EQ(got[40], 1.5f);  // another block: untouched
+      }
+    }
+  }
+}
+
+// Every CPU vector build quantizes as the scalar definition, bit for bit, where the block scales
+// span everything NVFP4's E4M3 scale can be: a tensor whose blocks' amaxes run over 40 binades
+// below its own (so the scales reach E4M3's subnormals and 0), with ties of the scale's rounding,
+// all-zero blocks and a block holding inf or NaN -- 1x16 and 16x16 blocks, and MX's rules.
+TEST(Fp4Quantize, EveryVectorBuildMatchesTheScalarDefinition) {
+  const int64_t R = 32, C = 16 * 48;
+  std::vector<float> v(size_t(R * C));
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t block = c / 16;
+      // Block amax 2^(-block + r % 5) times a mantissa that puts some scales on E4M3 ties.
+      const float m = 1.0f + float((r * 7 + block) % 16) / 16.0f;
+      const float x =
+          std::ldexp(m * (c % 16 == 3 ? 1.0f : 0.5f * float(c % 16) / 16.0f), int(-block + r % 5));
+      v[size_t(r * C + c)] = (c % 2 ? -x : x);
+    }
+    for (int64_t c = 0; c < 16; ++c)
+      v[size_t(r * C + 40 * 16 + c)] = 0.0f;  // an all-zero block
+  }
+  v[size_t(5 * C + 44 * 16 + 2)] = INFINITY;
+  v[size_t(9 * C + 45 * 16 + 7)] = NAN;
+  v[0] = 448.0f * 6.0f;  // the tensor amax
+  // Rows 16..31, blocks 0..39: block amaxes whose scaled value amax * multiplier lands exactly on
+  // a tie of the E4M3 rounding (normal: halfway between 3-bit mantissas; subnormal: an odd
+  // multiple of 2^-10), so nearest-even is what decides.
+  const float mult = nvfp4_tensor_scales(448.0f * 6.0f).multiplier;
+  int ties = 0;
+  for (int64_t r = 16; r < R; ++r) {
+    for (int64_t block = 0; block < 40; ++block) {
+      const int64_t i = (r - 16) * 40 + block;
+      const float tie = i % 4 == 3
+                            ? std::ldexp(float(2 * (i % 7) + 1), -10)
+                            : std::ldexp(1.0f + float(2 * (i % 8) + 1) / 16.0f, int(i % 13) - 6);
+      float a = tie / mult;
+      for (int step = 0; step < 64 && a * mult != tie; ++step)
+        a = std::nextafter(a, a * mult < tie ? INFINITY : 0.0f);
+      if (a * mult != tie) continue;
+      ++ties;
+      for (int64_t c = 0; c < 16; ++c)
+        v[size_t(r * C + block * 16 + c)] = c == 5 ? -a : a * float(c) / 32.0f;
+    }
+  }
+  ASSERT_GE(ties, 300);
+  const Tensor x = Tensor::from_vector(v, {R, C});
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::Baseline};
+  for (const cpu::VectorIsa isa : {cpu::VectorIsa::Avx2, cpu::VectorIsa::Avx512})
+    if (cpu::vector_isa_supported(isa)) isas.push_back(isa);
+  for (const Fp4ScaleRule rule :
+       {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxFloor, Fp4ScaleRule::MxCeil}) {
+    for (const int64_t br : {int64_t(1), int64_t(16)}) {
+      if (br == 16 && rule != Fp4ScaleRule::Nvfp4) continue;
+      Fp4QuantizeParams p;
+      p.rule = rule;
+      p.block_rows = br;
+      Quantized want;
+      {
+        const cpu::ForcedIsa scalar(cpu::VectorIsa::Baseline);
+        want = quantize(x, p);
+      }
+      std::set<uint8_t> distinct;
+      for (uint8_t s : bytes_of(want.block_scales))
+        distinct.insert(s);
+      if (rule == Fp4ScaleRule::Nvfp4 && br == 1) {
+        EXPECT_GE(distinct.size(), 60u);  // normal and subnormal scales, 0 among them
+        EXPECT_TRUE(distinct.count(0) && distinct.count(1) && distinct.count(0x7e));
+      }
+      for (const cpu::VectorIsa isa : isas) {
+        const cpu::ForcedIsa forced(isa);
+        const Quantized got = quantize(x, p);
+        SCOPED_TRACE(std::string(cpu::vector_isa_name(isa)) + " rule " + std::to_string(int(rule)) +
+                     " block rows " + std::to_string(br));
+        EXPECT_EQ(bytes_of(got.block_scales), bytes_of(want.block_scales));
+        EXPECT_EQ(bytes_of(got.codes), bytes_of(want.codes));
+        EXPECT_EQ(bytes_of(got.values), bytes_of(want.values));
+        EXPECT_EQ(float_bits(got.scale_inv), float_bits(want.scale_inv));
       }
     }
   }

@@ -184,6 +184,50 @@ MT_AVX512 float amax_span(const float* row, int64_t c0, int64_t c1) {
   }
   return nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(m);
 }
+// NVFP4's block scales of up to 16 blocks at once from their amaxes: nvfp4_block_scale's
+// operations lane by lane. s = min(amax * multiplier, FLT_MAX) (NaN too), at most 448, is
+// rounded to E4M3 by hand: a normal s (>= 2^-6) to 3 mantissa bits, nearest even, by the integer
+// add-and-mask on its bits; a subnormal one to a multiple of 2^-9 by roundscale (nearest even).
+// Both give the rounded value as the float itself (448 is E4M3's largest, so nothing overflows)
+// and the code from its bits. Then encode = min(1 / (value * decode), FLT_MAX).
+MT_AVX512 void nvfp4_block_scales(const float* amax, int64_t n, const Nvfp4TensorScales& t,
+                                  Fp4BlockScale* out, uint8_t* codes) {
+  const __m512 flt_max = _mm512_set1_ps(kFloatMax), e4m3_max = _mm512_set1_ps(kNvfp4E4m3Max);
+  for (int64_t b = 0; b < n; b += 16) {
+    const __mmask16 k = __mmask16((1u << std::min<int64_t>(16, n - b)) - 1u);
+    __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, amax + b), _mm512_set1_ps(t.multiplier));
+    s = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, flt_max, _CMP_LT_OQ), flt_max, s);
+    s = _mm512_min_ps(s, e4m3_max);
+    const __m512i bits = _mm512_castps_si512(s);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(1));
+    const __m512i normal_bits =
+        _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff), lsb)),
+                         _mm512_set1_epi32(~0xfffff));
+    const __m512i normal_code = _mm512_or_si512(
+        _mm512_slli_epi32(
+            _mm512_sub_epi32(_mm512_srli_epi32(normal_bits, 23), _mm512_set1_epi32(120)), 3),
+        _mm512_and_si512(_mm512_srli_epi32(normal_bits, 20), _mm512_set1_epi32(7)));
+    const __m512 steps = _mm512_roundscale_ps(_mm512_mul_ps(s, _mm512_set1_ps(512.0f)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 sub = _mm512_cmp_ps_mask(s, _mm512_set1_ps(1.0f / 64), _CMP_LT_OQ);
+    const __m512 value = _mm512_mask_blend_ps(sub, _mm512_castsi512_ps(normal_bits),
+                                              _mm512_mul_ps(steps, _mm512_set1_ps(1.0f / 512)));
+    const __m512i code = _mm512_mask_blend_epi32(sub, normal_code, _mm512_cvttps_epi32(steps));
+    __m512 encode =
+        _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(value, _mm512_set1_ps(t.decode)));
+    encode = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(encode, flt_max, _CMP_LT_OQ), flt_max, encode);
+    alignas(64) uint32_t c[16];
+    alignas(64) float v[16], e[16];
+    _mm512_store_si512(c, code);
+    _mm512_store_ps(v, value);
+    _mm512_store_ps(e, encode);
+    for (int i = 0; i < 16 && b + i < n; ++i) {
+      out[b + i] = {c[i], v[i], e[i]};
+      codes[b + i] = uint8_t(c[i]);
+    }
+  }
+}
+
 // One row's 16-groups through the transform in place: the 16 outputs of a group in one
 // register, each its own sum in index order (products and sums rounded separately, as the
 // scalar loop computes them).
@@ -211,8 +255,10 @@ void quantize_block_row(const T* x, int64_t C, int64_t r0, int64_t r1, int64_t b
   for (int64_t r = 0; r < n; ++r)
     load_row(x + (r0 + r) * C, C, rows + r * C);
   thread_local std::vector<Fp4BlockScale> scales;
+  thread_local std::vector<float> amaxes;
   thread_local std::vector<uint32_t> bits;
   scales.resize(size_t(nbc));
+  amaxes.resize(size_t(nbc));
   for (int64_t b = 0; b < nbc; ++b) {
     const int64_t c0 = b * bc, c1 = std::min(C, c0 + bc);
     float amax = 0;
@@ -226,8 +272,19 @@ void quantize_block_row(const T* x, int64_t C, int64_t r0, int64_t r1, int64_t b
       for (int64_t c = c0; c < c1; ++c)
         amax = nan_max(amax, std::fabs(rows[r * C + c]));
     }
-    scales[size_t(b)] = fp4_block_scale(amax, p.rule, ts);
-    out.block_scales[br_index * nbc + b] = uint8_t(scales[size_t(b)].code);
+    amaxes[size_t(b)] = amax;
+  }
+  uint8_t* block_codes = out.block_scales + br_index * nbc;
+  bool scaled = false;
+#if defined(__x86_64__)
+  if (avx512 && p.rule == Fp4ScaleRule::Nvfp4) {
+    nvfp4_block_scales(amaxes.data(), nbc, ts, scales.data(), block_codes);
+    scaled = true;
+  }
+#endif
+  for (int64_t b = 0; !scaled && b < nbc; ++b) {
+    scales[size_t(b)] = fp4_block_scale(amaxes[size_t(b)], p.rule, ts);
+    block_codes[b] = uint8_t(scales[size_t(b)].code);
   }
   if (p.stochastic) bits.resize(size_t(C));
   for (int64_t r = 0; r < n; ++r) {
