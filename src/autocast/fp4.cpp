@@ -104,15 +104,13 @@ Tensor fp4_gemm(const Fp4Tensor& a, const Fp4Tensor& b, const Tensor& bias, DTyp
   NoGrad ng;
   const int64_t M = a.values.size(0), N = b.values.size(0), K = a.values.size(1);
   if (a.values.device().is_cuda() && a.codes.defined() && b.codes.defined()) {
-    // FP4 tensor cores, where the GPU has them: alpha is the scales' product, NaN (through 0 *
-    // amax) where an amax is not finite, computed on the device.
-    const Tensor alpha =
-        add(mul(a.scale_inv, b.scale_inv), add(mul(a.amax, 0.0), mul(b.amax, 0.0)));
+    // FP4 tensor cores, where the GPU has them (the backend says false elsewhere).
     const bool direct = out_dtype == DType::BF16 && !bias.defined();
     Tensor native = Tensor::empty({M, N}, direct ? DType::BF16 : DType::F32, a.values.device());
     if (backend::backend_for(native.device())
-            .fp4_gemm(a.codes, a.block_scales, a.block_rows, b.codes, b.block_scales, b.block_rows,
-                      alpha, rule_of(a.recipe, a.mx_scale), native)) {
+            .fp4_gemm(a.codes, a.block_scales, a.block_rows, a.scale_inv, a.amax, b.codes,
+                      b.block_scales, b.block_rows, b.scale_inv, b.amax,
+                      rule_of(a.recipe, a.mx_scale), native)) {
       if (direct) return native;
       return (bias.defined() ? add(native, bias.to(DType::F32)) : native).to(out_dtype);
     }

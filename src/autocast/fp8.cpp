@@ -435,7 +435,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& bias, DTyp
     return t.values.defined() && !t.power_of_two_scales ? t.values : codes_bf16(t.codes);
   };
   Tensor out = Tensor::empty({M, N}, out_dtype, la.device());
-  const Tensor one = Tensor::ones({1, 1}, DType::F32, la.device());
+  const Tensor one = pow2 ? Tensor::ones({1, 1}, DType::F32, la.device()) : Tensor();
   const Tensor& sa = pow2 ? one : a.scale_inv;
   const Tensor& sb = pow2 ? one : b.scale_inv;
   const int64_t ra = pow2 ? std::max<int64_t>(M, 1) : a.block_rows;

@@ -161,18 +161,21 @@
     b_scales, int64_t b_rows, int64_t bk, int64_t promote, const Tensor* bias, Tensor& out),     \
     (a, a_scales, a_rows, b, b_scales, b_rows, bk, promote, bias, out))                           \
   /* The FP4 GEMM on FP4 tensor cores (compute capability 10.0+; docs/fp4.md), of fp4_quantize's */\
-  /* outputs: out (M, N) = alpha * sum over k of a(m, k) * b(n, k), each operand's element its */  \
-  /* fp4 code's value times its block's scale (a_codes (M, K), b_codes (N, K): U8 codes, any */     \
-  /* strides; a_scales, b_scales: U8 block scales, any strides, blocks of *_block_rows (1 or 16) */ \
-  /* by fp4_block_cols(rule) along K: E4M3 codes for NVFP4, E8M0 for MX), alpha a one-element */    \
-  /* F32 tensor on the device, sums in fp32, out contiguous F32 or BF16. Returns false, having */   \
-  /* done nothing, where the device has no FP4 tensor cores, cuBLASLt no such GEMM or the shape */  \
-  /* does not qualify (K a multiple of 32, N of 16): the CPU always; the caller then emulates. */   \
+  /* outputs: out (M, N) = a_scale_inv * b_scale_inv * sum over k of a(m, k) * b(n, k), each */     \
+  /* operand's element its fp4 code's value times its block's scale (a_codes (M, K), b_codes */    \
+  /* (N, K): U8 codes, any strides; a_scales, b_scales: U8 block scales, any strides, blocks of */  \
+  /* *_block_rows (1 or 16) by fp4_block_cols(rule) along K: E4M3 for NVFP4, E8M0 for MX; the */    \
+  /* scale_inv and amax one-element F32 on the device), sums in fp32, all of out NaN where an */     \
+  /* amax is not finite; out contiguous F32 or BF16. Returns false, having done nothing, where */    \
+  /* the device has no FP4 tensor cores, cuBLASLt no such GEMM or the shape does not qualify (K */  \
+  /* a multiple of 32, N of 16): the CPU always; the caller then emulates. */                      \
   _(Linalg, bool, fp4_gemm,                                                                       \
-    (const Tensor& a_codes, const Tensor& a_scales, int64_t a_block_rows, const Tensor& b_codes,  \
-    const Tensor& b_scales, int64_t b_block_rows, const Tensor& alpha, Fp4ScaleRule rule,         \
-    Tensor& out),                                                                                 \
-    (a_codes, a_scales, a_block_rows, b_codes, b_scales, b_block_rows, alpha, rule, out))         \
+    (const Tensor& a_codes, const Tensor& a_scales, int64_t a_block_rows,                         \
+    const Tensor& a_scale_inv, const Tensor& a_amax, const Tensor& b_codes,                       \
+    const Tensor& b_scales, int64_t b_block_rows, const Tensor& b_scale_inv,                      \
+    const Tensor& b_amax, Fp4ScaleRule rule, Tensor& out),                                        \
+    (a_codes, a_scales, a_block_rows, a_scale_inv, a_amax, b_codes, b_scales, b_block_rows,      \
+    b_scale_inv, b_amax, rule, out))                                                              \
   /* ---- convolution and pooling (NCHW) ------------------------------------------------------ */\
   _(Convolution, void, conv2d,                                                                    \
     (const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, const Conv2dParams& p,    \

@@ -216,26 +216,32 @@ inline void check_fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, cons
 
 // fp4_gemm's arguments as its contract (backend_ops.h) wants them.
 inline void check_fp4_gemm(const Tensor& a_codes, const Tensor& a_scales, int64_t a_block_rows,
-                           const Tensor& b_codes, const Tensor& b_scales, int64_t b_block_rows,
-                           const Tensor& alpha, Fp4ScaleRule rule, const Tensor& out) {
+                           const Tensor& a_scale_inv, const Tensor& a_amax, const Tensor& b_codes,
+                           const Tensor& b_scales, int64_t b_block_rows, const Tensor& b_scale_inv,
+                           const Tensor& b_amax, Fp4ScaleRule rule, const Tensor& out) {
   const Device d = out.device();
   const int64_t bc = fp4_block_cols(rule);
-  auto operand = [&](const Tensor& codes, const Tensor& scales, int64_t br) {
+  auto scalar = [&](const Tensor& t) {
+    return t.dtype() == DType::F32 && t.numel() == 1 && t.device() == d;
+  };
+  auto operand = [&](const Tensor& codes, const Tensor& scales, int64_t br, const Tensor& scale_inv,
+                     const Tensor& amax) {
     return codes.dim() == 2 && codes.dtype() == DType::U8 && codes.device() == d &&
            (br == 1 || (br == 16 && rule == Fp4ScaleRule::Nvfp4)) && scales.dim() == 2 &&
            scales.dtype() == DType::U8 && scales.device() == d &&
            scales.size(0) == (codes.size(0) + br - 1) / br &&
-           scales.size(1) == (codes.size(1) + bc - 1) / bc;
+           scales.size(1) == (codes.size(1) + bc - 1) / bc && scalar(scale_inv) && scalar(amax);
   };
-  MT_ASSERT(operand(a_codes, a_scales, a_block_rows) && operand(b_codes, b_scales, b_block_rows) &&
-                a_codes.size(1) == b_codes.size(1) && alpha.dtype() == DType::F32 &&
-                alpha.numel() == 1 && alpha.device() == d && out.dim() == 2 &&
+  MT_ASSERT(operand(a_codes, a_scales, a_block_rows, a_scale_inv, a_amax) &&
+                operand(b_codes, b_scales, b_block_rows, b_scale_inv, b_amax) &&
+                a_codes.size(1) == b_codes.size(1) && out.dim() == 2 &&
                 out.size(0) == a_codes.size(0) && out.size(1) == b_codes.size(0) &&
                 out.is_contiguous() && (out.dtype() == DType::F32 || out.dtype() == DType::BF16),
-            "fp4_gemm wants U8 codes a (M, K) and b (N, K) with their U8 block scales, a "
-            "one-element F32 alpha and a contiguous F32 or BF16 out (M, N) on one device; got ",
+            "fp4_gemm wants U8 codes a (M, K) and b (N, K) with their U8 block scales, "
+            "one-element F32 scale_inv and amax, and a contiguous F32 or BF16 out (M, N) on one "
+            "device; got ",
             a_codes.describe(), ", ", a_scales.describe(), ", ", b_codes.describe(), ", ",
-            b_scales.describe(), ", ", alpha.describe(), " -> ", out.describe());
+            b_scales.describe(), " -> ", out.describe());
 }
 
 inline void check_hadamard16(const Tensor& x, const Tensor& out, Device device) {

@@ -97,6 +97,26 @@ inline void check_fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
       a.describe(), ", ", b.describe(), " -> ", out.describe());
 }
 
+// fp8_gemm's emulation, on any backend: the codes as bf16 (exact), then the one per-tensor slice
+// of block_scaled_gemm, or with fast_accumulate fast_accumulate_gemm's model (never promoted).
+inline void emulated_fp8_gemm(Backend& be, const Tensor& a, const Tensor& a_scale_inv,
+                              const Tensor& b, const Tensor& b_scale_inv, bool fast_accumulate,
+                              Tensor& out) {
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
+  Tensor ab = Tensor::empty({M, K}, DType::BF16, out.device());
+  Tensor bb = Tensor::empty({N, K}, DType::BF16, out.device());
+  be.copy(a, ab);
+  be.copy(b, bb);
+  const Tensor sa = a_scale_inv.view({1, 1}), sb = b_scale_inv.view({1, 1});
+  const int64_t ra = std::max<int64_t>(M, 1), rb = std::max<int64_t>(N, 1),
+                bk = std::max<int64_t>(K, 1);
+  if (fast_accumulate) {
+    be.fast_accumulate_gemm(ab, sa, ra, bb, sb, rb, bk, 0, nullptr, out);
+  } else {
+    be.block_scaled_gemm(ab, sa, ra, bb, sb, rb, bk, nullptr, out);
+  }
+}
+
 // block_scaled_gemm's arguments as its contract (backend_ops.h) wants them; host side, shared by
 // the backends.
 inline void check_block_scaled_gemm(const Tensor& a, const Tensor& a_scales, int64_t a_rows,

@@ -232,9 +232,8 @@ void data_cases(std::vector<Case>& c) {
            quantize(p.rand({M, K}, DType::F32, 10, -3, 3), 1, ac, as, ai, aa, av);
            quantize(p.rand({N, K}, DType::F32, 11, -1, 1), wr, bc_, bs, bi, ba, bv);
            Tensor out = p.out({M, N}, DType::F32);
-           if (!be.fp4_gemm(ac, as, 1, bc_, bs, wr, p.host(Tensor::full({1}, 1.0)), rule, out)) {
-             be.block_scaled_gemm(av, p.host(Tensor::full({1, 1}, 1.0)), M, bv,
-                                  p.host(Tensor::full({1, 1}, 1.0)), N, K, nullptr, out);
+           if (!be.fp4_gemm(ac, as, 1, ai, aa, bc_, bs, wr, bi, ba, rule, out)) {
+             be.block_scaled_gemm(av, ai.view({1, 1}), M, bv, bi.view({1, 1}), N, K, nullptr, out);
            }
            return Outputs{out};
          }});

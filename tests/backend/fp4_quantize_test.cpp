@@ -419,7 +419,8 @@ TEST(CudaFp4Gemm, NativeMatchesTheEmulation) {
                    bv = transposed_weight ? qb.values.t() : qb.values;
       const Tensor alpha = mul(qa.scale_inv, qb.scale_inv);
       Tensor native = Tensor::full({M, N}, NAN, DType::F32, d);
-      if (!gpu.fp4_gemm(qa.codes, qa.block_scales, 1, bc, bs, pb.block_rows, alpha, rule, native))
+      if (!gpu.fp4_gemm(qa.codes, qa.block_scales, 1, qa.scale_inv, qa.amax, bc, bs, pb.block_rows,
+                        qb.scale_inv, qb.amax, rule, native))
         continue;
       ran = true;
       Tensor emulated = Tensor::full({M, N}, NAN, DType::F32, d);

@@ -396,7 +396,8 @@ void CpuBackend::hadamard16(const Tensor& x, uint32_t signs, Tensor& out) {
 
 // No FP4 tensor cores here: the op layer emulates (block_scaled_gemm of the codes' values).
 bool CpuBackend::fp4_gemm(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
-                          int64_t, const Tensor&, Fp4ScaleRule, Tensor&) {
+                          const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
+                          Fp4ScaleRule, Tensor&) {
   return false;
 }
 

@@ -280,21 +280,9 @@ void CpuBackend::fast_accumulate_gemm(const Tensor& a, const Tensor& a_scales, i
 void CpuBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                           const Tensor& b_scale_inv, bool fast_accumulate, Tensor& out) {
   check_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out);
-  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
   if (out.numel() == 0) return;
-  // The codes as bf16 (exact), then the per-tensor emulation (the CPU has no fast accumulator
-  // of its own: fast is the model's).
-  Tensor ab = Tensor::empty({M, K}, DType::BF16), bb = Tensor::empty({N, K}, DType::BF16);
-  copy(a, ab);
-  copy(b, bb);
-  const Tensor sa = a_scale_inv.view({1, 1}), sb = b_scale_inv.view({1, 1});
-  const int64_t ra = std::max<int64_t>(M, 1), rb = std::max<int64_t>(N, 1),
-                bk = std::max<int64_t>(K, 1);
-  if (fast_accumulate) {
-    fast_accumulate_gemm(ab, sa, ra, bb, sb, rb, bk, 0, nullptr, out);
-  } else {
-    block_scaled_gemm(ab, sa, ra, bb, sb, rb, bk, nullptr, out);
-  }
+  // The emulation (the CPU has no fast accumulator of its own: fast is the model's).
+  emulated_fp8_gemm(*this, a, a_scale_inv, b, b_scale_inv, fast_accumulate, out);
 }
 
 }  // namespace mantissa::backend::cpu

@@ -469,8 +469,8 @@ bool fp4_gemm_qualifies(int64_t M, int64_t N, int64_t K, int device) {
 // K x M, op N), each operand's block scales (A's are b's, B's are a's) in the mode of the rule
 // (16-wide E4M3 for NVFP4, 32-wide E8M0 for MX), alpha and beta read from the device.
 bool native_fp4_gemm(const Tensor& a_packed, const Tensor& a_scales, const Tensor& b_packed,
-                     const Tensor& b_scales, const Tensor& alpha, Fp4ScaleRule rule, Tensor& out,
-                     int device) {
+                     const Tensor& b_scales, const Tensor& alpha_beta, Fp4ScaleRule rule,
+                     Tensor& out, int device) {
 #if MT_CUBLASLT_FP4
   const int64_t M = a_packed.size(0), N = b_packed.size(0), K = 2 * a_packed.size(1);
   const cublasLtMatmulMatrixScale_t mode = rule == Fp4ScaleRule::Nvfp4
@@ -497,14 +497,14 @@ bool native_fp4_gemm(const Tensor& a_packed, const Tensor& a_scales, const Tenso
   cublasLtMatmulAlgo_t algo{};
   if (!find_algo(handle, op, la, lb, ld, key, al_a, al_b, al_d, true, algo)) return false;
   const Tensor workspace = scratch(int64_t(kWorkspaceBytes), device);
-  const Tensor beta = Tensor::zeros({1}, DType::F32, out.device());
-  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, alpha.data_ptr(), b_packed.data_ptr(), la.d,
-                                 a_packed.data_ptr(), lb.d, beta.data_ptr(), out.data_ptr(), ld.d,
+  const float* alpha = static_cast<const float*>(alpha_beta.data_ptr());
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, alpha, b_packed.data_ptr(), la.d,
+                                 a_packed.data_ptr(), lb.d, alpha + 1, out.data_ptr(), ld.d,
                                  out.data_ptr(), ld.d, &algo, workspace.data_ptr(), kWorkspaceBytes,
                                  stream_for(device)));
   return true;
 #else
-  (void)a_packed, (void)a_scales, (void)b_packed, (void)b_scales, (void)alpha, (void)rule,
+  (void)a_packed, (void)a_scales, (void)b_packed, (void)b_scales, (void)alpha_beta, (void)rule,
       (void)out, (void)device;
   return false;
 #endif
@@ -589,7 +589,7 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
                            const Tensor& b_scale_inv, bool fast_accumulate, Tensor& out) {
   DeviceGuard guard(device_);
   check_fp8_gemm(a, a_scale_inv, b, b_scale_inv, out);
-  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
+  const int64_t K = a.size(1);
   if (out.numel() == 0) return;
   if (K == 0) {
     fill(out, 0.0);
@@ -603,17 +603,7 @@ void CudaBackend::fp8_gemm(const Tensor& a, const Tensor& a_scale_inv, const Ten
                 ? "cuBLASLt's fp8 GEMM needs K and the output width to be multiples of 16 "
                   "and 16-byte aligned buffers"
                 : "this GPU has no fp8 tensor cores (compute capability 8.9 or later)"));
-  Tensor ab = Tensor::empty({M, K}, DType::BF16, out.device());
-  Tensor bb = Tensor::empty({N, K}, DType::BF16, out.device());
-  copy(a, ab);
-  copy(b, bb);
-  if (fast_accumulate) {  // the model of what the tensor cores would do
-    fast_accumulate_gemm(ab, a_scale_inv.view({1, 1}), M, bb, b_scale_inv.view({1, 1}), N, K, 0,
-                         nullptr, out);
-  } else {
-    block_scaled_gemm(ab, a_scale_inv.view({1, 1}), M, bb, b_scale_inv.view({1, 1}), N, K, nullptr,
-                      out);
-  }
+  emulated_fp8_gemm(*this, a, a_scale_inv, b, b_scale_inv, fast_accumulate, out);
 }
 
 }  // namespace mantissa::backend::cuda

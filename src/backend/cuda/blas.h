@@ -45,12 +45,12 @@ bool matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, Tens
 
 // The native FP4 GEMM (CudaBackend::fp4_gemm; compute capability 10.0+ and a toolkit with FP4
 // types, CUDA 12.8+): whether (M, N, K) on `device` can run it, and the cuBLASLt call on packed
-// codes (a (M, K / 2), b (N, K / 2) bytes) and swizzled block scales (fp4_math.h's layout), the
-// tensor scales' product as the device-side alpha. False, with nothing queued, where cuBLASLt has
-// no algorithm.
+// codes (a (M, K / 2), b (N, K / 2) bytes) and swizzled block scales (fp4_math.h's layout), alpha
+// and beta read from the device (alpha_beta: F32 (2)). False, with nothing queued, where cuBLASLt
+// has no algorithm.
 bool fp4_gemm_qualifies(int64_t M, int64_t N, int64_t K, int device);
 bool native_fp4_gemm(const Tensor& a_packed, const Tensor& a_scales, const Tensor& b_packed,
-                     const Tensor& b_scales, const Tensor& alpha, Fp4ScaleRule rule, Tensor& out,
-                     int device);
+                     const Tensor& b_scales, const Tensor& alpha_beta, Fp4ScaleRule rule,
+                     Tensor& out, int device);
 
 }  // namespace mantissa::backend::cuda

@@ -96,14 +96,24 @@ __global__ void fp4_swizzle_scales_kernel(const uint8_t* scales, int64_t rows, i
   }
 }
 
+// cuBLASLt's alpha and beta, read from the device: the tensor scales' product (NaN where an amax
+// is not finite, so that the whole output says so) and 0.
+__global__ void fp4_alpha_beta_kernel(const float* sa, const float* sb, const float* amax_a,
+                                      const float* amax_b, float* alpha_beta) {
+  const bool finite = isfinite(*amax_a) && isfinite(*amax_b);
+  alpha_beta[0] = finite ? __fmul_rn(*sa, *sb) : __int_as_float(0x7fc00000);
+  alpha_beta[1] = 0.0f;
+}
+
 }  // namespace
 
 bool CudaBackend::fp4_gemm(const Tensor& a_codes, const Tensor& a_scales, int64_t a_block_rows,
-                           const Tensor& b_codes, const Tensor& b_scales, int64_t b_block_rows,
-                           const Tensor& alpha, Fp4ScaleRule rule, Tensor& out) {
+                           const Tensor& a_scale_inv, const Tensor& a_amax, const Tensor& b_codes,
+                           const Tensor& b_scales, int64_t b_block_rows, const Tensor& b_scale_inv,
+                           const Tensor& b_amax, Fp4ScaleRule rule, Tensor& out) {
   DeviceGuard guard(device_);
-  check_fp4_gemm(a_codes, a_scales, a_block_rows, b_codes, b_scales, b_block_rows, alpha, rule,
-                 out);
+  check_fp4_gemm(a_codes, a_scales, a_block_rows, a_scale_inv, a_amax, b_codes, b_scales,
+                 b_block_rows, b_scale_inv, b_amax, rule, out);
   const int64_t M = a_codes.size(0), N = b_codes.size(0), K = a_codes.size(1);
   if (!fp4_gemm_qualifies(M, N, K, device_)) return false;
   const Device d = out.device();
@@ -120,8 +130,12 @@ bool CudaBackend::fp4_gemm(const Tensor& a_codes, const Tensor& a_scales, int64_
            cols, block_rows, scales.stride(0), scales.stride(1), device_ptr<uint8_t>(s));
     return s;
   };
+  Tensor alpha_beta = Tensor::empty({2}, DType::F32, d);
+  launch(1, device_, fp4_alpha_beta_kernel, device_ptr<const float>(a_scale_inv),
+         device_ptr<const float>(b_scale_inv), device_ptr<const float>(a_amax),
+         device_ptr<const float>(b_amax), device_ptr<float>(alpha_beta));
   return native_fp4_gemm(packed(a_codes), swizzled(a_scales, M, a_block_rows), packed(b_codes),
-                         swizzled(b_scales, N, b_block_rows), alpha, rule, out, device_);
+                         swizzled(b_scales, N, b_block_rows), alpha_beta, rule, out, device_);
 }
 
 void CudaBackend::fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, Tensor& codes,
