@@ -33,16 +33,6 @@ void observe(Fp8TensorMeta& m, const Fp4Tensor& q) {
   m.stats.bump_version();
 }
 
-// x (R, C) with C padded by zero columns to a multiple of 16 (the RHT's groups; zeros leave the
-// GEMM's sums as they are).
-Tensor pad_to_16(const Tensor& x) {
-  const int64_t C = x.size(1), padded = (C + 15) / 16 * 16;
-  if (padded == C) return x.contiguous();
-  Tensor out = Tensor::zeros({x.size(0), padded}, x.dtype(), x.device());
-  out.narrow(1, 0, C).copy_(x);
-  return out;
-}
-
 }  // namespace
 
 Fp4Tensor fp4_quantize(const Tensor& x_arg, const Fp4Quantization& q) {
@@ -52,6 +42,12 @@ Fp4Tensor fp4_quantize(const Tensor& x_arg, const Fp4Quantization& q) {
            x_arg.defined() ? x_arg.describe() : std::string("an undefined tensor"));
   MT_CHECK(!q.two_d || q.recipe == Fp4Recipe::NVFP4,
            "fp4_quantize: 16 x 16 blocks are NVFP4's; MXFP4 blocks are 1 x 32");
+  MT_CHECK(!q.transposed || !q.two_d,
+           "fp4_quantize: a transposed quantization has 1-D blocks; quantize a 16 x 16-block "
+           "matrix as it is and read its transposed view");
+  MT_CHECK(!q.rht || q.transposed,
+           "fp4_quantize: the fused Hadamard transform runs along a transposed quantization's "
+           "rows; for x's own rows call hadamard16 first");
   NoGrad ng;
   const Tensor x = x_arg.contiguous();
   const Device d = x.device();
@@ -61,19 +57,34 @@ Fp4Tensor fp4_quantize(const Tensor& x_arg, const Fp4Quantization& q) {
   p.stochastic = q.stochastic;
   p.seed = q.seed;
   p.offset = q.offset;
+  p.columns = q.transposed;
+  p.rht = q.rht;
+  p.rht_signs = q.rht_signs;
+  p.values_only = !q.codes;
   const int64_t R = x.size(0), C = x.size(1), bc = backend::fp4_block_cols(p.rule);
+  // The stored layout: x's, rows padded to whole blocks when transposed (x^T's blocks run down
+  // x's columns); the block scales one per block in the same orientation.
+  const int64_t rows = q.transposed ? (R + bc - 1) / bc * bc : R;
+  const Shape scales = q.transposed
+                           ? Shape{rows / bc, C}
+                           : Shape{(R + p.block_rows - 1) / p.block_rows, (C + bc - 1) / bc};
   Fp4Tensor t;
   t.recipe = q.recipe;
   t.mx_scale = q.mx_scale;
   t.block_rows = p.block_rows;
-  t.codes = Tensor::empty({R, C}, DType::U8, d);
-  t.block_scales =
-      Tensor::empty({(R + p.block_rows - 1) / p.block_rows, (C + bc - 1) / bc}, DType::U8, d);
-  t.values = Tensor::empty({R, C}, DType::BF16, d);
+  Tensor codes =
+      q.codes ? Tensor::empty({rows, C}, DType::U8, d) : Tensor::empty({0}, DType::U8, d);
+  t.block_scales = Tensor::empty(scales, DType::U8, d);
+  t.values = Tensor::empty({rows, C}, DType::BF16, d);
   t.scale_inv = Tensor::empty({1}, DType::F32, d);
   t.amax = Tensor::empty({1}, DType::F32, d);
-  backend::backend_for(d).fp4_quantize(x, p, t.codes, t.block_scales, t.scale_inv, t.amax,
-                                       &t.values);
+  backend::backend_for(d).fp4_quantize(x, p, codes, t.block_scales, t.scale_inv, t.amax, &t.values);
+  if (q.codes) t.codes = codes;
+  if (q.transposed) {
+    if (t.codes.defined()) t.codes = t.codes.t();
+    t.block_scales = t.block_scales.t();
+    t.values = t.values.t();
+  }
   return t;
 }
 
@@ -131,7 +142,8 @@ Tensor fp4_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
   const DType out_dtype = linear_output_dtype(x, w, b);
   const bool training = autograd::needs_grad({&x, &w, &b});
   const bool nv = o.recipe == Fp4Recipe::NVFP4;
-  const Fp4Quantization rne{o.recipe, o.mx_scale, false, false, 0, 0};
+  Fp4Quantization rne{.recipe = o.recipe, .mx_scale = o.mx_scale};
+  rne.codes = x.device().is_cuda();  // the codes feed FP4 tensor cores; the CPU emulates
   Fp4Quantization weights = rne;
   weights.two_d = nv && o.two_d;
 
@@ -175,22 +187,26 @@ Tensor fp4_linear(const Tensor& x, const Tensor& w, const Tensor& b, Fp8LinearSt
           Fp4Tensor wt;
           if (kept_w.values.defined()) {
             wt = kept_w;
-            wt.codes = kept_w.codes.t();
+            if (kept_w.codes.defined()) wt.codes = kept_w.codes.t();
             wt.block_scales = kept_w.block_scales.t();
             wt.values = kept_w.values.t();
           } else {
+            // w^T along w's rows, as wide as g's (a transposed quantization would pad them).
             wt = fp4_quantize(saved_w.unpack().t().contiguous(), rne);
           }
           dx = fp4_gemm(qg, wt, Tensor(), x_dtype);
         }
         if (gw) {  // dw (out, in) = g^T (out, M) . x^T (in, M): reduction along M (the batch)
-          Tensor gt = g2.t().contiguous(), xt = saved_x.unpack().t().contiguous();
-          if (o.rht) {
-            gt = hadamard16(pad_to_16(gt), signs);
-            xt = hadamard16(pad_to_16(xt), signs);
-          }
-          const Fp4Tensor qgt = fp4_quantize(gt, grad_q());
-          dw = fp4_gemm(qgt, fp4_quantize(xt, rne), Tensor(), w_dtype);
+          // Both quantized along M without a transpose (the RHT fused), M zero-padded to whole
+          // blocks (zeros leave the sums as they are).
+          auto along_batch = [&](Fp4Quantization q) {
+            q.transposed = true;
+            q.rht = o.rht;
+            q.rht_signs = signs;
+            return q;
+          };
+          const Fp4Tensor qgt = fp4_quantize(g2, along_batch(grad_q()));
+          dw = fp4_gemm(qgt, fp4_quantize(saved_x.unpack(), along_batch(rne)), Tensor(), w_dtype);
         }
         if (gb) db = linear_bias_grad(g2, b_dtype);
         return {gx ? dx.reshape(x_shape) : Tensor(), dw, db};

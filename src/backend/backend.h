@@ -69,6 +69,20 @@ struct Fp4QuantizeParams {
   // NVFP4: the tensor amax to scale by (one F32 element on x's device), e.g. reduced across
   // ranks; nullptr: x's own.
   const Tensor* amax = nullptr;
+  // Quantize Q = x^T (the wgrad GEMM's operands, reduced down x's columns) without transposing
+  // x (R, C): Q is (C, Rp), Rp = the codes' (or values') rows, >= R and a multiple of the block
+  // length bc, x's rows R..Rp-1 read as zeros; its 1 x bc blocks run down x's columns. codes and
+  // values are written in x's layout, (Rp, C) (Q's element (c, r) at [r, c]: Q is their transposed
+  // view), block_scales as (Rp / bc, C); stochastic rounding draws Q's row-major index c * Rp + r.
+  // Bit for bit the quantization of Q made contiguous. 1 x bc blocks only.
+  bool columns = false;
+  // With columns: Q's rows through the 16-point Random Hadamard Transform first (hadamard16's
+  // definition with these signs, rounded to x's dtype), the amax the transformed tensor's; Rp
+  // a multiple of 16.
+  bool rht = false;
+  uint32_t rht_signs = 0;
+  // The CPU: the values only (the emulation never reads the codes; codes is then not written).
+  bool values_only = false;
 };
 
 struct Conv2dParams {

@@ -187,6 +187,13 @@ MT_HOST_DEVICE constexpr int64_t fp4_swizzled_scale_offset(int64_t r, int64_t c,
   return tile * 512 + (r % 32) * 16 + (r / 32 % 4) * 4 + c % 4;
 }
 
+// The rows of fp4_quantize's quantized matrix: x's, or with p.columns the codes' (Rp).
+inline int64_t fp4_quantized_rows(const Tensor& x, const Fp4QuantizeParams& p, const Tensor& codes,
+                                  const Tensor* values) {
+  if (!p.columns) return x.size(0);
+  return p.values_only ? (values ? values->size(0) : 0) : codes.size(0);
+}
+
 // fp4_quantize's arguments as its contract (backend_ops.h) wants them; host side, shared by the
 // backends. An internal caller's mistake, so an assertion.
 inline void check_fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, const Tensor& codes,
@@ -197,18 +204,26 @@ inline void check_fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, cons
       (x.dtype() == DType::F32 || x.dtype() == DType::BF16 || x.dtype() == DType::F16);
   const int64_t R = input ? x.size(0) : 0, C = input ? x.size(1) : 0;
   const int64_t br = p.block_rows, bc = fp4_block_cols(p.rule);
+  // The stored layout: x's, (Rp, C), with columns (blocks bc rows by 1 column).
+  const int64_t Rp = input ? fp4_quantized_rows(x, p, codes, values) : 0;
+  const Shape stored{Rp, C};
+  const int64_t scale_rows = p.columns ? Rp / bc : (R + br - 1) / br;
+  const int64_t scale_cols = p.columns ? C : (C + bc - 1) / bc;
   auto on = [&](const Tensor& t, DType dt) {
     return t.dtype() == dt && t.is_contiguous() && t.device() == device;
   };
-  MT_ASSERT(input && (br == 1 || (br == 16 && p.rule == Fp4ScaleRule::Nvfp4)) &&
-                on(codes, DType::U8) && codes.shape() == x.shape() && on(block_scales, DType::U8) &&
-                block_scales.dim() == 2 && block_scales.size(0) == (R + br - 1) / br &&
-                block_scales.size(1) == (C + bc - 1) / bc && on(scale_inv, DType::F32) &&
-                scale_inv.numel() == 1 && on(amax, DType::F32) && amax.numel() == 1 &&
-                (!values || (on(*values, DType::BF16) && values->shape() == x.shape())) &&
+  MT_ASSERT(input && (br == 1 || (br == 16 && p.rule == Fp4ScaleRule::Nvfp4 && !p.columns)) &&
+                (!p.columns || (Rp >= R && Rp % bc == 0 && (!p.rht || Rp % 16 == 0))) &&
+                (!p.rht || p.columns) && (!p.values_only || values) &&
+                (p.values_only || (on(codes, DType::U8) && codes.shape() == stored)) &&
+                on(block_scales, DType::U8) && block_scales.dim() == 2 &&
+                block_scales.size(0) == scale_rows && block_scales.size(1) == scale_cols &&
+                on(scale_inv, DType::F32) && scale_inv.numel() == 1 && on(amax, DType::F32) &&
+                amax.numel() == 1 &&
+                (!values || (on(*values, DType::BF16) && values->shape() == stored)) &&
                 (!p.amax || (on(*p.amax, DType::F32) && p.amax->numel() == 1)),
-            "fp4_quantize wants contiguous f32/bf16/f16 x (R, C), U8 codes (R, C), U8 block "
-            "scales (one per ",
+            "fp4_quantize wants contiguous f32/bf16/f16 x (R, C), U8 codes (R, C) (with columns "
+            "(Rp, C), Rp >= R a multiple of the block), U8 block scales (one per ",
             br, "x", bc, " block), one-element F32 scale_inv and amax, bf16 values; got ",
             x.describe(), ", ", codes.describe(), ", ", block_scales.describe(), ", ",
             scale_inv.describe(), ", ", amax.describe());

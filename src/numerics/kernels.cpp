@@ -496,6 +496,63 @@ MT_TARGET_AVX512 void random_bits_avx512(uint32_t* dst, size_t n, uint64_t seed,
     dst[i] = random_bits(seed, offset, index + i);
 }
 
+// The 16 x 16 transpose of 32-bit lanes: rows r[i] become columns.
+MT_TARGET_AVX512 inline void transpose16_epi32(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+    u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+  }
+  // u[4k + j] holds, in its 128-bit lane q, column 4q + j of rows 4k..4k+3.
+  for (int k = 0; k < 2; ++k) {
+    for (int j = 0; j < 4; ++j) {
+      t[8 * k + j] = _mm512_shuffle_i32x4(u[8 * k + j], u[8 * k + 4 + j], 0x88);
+      t[8 * k + 4 + j] = _mm512_shuffle_i32x4(u[8 * k + j], u[8 * k + 4 + j], 0xdd);
+    }
+  }
+  // t[8k + j] holds, for j < 4, columns j and 8 + j of rows 8k..8k+7 (128-bit lanes 0, 2 the
+  // first's, 1, 3 the second's), and t[8k + 4 + j] columns 4 + j and 12 + j alike.
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+// random_bits_runs16 with index and stride multiples of 4: sixteen runs at a time, two per
+// Philox register (run A in out[2k], run B in out[2k + 1]: philox_avx512 writes 64-bit lanes
+// 0, 2, 4, 6 as its first output's four blocks and 1, 3, 5, 7 as its second's), transposed.
+MT_TARGET_AVX512 void random_bits_runs16_avx512(uint32_t* dst, size_t n, uint64_t seed,
+                                                uint64_t offset, uint64_t index, uint64_t stride) {
+  const PhiloxKeys keys(seed);
+  const __m512i ofs_lo = _mm512_set1_epi64(int64_t(offset & 0xffffffffu));
+  const __m512i ofs_hi = _mm512_set1_epi64(int64_t(offset >> 32));
+  const __m512i mask = _mm512_set1_epi64(int64_t(kBlockMask));
+  const __m512i steps = _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3);
+  for (size_t c0 = 0; c0 < n; c0 += 16) {
+    __m512i blocks[8];
+    for (int k = 0; k < 8; ++k) {
+      const uint64_t a = (index + (c0 + 2 * size_t(k)) * stride) >> 2;
+      const uint64_t b = (index + (c0 + 2 * size_t(k) + 1) * stride) >> 2;
+      const __m512i base = _mm512_setr_epi64(int64_t(a), int64_t(b), int64_t(a), int64_t(b),
+                                             int64_t(a), int64_t(b), int64_t(a), int64_t(b));
+      blocks[k] = _mm512_and_si512(_mm512_add_epi64(base, steps), mask);
+    }
+    __m512i r[16];
+    philox_avx512<8>(blocks, ofs_lo, ofs_hi, keys, r);
+    transpose16_epi32(r);
+    const size_t m = std::min<size_t>(16, n - c0);
+    const __mmask16 lanes = __mmask16((1u << m) - 1u);
+    for (int i = 0; i < 16; ++i)
+      _mm512_mask_storeu_epi32(dst + size_t(i) * n + c0, lanes, r[i]);
+  }
+}
+
 template <int K>
 MT_TARGET_AVX2 inline void philox_avx2(const __m256i (&blocks)[K], __m256i ofs_lo, __m256i ofs_hi,
                                        const PhiloxKeys& keys, __m256i (&out)[2 * K]) {
@@ -734,6 +791,18 @@ void random_bits_fill(uint32_t* dst, size_t n, uint64_t seed, uint64_t offset, u
 #endif
   for (size_t i = 0; i < n; ++i)
     dst[i] = random_bits(seed, offset, index + i);
+}
+
+void random_bits_runs16(uint32_t* dst, size_t n, uint64_t seed, uint64_t offset, uint64_t index,
+                        uint64_t stride, Isa isa) {
+  MT_ASSERT(isa_supported(isa), "instruction set ", isa_name(isa), " is not available here");
+#ifdef MT_X86_KERNELS
+  if ((isa == Isa::Avx512 || isa == Isa::Avx512Bf16) && index % 4 == 0 && stride % 4 == 0)
+    return random_bits_runs16_avx512(dst, n, seed, offset, index, stride);
+#endif
+  for (size_t c = 0; c < n; ++c)
+    for (size_t i = 0; i < 16; ++i)
+      dst[i * n + c] = random_bits(seed, offset, index + c * stride + i);
 }
 
 void f32_to_bf16_stochastic(const float* src, uint16_t* dst, size_t n, uint64_t seed,

@@ -43,5 +43,11 @@ void f32_to_f16_stochastic(const float* src, uint16_t* dst, size_t n, uint64_t s
 // dst[i] = random_bits(seed, offset, index + i) (philox.h), by the same vector Philox.
 void random_bits_fill(uint32_t* dst, size_t n, uint64_t seed, uint64_t offset, uint64_t index,
                       Isa isa);
+// Sixteen consecutive elements of each of n runs `stride` apart, run c from index + c * stride,
+// as rows: dst[i * n + c] = random_bits(seed, offset, index + c * stride + i) for i < 16, c < n
+// (FP4's stochastic rounding down a matrix's columns). The vector Philox where index and stride
+// are multiples of 4 (each run then four whole blocks).
+void random_bits_runs16(uint32_t* dst, size_t n, uint64_t seed, uint64_t offset, uint64_t index,
+                        uint64_t stride, Isa isa);
 
 }  // namespace mantissa::detail

@@ -209,6 +209,28 @@ void data_cases(std::vector<Case>& c) {
                    }});
     }
   }
+  // Transposed FP4 quantization (down x's columns, rows padded to whole blocks), the RHT fused.
+  for (const Fp4ScaleRule rule : {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxCeil}) {
+    for (DType in : {DType::F32, DType::BF16}) {
+      c.push_back({"fp4_quantize",
+                   std::string(rule == Fp4ScaleRule::Nvfp4 ? "nvfp4" : "mx ceil") +
+                       " columns rht sr " + dt_name(in),
+                   in, true, 4, 1, [rule, in](Backend& be, const Place& p) {
+                     const int64_t R = 70, C = 90, bc = rule == Fp4ScaleRule::Nvfp4 ? 16 : 32;
+                     const int64_t Rp = (R + bc - 1) / bc * bc;
+                     const Tensor x = p.rand({R, C}, in, 12, -20, 20);
+                     Fp4QuantizeParams params{rule, 1, true, 31, 4};
+                     params.columns = params.rht = true;
+                     params.rht_signs = 0xd7e8u;
+                     Tensor codes = p.zeros({Rp, C}, DType::U8);
+                     Tensor scales = p.zeros({Rp / bc, C}, DType::U8);
+                     Tensor scale_inv = p.out({1}, DType::F32), amax = p.out({1}, DType::F32);
+                     Tensor values = p.out({Rp, C}, DType::BF16);
+                     be.fp4_quantize(x, params, codes, scales, scale_inv, amax, &values);
+                     return Outputs{codes, scales, scale_inv, amax, values};
+                   }});
+    }
+  }
   // The FP4 GEMM, or where a backend has no FP4 tensor cores (it says false) what its caller
   // then runs, the emulation: the same products, fp32 sums in either's order.
   for (const Fp4ScaleRule rule : {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxCeil}) {

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -358,6 +359,110 @@ TEST(Fp4Quantize, EveryVectorBuildMatchesTheScalarDefinition) {
       }
     }
   }
+}
+
+// A transposed quantization (p.columns: the wgrad GEMM's operands, quantized down x's columns
+// without a transpose, the RHT fused) is bit for bit the quantization of x^T made contiguous
+// with x's rows zero-padded to whole blocks, transformed first by hadamard16 where asked: codes,
+// values, block scales, amax and the tensor scale, every scale rule, nearest and stochastic
+// rounding, f32 and bf16 inputs, ragged shapes (rows not a whole block, columns not a whole
+// vector), non-finite inputs, in every vector build and on the GPU. Values only leaves the codes
+// unwritten and the rest the same.
+TEST(Fp4Quantize, ColumnsQuantizeTheTransposeBitForBit) {
+  const int64_t R = 70, C = 40;
+  std::vector<float> v(size_t(R * C));
+  for (int64_t i = 0; i < R * C; ++i)  // values over 30 binades, both signs, a few exact zeros
+    v[size_t(i)] =
+        i % 37 == 0 ? 0.0f
+                    : std::ldexp(1.0f + float(i * 7919 % 1000) / 1000.0f, int(i * 31 % 30) - 15) *
+                          (i % 3 ? 1.0f : -1.0f);
+  std::vector<float> special = v;
+  special[size_t(3 * C + 5)] = INFINITY;
+  special[size_t(40 * C + 17)] = NAN;
+  struct Case {
+    Fp4ScaleRule rule;
+    bool rht, stochastic, nonfinite;
+  };
+  std::vector<Case> cases;
+  for (const Fp4ScaleRule rule : {Fp4ScaleRule::Nvfp4, Fp4ScaleRule::MxFloor, Fp4ScaleRule::MxCeil})
+    for (const bool rht : {false, true})
+      for (const bool stochastic : {false, true})
+        cases.push_back({rule, rht, stochastic, false});
+  cases.push_back({Fp4ScaleRule::Nvfp4, true, true, true});
+  cases.push_back({Fp4ScaleRule::Nvfp4, false, false, true});
+  std::vector<std::pair<Device, std::optional<cpu::VectorIsa>>> builds{
+      {Device::cpu(), cpu::VectorIsa::Baseline}};
+  for (const cpu::VectorIsa isa : {cpu::VectorIsa::Avx2, cpu::VectorIsa::Avx512})
+    if (cpu::vector_isa_supported(isa)) builds.push_back({Device::cpu(), isa});
+  if (cuda::is_available()) builds.push_back({Device::cuda(0), std::nullopt});
+  int compared = 0;
+  for (const Case& k : cases) {
+    const int64_t bc = fp4_block_cols(k.rule), Rp = (R + bc - 1) / bc * bc;
+    for (const DType dt : {DType::F32, DType::BF16}) {
+      const Tensor x = Tensor::from_vector(k.nonfinite ? special : v, {R, C}).to(dt);
+      Fp4QuantizeParams p;
+      p.rule = k.rule;
+      p.stochastic = k.stochastic;
+      p.seed = 5;
+      p.offset = 3;
+      Quantized want;
+      {  // The definition: x^T padded, transformed, quantized along its rows, by the scalar build.
+        const cpu::ForcedIsa scalar(cpu::VectorIsa::Baseline);
+        Tensor xt = Tensor::zeros({C, Rp}, dt);
+        xt.narrow(1, 0, R).copy_(x.t());
+        if (k.rht) {
+          Tensor t = Tensor::empty({C, Rp}, dt);
+          backend_for(Device::cpu()).hadamard16(xt, 0xb35cu, t);
+          xt = t;
+        }
+        want = quantize(xt, p);
+        for (const cpu::VectorIsa isa : {cpu::VectorIsa::Baseline, cpu::vector_isa()}) {
+          const cpu::ForcedIsa build(isa);  // rows, values only: the same values, no codes
+          Fp4QuantizeParams only = p;
+          only.values_only = true;
+          Tensor none = Tensor::empty({0}, DType::U8),
+                 values = Tensor::full({C, Rp}, NAN, DType::BF16);
+          Quantized q = quantize(xt, p);
+          backend_for(Device::cpu())
+              .fp4_quantize(xt, only, none, q.block_scales, q.scale_inv, q.amax, &values);
+          EXPECT_EQ(bytes_of(values), bytes_of(want.values));
+        }
+      }
+      p.columns = true;
+      p.rht = k.rht;
+      p.rht_signs = 0xb35cu;
+      for (const auto& [d, isa] : builds) {
+        std::optional<cpu::ForcedIsa> forced;
+        if (isa) forced.emplace(*isa);
+        SCOPED_TRACE(d.str() + (isa ? std::string(" ") + cpu::vector_isa_name(*isa) : "") +
+                     " rule " + std::to_string(int(k.rule)) + (k.rht ? " rht" : "") +
+                     (k.stochastic ? " sr" : "") + (k.nonfinite ? " non-finite" : "") + " " +
+                     std::string(dtype_name(dt)));
+        Quantized got{Tensor::full({Rp, C}, 0xee, DType::U8, d),
+                      Tensor::zeros({Rp / bc, C}, DType::U8, d),
+                      Tensor::full({1}, NAN, DType::F32, d), Tensor::full({1}, NAN, DType::F32, d),
+                      Tensor::full({Rp, C}, NAN, DType::BF16, d)};
+        backend_for(d).fp4_quantize(x.to(d), p, got.codes, got.block_scales, got.scale_inv,
+                                    got.amax, &got.values);
+        EXPECT_EQ(bytes_of(got.codes.t()), bytes_of(want.codes));
+        EXPECT_EQ(bytes_of(got.values.t()), bytes_of(want.values));
+        EXPECT_EQ(bytes_of(got.block_scales.t()), bytes_of(want.block_scales));
+        EXPECT_EQ(float_bits(got.amax), float_bits(want.amax));
+        EXPECT_EQ(float_bits(got.scale_inv), float_bits(want.scale_inv));
+        ++compared;
+        if (!d.is_cpu()) continue;
+        Fp4QuantizeParams only = p;
+        only.values_only = true;
+        Tensor untouched = Tensor::full({Rp, C}, 0xee, DType::U8);
+        Tensor values = Tensor::full({Rp, C}, NAN, DType::BF16);
+        backend_for(d).fp4_quantize(x, only, untouched, got.block_scales, got.scale_inv, got.amax,
+                                    &values);
+        EXPECT_EQ(bytes_of(values), bytes_of(got.values));
+        EXPECT_EQ(bytes_of(untouched), bytes_of(Tensor::full({Rp, C}, 0xee, DType::U8)));
+      }
+    }
+  }
+  EXPECT_GE(compared, 28);
 }
 
 // fp4_math.h's layout of a native FP4 GEMM's operands is the one tools/reference/fp4_golden.py

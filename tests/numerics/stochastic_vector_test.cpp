@@ -198,6 +198,30 @@ TEST_P(StochasticVector, IndexShiftsTheStream) {
   }
 }
 
+// random_bits_runs16 (FP4's stochastic rounding down columns): row i, column c is element
+// index + c * stride + i of the stream, for run counts around the 16-run groups, aligned and
+// unaligned starts and strides, and streams near the position's wrap; nothing past 16 n written.
+TEST_P(StochasticVector, RunsOfSixteenAreTheStreamTransposed) {
+  std::vector<Stream> streams(std::begin(kStreams), std::end(kStreams));
+  streams.push_back({5, 9, ~uint64_t(0) - 63});  // aligned, the runs wrapping to 0
+  for (const Stream& s : streams) {
+    for (const uint64_t stride : {uint64_t(16), uint64_t(4096), uint64_t(36), uint64_t(7)}) {
+      for (const size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(40)}) {
+        std::vector<uint32_t> got(16 * n + 1, 0xdeadbeefu);
+        detail::random_bits_runs16(got.data(), n, s.seed, s.offset, s.index, stride, GetParam());
+        for (size_t i = 0; i < 16; ++i) {
+          for (size_t c = 0; c < n; ++c) {
+            ASSERT_EQ(got[i * n + c], random_bits(s.seed, s.offset, s.index + c * stride + i))
+                << "i=" << i << " c=" << c << " n=" << n << " stride=" << stride
+                << " index=" << s.index;
+          }
+        }
+        ASSERT_EQ(got[16 * n], 0xdeadbeefu) << "wrote past the end, n=" << n;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, StochasticVector, ::testing::ValuesIn(detail::kAllIsas),
                          [](const auto& p) {
                            std::string s(detail::isa_name(p.param));

@@ -62,13 +62,23 @@ struct Fp4Quantization {
   bool two_d = false;       // NVFP4 16 x 16 blocks (else 1 x 16, or MX's 1 x 32)
   bool stochastic = false;  // Philox stream (seed, offset), element i the row-major index
   uint64_t seed = 0, offset = 0;
+  // Quantize x^T (R, C) -> (C, Rp) without transposing x: x's rows zero-padded to Rp, a whole
+  // number of blocks; the result's members are transposed views (the wgrad GEMM's operands,
+  // reduced along x's rows). 1-D blocks only.
+  bool transposed = false;
+  // With transposed: the Random Hadamard Transform along the quantized rows first, with these
+  // signs (hadamard16's definition and rounding), fused into the quantization.
+  bool rht = false;
+  uint32_t rht_signs = 0;
+  // false: the values only (codes undefined); what the emulated GEMM reads.
+  bool codes = true;
 };
 
-// A matrix in FP4: codes (R, C) U8, one fp4_e2m1 code per byte; block_scales (U8, E4M3 or E8M0
-// codes per block); values (BF16, R x C): code value times block scale, exact; scale_inv (F32, 1)
-// the tensor's decode scale (NVFP4; 1 for MX); amax (F32, 1) the tensor's max |x|. The element
-// (r, c) stands for values[r, c] * scale_inv. A transposed view transposes codes, block_scales
-// and values alike (16 x 16 blocks stay blocks).
+// A matrix in FP4: codes (R, C) U8, one fp4_e2m1 code per byte (undefined when quantized without
+// them); block_scales (U8, E4M3 or E8M0 codes per block); values (BF16, R x C): code value times
+// block scale, exact; scale_inv (F32, 1) the tensor's decode scale (NVFP4; 1 for MX); amax (F32,
+// 1) the tensor's max |x|. The element (r, c) stands for values[r, c] * scale_inv. A transposed
+// view transposes codes, block_scales and values alike (16 x 16 blocks stay blocks).
 struct Fp4Tensor {
   Tensor codes, block_scales, values, scale_inv, amax;
   Fp4Recipe recipe = Fp4Recipe::NVFP4;

@@ -13,10 +13,40 @@
 namespace mantissa::backend::cuda {
 namespace {
 
+// Where fp4_quantize's quantized matrix comes from (Fp4QuantizeParams): x (R, C) itself, or with
+// columns Q = x^T (C, Rp) zero past R, its rows through the transform with rht.
+struct Fp4Source {
+  int64_t R, C, Rp;
+  bool columns, rht;
+  uint32_t signs;
+};
+
+// x's element (r, c) as f32, zero past R.
 template <typename S>
-__global__ void amax_bits_kernel(const S* x, int64_t n, unsigned int* amax_bits) {
-  MT_GRID_STRIDE_LOOP(i, n) {
-    atomicMax(amax_bits, __float_as_uint(float(load(x + i))) & 0x7fffffffu);
+__device__ float fp4_x(const S* x, const Fp4Source& s, int64_t r, int64_t c) {
+  return r < s.R ? float(load(x + r * s.C + c)) : 0.0f;
+}
+
+// The element of the quantized matrix at x's position (r, c) (Q's (c, r) under columns): with
+// rht its 16-group down the column transformed in index order, rounded to x's dtype.
+template <typename S>
+__device__ float fp4_source(const S* x, const Fp4Source& s, int64_t r, int64_t c) {
+  if (!s.rht) return fp4_x(x, s, r, c);
+  const int64_t g = r - r % 16;
+  const int j = int(r % 16);
+  float acc = __fmul_rn(fp4_x(x, s, g, c), hadamard16_coefficient(s.signs, 0, j));
+  for (int i = 1; i < 16; ++i)
+    acc = __fadd_rn(acc, __fmul_rn(fp4_x(x, s, g + i, c), hadamard16_coefficient(s.signs, i, j)));
+  S narrow;
+  store(&narrow, acc);
+  return float(load(&narrow));
+}
+
+template <typename S>
+__global__ void amax_bits_kernel(const S* x, Fp4Source s, unsigned int* amax_bits) {
+  const int64_t rows = s.columns ? s.Rp : s.R;
+  MT_GRID_STRIDE_LOOP(i, rows * s.C) {
+    atomicMax(amax_bits, __float_as_uint(fp4_source(x, s, i / s.C, i % s.C)) & 0x7fffffffu);
   }
 }
 
@@ -30,31 +60,41 @@ __global__ void tensor_scales_kernel(const float* given, Fp4ScaleRule rule, floa
   *scale_inv = rule == Fp4ScaleRule::Nvfp4 ? nvfp4_tensor_scales(a).decode : 1.0f;
 }
 
+// One thread per block of the quantized matrix (R x C, or with columns Q's (C, Rp) in blocks of
+// 1 x bc, each a run down a column of x): its amax, scale and elements, stored in x's layout.
 template <typename S>
-__global__ void quantize_kernel(const S* x, int64_t R, int64_t C, int64_t br, int64_t bc,
-                                int64_t nbc, Fp4QuantizeParams p, const float* amax, uint8_t* codes,
+__global__ void quantize_kernel(const S* x, Fp4Source src, int64_t br, int64_t bc,
+                                Fp4QuantizeParams p, const float* amax, uint8_t* codes,
                                 uint8_t* block_scales, __nv_bfloat16* values) {
-  MT_GRID_STRIDE_LOOP(b, ((R + br - 1) / br) * nbc) {
+  const int64_t rows = src.columns ? src.C : src.R, cols = src.columns ? src.Rp : src.C;
+  const int64_t nbc = (cols + bc - 1) / bc;
+  MT_GRID_STRIDE_LOOP(b, ((rows + br - 1) / br) * nbc) {
     const int64_t r0 = (b / nbc) * br, c0 = (b % nbc) * bc;
-    const int64_t r1 = r0 + br < R ? r0 + br : R, c1 = c0 + bc < C ? c0 + bc : C;
+    const int64_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
+    // Q's (r, c) sits at x's (c, r) under columns.
+    auto at = [&](int64_t r, int64_t c) { return src.columns ? c * src.C + r : r * src.C + c; };
+    auto element = [&](int64_t r, int64_t c) {
+      return src.columns ? fp4_source(x, src, c, r) : fp4_source(x, src, r, c);
+    };
     float m = 0.0f;
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t c = c0; c < c1; ++c) {
-        const float a = fabsf(float(load(x + r * C + c)));
+        const float a = fabsf(element(r, c));
         m = a != a || m != m ? __int_as_float(0x7fc00000) : (a > m ? a : m);
       }
     }
     const Nvfp4TensorScales ts =
         p.rule == Fp4ScaleRule::Nvfp4 ? nvfp4_tensor_scales(*amax) : Nvfp4TensorScales{};
     const Fp4BlockScale s = fp4_block_scale(m, p.rule, ts);
-    block_scales[b] = uint8_t(s.code);
+    // Q's block (r0 / br, c0 / bc) at x's layout's (c0 / bc, r0) under columns.
+    block_scales[src.columns ? (c0 / bc) * src.C + r0 : b] = uint8_t(s.code);
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t c = c0; c < c1; ++c) {
-        const int64_t i = r * C + c;
-        const uint32_t bits = p.stochastic ? random_bits(p.seed, p.offset, uint64_t(i)) : 0u;
-        const Fp4Element e = fp4_element(float(load(x + i)), s, p.stochastic, bits);
-        codes[i] = uint8_t(e.code);
-        if (values != nullptr) store(values + i, e.value);
+        const uint64_t i = uint64_t(r * cols + c);  // Q's row-major index
+        const uint32_t bits = p.stochastic ? random_bits(p.seed, p.offset, i) : 0u;
+        const Fp4Element e = fp4_element(element(r, c), s, p.stochastic, bits);
+        codes[at(r, c)] = uint8_t(e.code);
+        if (values != nullptr) store(values + at(r, c), e.value);
       }
     }
   }
@@ -142,8 +182,11 @@ void CudaBackend::fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, Tens
                                Tensor& block_scales, Tensor& scale_inv, Tensor& amax,
                                Tensor* values) {
   check_fp4_quantize(x, p, codes, block_scales, scale_inv, amax, values, x.device());
+  MT_ASSERT(!p.values_only, "fp4_quantize: values_only is the CPU's");
   const int64_t R = x.size(0), C = x.size(1);
+  const Fp4Source src{R, C, fp4_quantized_rows(x, p, codes, values), p.columns, p.rht, p.rht_signs};
   const int64_t br = p.block_rows, bc = fp4_block_cols(p.rule);
+  const int64_t blocks = p.columns ? C * (src.Rp / bc) : ((R + br - 1) / br) * ((C + bc - 1) / bc);
   const bool given = p.rule == Fp4ScaleRule::Nvfp4 && p.amax != nullptr;
   Fp4QuantizeParams kp = p;
   kp.amax = nullptr;  // the kernel reads the amax output
@@ -153,15 +196,15 @@ void CudaBackend::fp4_quantize(const Tensor& x, const Fp4QuantizeParams& p, Tens
     } else {
       if (!given) {
         fill(amax, 0.0);
-        if (x.numel() > 0)
-          launch(x.numel(), device_, amax_bits_kernel<S>, device_ptr<S>(x), x.numel(),
+        const int64_t n = (p.columns ? src.Rp : R) * C;
+        if (n > 0)
+          launch(n, device_, amax_bits_kernel<S>, device_ptr<S>(x), src,
                  reinterpret_cast<unsigned int*>(device_ptr<float>(amax)));
       }
       launch(1, device_, tensor_scales_kernel, given ? device_ptr<float>(*p.amax) : nullptr, p.rule,
              device_ptr<float>(amax), device_ptr<float>(scale_inv));
-      if (x.numel() == 0) return;
-      launch(((R + br - 1) / br) * ((C + bc - 1) / bc), device_, quantize_kernel<S>,
-             device_ptr<S>(x), R, C, br, bc, (C + bc - 1) / bc, kp,
+      if (blocks == 0) return;
+      launch(blocks, device_, quantize_kernel<S>, device_ptr<S>(x), src, br, bc, kp,
              static_cast<const float*>(device_ptr<float>(amax)), device_ptr<uint8_t>(codes),
              device_ptr<uint8_t>(block_scales),
              values ? device_ptr<__nv_bfloat16>(*values) : nullptr);
