@@ -182,7 +182,7 @@ MT_AVX512 void stochastic_span(const float* row, const uint32_t* rnd, int64_t c0
 }
 
 // max |x| over [c0, c1), NaN winning (the same as nan_max's fold: max is exact).
-MT_AVX512 float amax_span(const float* row, int64_t c0, int64_t c1) {
+MT_AVX512 inline float amax_span(const float* row, int64_t c0, int64_t c1) {
   __m512 m = _mm512_setzero_ps();
   __mmask16 nan = 0;
   for (int64_t c = c0; c < c1; c += 16) {
@@ -279,6 +279,52 @@ MT_AVX512 void hadamard_down(const float* rows, int64_t C, const float (&coef)[1
   }
 }
 
+// One row of 1 x bc blocks, sixteen blocks at a time: their amaxes (NaN winning), their scales
+// (NVFP4's vector formula, the MX rules' block by block), then their elements.
+MT_AVX512 void row_avx512(const float* row, int64_t C, int64_t bc, const Fp4QuantizeParams& p,
+                          const Nvfp4TensorScales& ts, const uint32_t* bits, uint8_t* codes,
+                          bfloat16* values, uint8_t* block_codes) {
+  const int64_t nbc = (C + bc - 1) / bc;
+  for (int64_t b0 = 0; b0 < nbc; b0 += 16) {
+    const int64_t nb = std::min<int64_t>(16, nbc - b0);
+    alignas(64) float amax[16] = {}, encode[16], value[16];
+    alignas(64) uint32_t code[16];
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t c0 = (b0 + j) * bc;
+      amax[j] = amax_span(row, c0, std::min(C, c0 + bc));
+    }
+    if (p.rule == Fp4ScaleRule::Nvfp4) {
+      const BlockScales16 b = nvfp4_scales16(_mm512_load_ps(amax), ts);
+      _mm512_store_si512(code, b.code);
+      _mm512_store_ps(value, b.value);
+      _mm512_store_ps(encode, b.encode);
+    } else {
+      for (int64_t j = 0; j < nb; ++j) {
+        const Fp4BlockScale one = fp4_block_scale(amax[j], p.rule, ts);
+        code[j] = one.code;
+        value[j] = one.value;
+        encode[j] = one.encode;
+      }
+    }
+    _mm512_mask_cvtepi32_storeu_epi8(block_codes + b0, __mmask16((1u << nb) - 1u),
+                                     _mm512_load_si512(code));
+    for (int64_t j = 0; j < nb; ++j) {
+      const Scale16 scale{_mm512_set1_ps(encode[j]), _mm512_set1_ps(value[j])};
+      const int64_t c1 = std::min(C, (b0 + j + 1) * bc);
+      for (int64_t c = (b0 + j) * bc; c < c1; c += 16) {
+        const __mmask16 k = __mmask16((1u << std::min<int64_t>(16, c1 - c)) - 1u);
+        uint8_t* code_row = codes ? codes + c : nullptr;
+        bfloat16* value_row = values ? values + c : nullptr;
+        if (bits) {
+          stochastic16(row + c, bits + c, k, scale, code_row, value_row);
+        } else {
+          nearest16(row + c, k, scale, code_row, value_row);
+        }
+      }
+    }
+  }
+}
+
 // A group of bc rows quantized down its columns (p.columns): sixteen columns at a time, each
 // lane its own block: the block amaxes (NaN winning), their scales (NVFP4's in vector form, the
 // MX rules' per lane), then each row's elements with the lanes' scales.
@@ -337,6 +383,20 @@ void quantize_block_row(const T* x, int64_t C, int64_t r0, int64_t r1, int64_t b
   thread_local std::vector<Fp4BlockScale> scales;
   thread_local std::vector<float> amaxes;
   thread_local std::vector<uint32_t> bits;
+#if defined(__x86_64__)
+  if (avx512 && n == 1) {  // 1 x bc blocks: the row on its own
+    const int64_t base = r0 * C;
+    if (p.stochastic) {
+      bits.resize(size_t(C));
+      detail::random_bits_fill(bits.data(), size_t(C), p.seed, p.offset, uint64_t(base),
+                               detail::Isa::Avx512);
+    }
+    return row_avx512(rows, C, bc, p, ts, p.stochastic ? bits.data() : nullptr,
+                      out.codes ? out.codes + base : nullptr,
+                      out.values ? out.values + base : nullptr,
+                      out.block_scales + br_index * nbc);
+  }
+#endif
   scales.resize(size_t(nbc));
   amaxes.resize(size_t(nbc));
   for (int64_t b = 0; b < nbc; ++b) {
@@ -543,8 +603,11 @@ void quantize(const T* x, int64_t R, int64_t C, int64_t Rp, const Fp4QuantizePar
     return;
   }
   const int64_t nbr = (R + br - 1) / br, nbc = (C + bc - 1) / bc;
-  parallel_rows<float>(nbr, R * C, br * C, [&](int64_t b, float* rows) {
-    quantize_block_row(x, C, b * br, std::min(R, (b + 1) * br), bc, nbc, p, ts, b, out, rows);
+  // Block rows in tasks of 16 (a task per row of 1 x bc blocks would be too fine a grain).
+  constexpr int64_t kPerTask = 16;
+  parallel_rows<float>((nbr + kPerTask - 1) / kPerTask, R * C, br * C, [&](int64_t t, float* rows) {
+    for (int64_t b = t * kPerTask; b < std::min(nbr, (t + 1) * kPerTask); ++b)
+      quantize_block_row(x, C, b * br, std::min(R, (b + 1) * br), bc, nbc, p, ts, b, out, rows);
   });
 }
 
