@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -553,12 +554,11 @@ void quantize_column_group(const T* x, int64_t R, int64_t C, int64_t Rp, int64_t
   }
 }
 
-// The tensor amax p.columns quantizes by: x's own, or with p.rht the transformed tensor's (the
-// transform run twice, here and when quantizing, rather than stored).
+// p.columns with p.rht: the transform once, into `transformed` ((Rp, C), x's dtype, as
+// hadamard16 would store it), returning its amax; the quantization then reads it as it is.
 template <typename T>
-float column_amax(const T* x, int64_t R, int64_t C, int64_t Rp, const Fp4QuantizeParams& p,
-                  const HadamardCoefficients& h) {
-  if (!p.rht) return tensor_amax(x, R * C);
+float transform_columns(const T* x, int64_t R, int64_t C, int64_t Rp, const Fp4QuantizeParams& p,
+                        const HadamardCoefficients& h, T* transformed) {
   const int64_t groups = Rp / 16;
   std::vector<float> amaxes(static_cast<size_t>(groups));
   parallel_rows<float>(groups, Rp * C * 16, 16 * C, [&](int64_t g, float* rows) {
@@ -567,6 +567,7 @@ float column_amax(const T* x, int64_t R, int64_t C, int64_t Rp, const Fp4Quantiz
     tmp.resize(size_t(16 * C));
     narrow.resize(size_t(16 * C));
     column_source(x, R, C, g * 16, 16, p, h, rows, tmp.data(), narrow.data());
+    store_contiguous<float, T>(rows, transformed + g * 16 * C, 16 * C);
     float m = 0;
 #if defined(__x86_64__)
     if (vector_isa() == VectorIsa::Avx512) {
@@ -589,8 +590,15 @@ template <typename T>
 void quantize(const T* x, int64_t R, int64_t C, int64_t Rp, const Fp4QuantizeParams& p,
               float given_amax, bool given, const Fp4Out& out, float* scale_inv, float* amax_out) {
   const HadamardCoefficients h(p.rht_signs);
-  float amax = given_amax;
-  if (!given) amax = p.columns ? column_amax(x, R, C, Rp, p, h) : tensor_amax(x, R * C);
+  if (p.columns && p.rht && !given) {
+    // The amax is the transformed tensor's: transform once, then quantize what it stored.
+    const auto transformed = std::make_unique_for_overwrite<T[]>(size_t(Rp * C));
+    const float a = transform_columns(x, R, C, Rp, p, h, transformed.get());
+    Fp4QuantizeParams direct = p;
+    direct.rht = false;
+    return quantize(transformed.get(), Rp, C, Rp, direct, a, true, out, scale_inv, amax_out);
+  }
+  const float amax = given ? given_amax : tensor_amax(x, R * C);
   const Nvfp4TensorScales ts =
       p.rule == Fp4ScaleRule::Nvfp4 ? nvfp4_tensor_scales(amax) : Nvfp4TensorScales{};
   *amax_out = amax;
