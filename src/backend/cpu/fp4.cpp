@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -394,8 +393,7 @@ void quantize_block_row(const T* x, int64_t C, int64_t r0, int64_t r1, int64_t b
     }
     return row_avx512(rows, C, bc, p, ts, p.stochastic ? bits.data() : nullptr,
                       out.codes ? out.codes + base : nullptr,
-                      out.values ? out.values + base : nullptr,
-                      out.block_scales + br_index * nbc);
+                      out.values ? out.values + base : nullptr, out.block_scales + br_index * nbc);
   }
 #endif
   scales.resize(size_t(nbc));
@@ -592,11 +590,13 @@ void quantize(const T* x, int64_t R, int64_t C, int64_t Rp, const Fp4QuantizePar
   const HadamardCoefficients h(p.rht_signs);
   if (p.columns && p.rht && !given) {
     // The amax is the transformed tensor's: transform once, then quantize what it stored.
-    const auto transformed = std::make_unique_for_overwrite<T[]>(size_t(Rp * C));
-    const float a = transform_columns(x, R, C, Rp, p, h, transformed.get());
+    // From the tensor allocator's cache: a fresh buffer of this size would be fresh pages.
+    const Tensor buffer = Tensor::empty({Rp, C}, dtype_of_v<T>, Device::cpu());
+    T* transformed = static_cast<T*>(buffer.data_ptr());
+    const float a = transform_columns(x, R, C, Rp, p, h, transformed);
     Fp4QuantizeParams direct = p;
     direct.rht = false;
-    return quantize(transformed.get(), Rp, C, Rp, direct, a, true, out, scale_inv, amax_out);
+    return quantize(transformed, Rp, C, Rp, direct, a, true, out, scale_inv, amax_out);
   }
   const float amax = given ? given_amax : tensor_amax(x, R * C);
   const Nvfp4TensorScales ts =
