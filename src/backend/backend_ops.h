@@ -51,7 +51,8 @@
   /* the scaled value clamped to +-6 and rounded to nearest even or, with p.stochastic, by */      \
   /* Philox's bits; values, if given (BF16, (R, C)): each code's value times its block scale */    \
   /* (exact in bf16), NaN where x is not finite: what the emulated GEMM multiplies (times */       \
-  /* scale_inv). */                                                                                \
+  /* scale_inv). With p.columns, x^T is quantized (RHT first with p.rht) and stored in x's */      \
+  /* layout, rows padded (backend.h); with p.values_only (CPU) codes is not written. */            \
   _(Data, void, fp4_quantize,                                                                     \
     (const Tensor& x, const Fp4QuantizeParams& p, Tensor& codes, Tensor& block_scales, Tensor&   \
     scale_inv, Tensor& amax, Tensor* values),                                                     \
