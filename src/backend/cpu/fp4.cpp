@@ -229,6 +229,23 @@ MT_AVX512 inline BlockScales16 nvfp4_scales16(__m512 amax, const Nvfp4TensorScal
   return {code, value, encode};
 }
 
+// Sixteen blocks' scales from their amaxes (lanes), by any rule: NVFP4's vector formula, the MX
+// rules block by block.
+MT_AVX512 inline BlockScales16 scales16(__m512 amax, Fp4ScaleRule rule,
+                                        const Nvfp4TensorScales& t) {
+  if (rule == Fp4ScaleRule::Nvfp4) return nvfp4_scales16(amax, t);
+  alignas(64) float a[16], v[16], e[16];
+  alignas(64) uint32_t code[16];
+  _mm512_store_ps(a, amax);
+  for (int l = 0; l < 16; ++l) {
+    const Fp4BlockScale one = fp4_block_scale(a[l], rule, t);
+    code[l] = one.code;
+    v[l] = one.value;
+    e[l] = one.encode;
+  }
+  return {_mm512_load_si512(code), _mm512_load_ps(v), _mm512_load_ps(e)};
+}
+
 MT_AVX512 void nvfp4_block_scales(const float* amax, int64_t n, const Nvfp4TensorScales& t,
                                   Fp4BlockScale* out, uint8_t* codes) {
   for (int64_t b = 0; b < n; b += 16) {
@@ -293,19 +310,10 @@ MT_AVX512 void row_avx512(const float* row, int64_t C, int64_t bc, const Fp4Quan
       const int64_t c0 = (b0 + j) * bc;
       amax[j] = amax_span(row, c0, std::min(C, c0 + bc));
     }
-    if (p.rule == Fp4ScaleRule::Nvfp4) {
-      const BlockScales16 b = nvfp4_scales16(_mm512_load_ps(amax), ts);
-      _mm512_store_si512(code, b.code);
-      _mm512_store_ps(value, b.value);
-      _mm512_store_ps(encode, b.encode);
-    } else {
-      for (int64_t j = 0; j < nb; ++j) {
-        const Fp4BlockScale one = fp4_block_scale(amax[j], p.rule, ts);
-        code[j] = one.code;
-        value[j] = one.value;
-        encode[j] = one.encode;
-      }
-    }
+    const BlockScales16 b = scales16(_mm512_load_ps(amax), p.rule, ts);
+    _mm512_store_si512(code, b.code);
+    _mm512_store_ps(value, b.value);
+    _mm512_store_ps(encode, b.encode);
     _mm512_mask_cvtepi32_storeu_epi8(block_codes + b0, __mmask16((1u << nb) - 1u),
                                      _mm512_load_si512(code));
     for (int64_t j = 0; j < nb; ++j) {
@@ -341,21 +349,7 @@ MT_AVX512 void columns_avx512(const float* rows, int64_t C, int64_t bc, const Fp
       m = _mm512_max_ps(m, v);
     }
     m = _mm512_mask_mov_ps(m, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-    BlockScales16 b;
-    if (p.rule == Fp4ScaleRule::Nvfp4) {
-      b = nvfp4_scales16(m, ts);
-    } else {
-      alignas(64) float a[16], v[16], e[16];
-      alignas(64) uint32_t code[16];
-      _mm512_store_ps(a, m);
-      for (int l = 0; l < 16; ++l) {
-        const Fp4BlockScale one = fp4_block_scale(a[l], p.rule, ts);
-        code[l] = one.code;
-        v[l] = one.value;
-        e[l] = one.encode;
-      }
-      b = {_mm512_load_si512(code), _mm512_load_ps(v), _mm512_load_ps(e)};
-    }
+    const BlockScales16 b = scales16(m, p.rule, ts);
     _mm512_mask_cvtepi32_storeu_epi8(block_codes + c, k, b.code);
     const Scale16 scale{b.encode, b.value};
     for (int64_t i = 0; i < bc; ++i) {
@@ -369,6 +363,17 @@ MT_AVX512 void columns_avx512(const float* rows, int64_t C, int64_t bc, const Fp
   }
 }
 #endif
+
+// max |v| over [c0, c1), NaN winning: in AVX-512 where the kernels run it, else the scalar fold.
+inline float amax_of(const float* v, int64_t c0, int64_t c1) {
+#if defined(__x86_64__)
+  if (vector_isa() == VectorIsa::Avx512) return amax_span(v, c0, c1);
+#endif
+  float m = 0;
+  for (int64_t c = c0; c < c1; ++c)
+    m = nan_max(m, std::fabs(v[c]));
+  return m;
+}
 
 // Quantizes the block row `br_index` (rows [r0, r1)) of x: the blocks' scales, then each row,
 // its random bits first under stochastic rounding (the vector Philox), block by block.
@@ -401,16 +406,8 @@ void quantize_block_row(const T* x, int64_t C, int64_t r0, int64_t r1, int64_t b
   for (int64_t b = 0; b < nbc; ++b) {
     const int64_t c0 = b * bc, c1 = std::min(C, c0 + bc);
     float amax = 0;
-    for (int64_t r = 0; r < n; ++r) {
-#if defined(__x86_64__)
-      if (avx512) {
-        amax = nan_max(amax, amax_span(rows + r * C, c0, c1));
-        continue;
-      }
-#endif
-      for (int64_t c = c0; c < c1; ++c)
-        amax = nan_max(amax, std::fabs(rows[r * C + c]));
-    }
+    for (int64_t r = 0; r < n; ++r)
+      amax = nan_max(amax, amax_of(rows + r * C, c0, c1));
     amaxes[size_t(b)] = amax;
   }
   uint8_t* block_codes = out.block_scales + br_index * nbc;
@@ -468,7 +465,7 @@ struct HadamardCoefficients {
 
 // Rows r0..r0+n of the matrix p.columns quantizes down: x's rows as f32 (zeros past R) and, with
 // p.rht, each 16 rows through the transform down the columns, rounded to T as hadamard16 stores
-// them. rows: n x C; tmp: 16 x C floats and as many T.
+// them. rows: n x C; tmp: 16 x C floats; narrow: n x C of T, the transform's rounded values.
 template <typename T>
 void column_source(const T* x, int64_t R, int64_t C, int64_t r0, int64_t n,
                    const Fp4QuantizeParams& p, const HadamardCoefficients& h, float* rows,
@@ -498,12 +495,8 @@ void column_source(const T* x, int64_t R, int64_t C, int64_t r0, int64_t n,
             out[c] = out[c] + group[i * C + c] * h.coef[i][j];
       }
     }
-    if constexpr (std::is_same_v<T, float>) {
-      std::memcpy(group, tmp, sizeof(float) * size_t(16 * C));
-    } else {
-      store_contiguous<float, T>(tmp, narrow, 16 * C);
-      load_contiguous<T, float>(narrow, group, 16 * C);
-    }
+    store_contiguous<float, T>(tmp, narrow + s * C, 16 * C);
+    load_contiguous<T, float>(narrow + s * C, group, 16 * C);
   }
 }
 
@@ -521,7 +514,7 @@ void quantize_column_group(const T* x, int64_t R, int64_t C, int64_t Rp, int64_t
   thread_local std::vector<uint32_t> bits;
   if (p.rht) {
     tmp.resize(size_t(16 * C));
-    narrow.resize(size_t(16 * C));
+    narrow.resize(size_t(bc * C));
   }
   column_source(x, R, C, r0, bc, p, h, rows, tmp.data(), narrow.data());
   const bool avx512 = vector_isa() == VectorIsa::Avx512;
@@ -561,22 +554,10 @@ float transform_columns(const T* x, int64_t R, int64_t C, int64_t Rp, const Fp4Q
   std::vector<float> amaxes(static_cast<size_t>(groups));
   parallel_rows<float>(groups, Rp * C * 16, 16 * C, [&](int64_t g, float* rows) {
     thread_local std::vector<float> tmp;
-    thread_local std::vector<T> narrow;
     tmp.resize(size_t(16 * C));
-    narrow.resize(size_t(16 * C));
-    column_source(x, R, C, g * 16, 16, p, h, rows, tmp.data(), narrow.data());
-    store_contiguous<float, T>(rows, transformed + g * 16 * C, 16 * C);
-    float m = 0;
-#if defined(__x86_64__)
-    if (vector_isa() == VectorIsa::Avx512) {
-      m = amax_span(rows, 0, 16 * C);
-    } else
-#endif
-    {
-      for (int64_t i = 0; i < 16 * C; ++i)
-        m = nan_max(m, std::fabs(rows[i]));
-    }
-    amaxes[size_t(g)] = m;
+    // The rounded values go straight into their place in `transformed`.
+    column_source(x, R, C, g * 16, 16, p, h, rows, tmp.data(), transformed + g * 16 * C);
+    amaxes[size_t(g)] = amax_of(rows, 0, 16 * C);
   });
   float m = 0;
   for (float a : amaxes)
