@@ -121,6 +121,8 @@ std::string Amp::describe() const {
       break;
   }
   if (p.cast_model) os << ", rounding " << rounding_name(p.rounding);
+  if (p.compensation != optim::Compensation::None)
+    os << ", " << name_of(p.compensation) << " compensation";
   return os.str();
 }
 
@@ -156,6 +158,15 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType d
   p.keep_batchnorm_fp32 = casts && options.keep_batchnorm_fp32.value_or(level == OptLevel::O2);
   p.master_weights = casts && options.master_weights.value_or(level == OptLevel::O2);
   p.rounding = options.rounding;
+  if (options.compensation != optim::Compensation::None) {
+    MT_CHECK(casts && !p.master_weights, where, ": ", name_of(options.compensation),
+             " compensation is for half weights without fp32 masters (O3, bf16-pure); ",
+             p.master_weights ? "the masters keep the exact weights already"
+                              : "the weights are fp32 at this level");
+    MT_CHECK(p.rounding == RoundingMode::NearestEven, where, ": ", name_of(options.compensation),
+             " compensation stores to nearest even, not ", rounding_name(p.rounding));
+  }
+  p.compensation = options.compensation;
   if (options.loss_scale.has_value()) {
     const double s = *options.loss_scale;
     MT_CHECK(std::isfinite(s) && s > 0, where, ": a static loss scale must be finite and > 0, got ",
@@ -171,6 +182,7 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, OptLevel level, DType d
   // Masters first, from the fp32 values; then the cast (the optimizer holds the same handles).
   opt.set_master_weights(p.master_weights);
   opt.set_store_rounding(p.rounding, options.rounding_seed);
+  opt.set_compensation(p.compensation);
   if (casts) {
     if (p.keep_batchnorm_fp32) {
       model.to(p.dtype, [](const nn::Module& m) { return !nn::is_batch_norm(m); });
@@ -222,12 +234,14 @@ Amp initialize(nn::Module& model, optim::Optimizer& opt, const Recipe& recipe) {
   const OptLevel level = level_of(recipe);
   AmpOptions ao;
   if (p == Precision::BF16Pure) {
-    // bf16 O3 without masters, stochastic rounding, batch norm fp32.
+    // bf16 O3 without masters, stochastic rounding (nearest under Kahan), batch norm fp32.
     ao = bf16_pure_options(recipe.seed);
+    if (recipe.compensation != optim::Compensation::None) ao.rounding = RoundingMode::NearestEven;
   } else if (level != OptLevel::O0) {
     ao.rounding = recipe.rounding.value_or(RoundingMode::NearestEven);
     ao.rounding_seed = recipe.seed;
   }
+  ao.compensation = recipe.compensation;
   ao.loss_scale = recipe.loss_scale;
   // fp8 needs no loss scaling (per-tensor scales give each tensor its range), but a static scale
   // of 1 checks the gradients: a step that met inf or NaN is skipped, as fp16's are.

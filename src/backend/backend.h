@@ -126,9 +126,13 @@ struct Pool2dParams {
 // One call updates every parameter of one parameter group in one pass (docs/design.md §5): element
 // i of each span belongs to tensor i. Parameters may mix float dtypes; each is loaded in its
 // storage dtype, updated in fp32 (f64 for f64) and rounded once on store (RNE). Optimizer state
-// (momentum, exp_avg, exp_avg_sq) is kept in optimizer_state_dtype(param): F32 for f32/half/fp8
-// parameters, F64 for f64. Gradients may be any float dtype. Every tensor is contiguous and on
-// this device; a gradient has its parameter's shape. Results do not depend on the thread count.
+// (momentum, exp_avg, exp_avg_sq) is kept in a format of optim/state_format.h, told by the state
+// tensor's dtype: optimizer_state_dtype(param) (F32 for f32/half/fp8 parameters, F64 for f64:
+// the compute type itself), BF16, or block-scaled: FP8_E4M3 (fp8) or U8 (8bit) codes with an F32
+// absmax per block in state_scales (below). A step decodes each chunk of state, updates it in the
+// compute type and encodes it again (state_math.h). Gradients may be any float dtype. Every tensor
+// is contiguous and on this device; a gradient has its parameter's shape. Results do not depend on
+// the thread count.
 //
 // Step counts live on the device, as PyTorch's fused optimizers keep theirs: `step_counts` is an
 // I64 tensor on this device with one entry per parameter of the optimizer, and tensor i of the
@@ -152,6 +156,18 @@ struct Pool2dParams {
 // - the loss scaler's device-side skip: `found_inf`, when given, is a one-element F32 tensor on
 //   this device; a non-zero value makes the whole call a no-op (parameters, masters, state and
 //   step counts untouched) without the host reading it.
+// - Kahan compensation (optim::Compensation::Kahan): when `compensations` is not empty it has
+//   one entry per parameter; a defined compensations[i] (the parameter's dtype and shape, for a
+//   parameter stored narrower than f32 without a master) holds what the last store of each
+//   element lost: the update's result x becomes x + c, the parameter round(x + c) to nearest
+//   even, and c the rounding of x + c - p. Stores with a compensation are always to nearest.
+// - block-scaled state: `state_scales` is empty when no state of the call is block-scaled, else
+//   it has (states of the kernel) x (tensors) entries, state_scales[s * tensors + i] the F32
+//   absmax of state s of tensor i (ceil(numel / state_block) elements) where that state is
+//   FP8_E4M3 or U8, undefined elsewhere. Blocks start at the tensor's first element: a tensor
+//   that is a slice of its parameter (element_offsets) starts on a block boundary of it. The
+//   first state (momentum, exp_avg) uses the signed dynamic map, the second (exp_avg_sq) the
+//   unsigned one, and as fp8 stores its square root.
 // check_step_call (multi_tensor_check.cpp) is the one validation of these arguments, shared by
 // every backend.
 struct MultiTensorOptions {
@@ -162,7 +178,19 @@ struct MultiTensorOptions {
   RoundingMode store_rounding = RoundingMode::NearestEven;  // NearestEven | Stochastic
   uint64_t seed = 0;
   const Tensor* found_inf = nullptr;
+  std::span<Tensor> compensations;
+  std::span<Tensor> state_scales;
+  int64_t state_block = 256;
 };
+
+// The largest state block, a divisor of every block size a kernel takes (the CPU's chunks hold
+// whole blocks); optim::kMaxStateBlock is the same (a static_assert in optimizer.cpp).
+inline constexpr int64_t kMaxStateBlockElements = 2048;
+
+// Whether a state tensor of dtype `state` is block-scaled (has an absmax per block).
+constexpr bool block_scaled_state(DType state) {
+  return state == DType::FP8_E4M3 || state == DType::U8;
+}
 
 // The dtype of an optimizer's state for a parameter of dtype `param` (and of its master).
 constexpr DType optimizer_state_dtype(DType param) {

@@ -127,25 +127,36 @@ struct Arg<std::span<Tensor>> {
   }
 };
 
-// The tensors inside the optimizer steps' options: masters and step counts are written, the
-// found-inf flag is read.
+// The tensors inside the optimizer steps' options: masters, step counts, compensations and
+// state scales are written, the found-inf flag is read.
 struct CpuStepOptions {
   const MultiTensorOptions& original;
   Arg<std::span<Tensor>> masters;
   Arg<Tensor*> step_counts;
   Arg<const Tensor*> found_inf;
+  Arg<std::span<Tensor>> compensations;
+  Arg<std::span<Tensor>> state_scales;
   explicit CpuStepOptions(const MultiTensorOptions& o)
-      : original(o), masters(o.masters), step_counts(o.step_counts), found_inf(o.found_inf) {}
+      : original(o),
+        masters(o.masters),
+        step_counts(o.step_counts),
+        found_inf(o.found_inf),
+        compensations(o.compensations),
+        state_scales(o.state_scales) {}
   MultiTensorOptions get() {
     MultiTensorOptions o = original;
     o.masters = masters.get();
     o.step_counts = step_counts.get();
     o.found_inf = found_inf.get();
+    o.compensations = compensations.get();
+    o.state_scales = state_scales.get();
     return o;
   }
   void finish() {
     masters.finish();
     step_counts.finish();
+    compensations.finish();
+    state_scales.finish();
   }
 };
 

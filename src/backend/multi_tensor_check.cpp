@@ -42,6 +42,12 @@ void check_step_call(const char* kernel, Device device, std::span<const Tensor> 
             counts.describe());
   for (const auto& s : states)
     MT_ASSERT(s.size() == params.size(), kernel, ": one state tensor per parameter");
+  MT_ASSERT(o.compensations.empty() || o.compensations.size() == params.size(), kernel,
+            ": one compensation entry per parameter");
+  MT_ASSERT(o.state_scales.empty() || o.state_scales.size() == states.size() * params.size(),
+            kernel, ": one scale entry per state and parameter");
+  MT_ASSERT(o.state_block >= 1 && kMaxStateBlockElements % o.state_block == 0, kernel,
+            ": a state block of ", o.state_block, " elements");
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     const Tensor& g = grads[i];
@@ -52,11 +58,37 @@ void check_step_call(const char* kernel, Device device, std::span<const Tensor> 
               kernel, ": gradient ", i, " is ", g.describe(), " for a parameter ", p.describe());
     MT_ASSERT(int64_t(o.ids[i]) < counts.numel(), kernel, ": id ", o.ids[i], " of tensor ", i,
               " has no step count (", counts.numel(), ")");
+    size_t k = 0;
     for (const auto& s : states) {
       const Tensor& b = s[i];
-      MT_ASSERT(b.dtype() == optimizer_state_dtype(p.dtype()) && b.is_contiguous() &&
-                    b.shape() == p.shape() && b.device() == device,
-                kernel, ": state ", b.describe(), " of parameter ", p.describe());
+      const DType d = b.dtype();
+      MT_ASSERT(
+          (d == optimizer_state_dtype(p.dtype()) || d == DType::BF16 || block_scaled_state(d)) &&
+              b.is_contiguous() && b.shape() == p.shape() && b.device() == device,
+          kernel, ": state ", b.describe(), " of parameter ", p.describe());
+      const Tensor* scale =
+          o.state_scales.empty() ? nullptr : &o.state_scales[k * params.size() + i];
+      if (block_scaled_state(d)) {
+        const int64_t blocks = (p.numel() + o.state_block - 1) / o.state_block;
+        MT_ASSERT(scale != nullptr && scale->defined() && scale->dtype() == DType::F32 &&
+                      scale->is_contiguous() && scale->numel() == blocks &&
+                      scale->device() == device,
+                  kernel, ": the block scales of state ", b.describe(), " (", blocks, " blocks of ",
+                  o.state_block, ")");
+        MT_ASSERT(o.element_offsets.empty() || o.element_offsets[i] % uint64_t(o.state_block) == 0,
+                  kernel, ": a block-scaled state's slice starts inside a block");
+      } else {
+        MT_ASSERT(scale == nullptr || !scale->defined(), kernel, ": block scales for state ",
+                  b.describe());
+      }
+      ++k;
+    }
+    if (i < o.compensations.size() && o.compensations[i].defined()) {
+      const Tensor& c = o.compensations[i];
+      MT_ASSERT(c.dtype() == p.dtype() && c.is_contiguous() && c.shape() == p.shape() &&
+                    c.device() == device && p.dtype() != DType::F32 && p.dtype() != DType::F64 &&
+                    (i >= o.masters.size() || !o.masters[i].defined()),
+                kernel, ": compensation ", c.describe(), " of parameter ", p.describe());
     }
     if (i < o.masters.size() && o.masters[i].defined()) {
       const Tensor& m = o.masters[i];
@@ -66,6 +98,20 @@ void check_step_call(const char* kernel, Device device, std::span<const Tensor> 
     }
   }
   if (o.found_inf != nullptr) check_found_inf(kernel, device, *o.found_inf);
+}
+
+bool plain_step_state(std::span<const Tensor> params,
+                      std::initializer_list<std::span<Tensor>> states,
+                      const MultiTensorOptions& o) {
+  for (const Tensor& c : o.compensations) {
+    if (c.defined()) return false;
+  }
+  for (const auto& s : states) {
+    for (size_t i = 0; i < s.size() && i < params.size(); ++i) {
+      if (s[i].dtype() != optimizer_state_dtype(params[i].dtype())) return false;
+    }
+  }
+  return true;
 }
 
 void check_sparse_step_call(const char* kernel, Device device, std::span<const Tensor> tables,

@@ -29,6 +29,13 @@ void check_step_call(const char* kernel, Device device, std::span<const Tensor> 
                      std::span<const Tensor> grads, std::initializer_list<std::span<Tensor>> states,
                      const MultiTensorOptions& options);
 
+// Whether an optimizer step's state is all in the compute type (optimizer_state_dtype) and its
+// parameters have no Kahan compensation: what a backend without the state formats' kernels
+// runs itself (the others go to the CPU fallback).
+bool plain_step_state(std::span<const Tensor> params,
+                      std::initializer_list<std::span<Tensor>> states,
+                      const MultiTensorOptions& options);
+
 // Backend::sparse_adamw_step: per table (contiguous (rows, dim) floats on `device`) its distinct
 // row ids (I64, U, each in [0, rows)), its rows' gradients (U, dim), its two moments (the state
 // dtype, the table's shape), its row counts (I64, rows), an id and a master entry as

@@ -442,6 +442,7 @@ amp::Recipe recipe_of(const TrainConfig& c) {
   r.precision = c.precision;
   r.level = c.opt_level;
   if (c.rounding) r.rounding = rounding_mode(*c.rounding);
+  r.compensation = c.compensation;
   r.loss_scale = c.loss_scale.value;
   r.init_scale = c.init_scale;
   r.seed = c.seed;

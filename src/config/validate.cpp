@@ -3,6 +3,7 @@
 // option needs of the task that trains the model is checked by the task (train::check_supported).
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "mantissa/config/train_config.h"
 #include "mantissa/core/device.h"
@@ -38,9 +39,21 @@ void validate_precision(const TrainConfig& c) {
              name, c.opt_level ? " " : "", c.opt_level ? level_text(c.opt_level) : std::string(),
              " the weights are fp32");
   }
-  MT_CHECK(p != amp::Precision::BF16Pure || !c.rounding || *c.rounding == StoreRounding::Stochastic,
-           "--precision bf16-pure keeps no fp32 master and needs --rounding stochastic; for ",
+  const bool kahan = c.compensation == optim::Compensation::Kahan;
+  MT_CHECK(p != amp::Precision::BF16Pure || !c.rounding || kahan ||
+               *c.rounding == StoreRounding::Stochastic,
+           "--precision bf16-pure keeps no fp32 master and needs --rounding stochastic (or "
+           "--compensation kahan); for ",
            name_of(*c.rounding), " rounding use --precision bf16 --opt-level O3");
+  if (kahan) {
+    MT_CHECK(p == amp::Precision::BF16Pure || c.opt_level == amp::OptLevel::O3,
+             "--compensation kahan keeps half weights accurate without fp32 masters: use it with "
+             "--precision bf16-pure or --opt-level O3 (",
+             name, c.opt_level ? " " : "", level_text(c.opt_level),
+             c.opt_level == amp::OptLevel::O2 ? " keeps fp32 masters" : " has fp32 weights", ")");
+    MT_CHECK(!c.rounding || *c.rounding == StoreRounding::Nearest,
+             "--compensation kahan stores to nearest; drop --rounding ", name_of(*c.rounding));
+  }
   const bool scalable = amp::precision_info(p).levels != amp::kLevelO0;
   MT_CHECK(!c.loss_scale.value || scalable, "--loss-scale ", c.loss_scale.str(),
            " applies to --precision fp16 or bf16, not ", name);
@@ -57,6 +70,27 @@ void validate_precision(const TrainConfig& c) {
            "so it needs --precision fp16 at O1 (fp32 weights)");
   MT_CHECK(c.grad_accum == 1 || c.underflow_every == 0,
            "--underflow-every measures single-batch steps; drop it or --grad-accum");
+}
+
+void validate_optimizer_state(const TrainConfig& c) {
+  for (const auto& [given, key] : {std::pair{c.exp_avg_state, "exp-avg-state"},
+                                   std::pair{c.exp_avg_sq_state, "exp-avg-sq-state"}}) {
+    MT_CHECK(!given || c.optimizer == OptimizerKind::AdamW, "--", key,
+             " is AdamW's; with --optimizer ", name_of(c.optimizer),
+             " --optim-state sets the momentum's format");
+  }
+  MT_CHECK((c.state_block & (c.state_block - 1)) == 0,
+           "--state-block must be a power of two (32 to ", optim::kMaxStateBlock, "), got ",
+           c.state_block);
+  const auto f32 = optim::StateFormat::F32;
+  MT_CHECK(c.optim_state == f32 || c.optimizer != OptimizerKind::Sgd || c.momentum > 0,
+           "--optim-state ", name_of(c.optim_state),
+           " sets the format of SGD's momentum buffer, and with --momentum 0 there is none");
+  const bool narrow = c.optim_state != f32 || c.exp_avg_state.value_or(f32) != f32 ||
+                      c.exp_avg_sq_state.value_or(f32) != f32;
+  MT_CHECK(!narrow || c.embedding_update != EmbeddingUpdate::Lazy,
+           "--embedding-update lazy keeps its tables' moments in fp32; with --optim-state ",
+           name_of(c.optim_state), " use --embedding-update dense");
 }
 
 }  // namespace
@@ -89,6 +123,7 @@ void TrainConfig::validate() const {
   MT_CHECK(distributed || zero == 0,
            "--zero shards the optimizer state across data-parallel ranks: add --distributed "
            "(under mpirun)");
+  validate_optimizer_state(*this);
   MT_CHECK(embedding_update != EmbeddingUpdate::Lazy || optimizer == OptimizerKind::AdamW,
            "--embedding-update lazy is AdamW's (LazyAdam); with --optimizer ", name_of(optimizer),
            " use --embedding-update dense");

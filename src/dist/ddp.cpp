@@ -22,6 +22,29 @@ optim::ElementRange zero_segment(int64_t n, int rank, int world_size) {
   return {n * rank / world_size, n * (rank + 1) / world_size};
 }
 
+std::vector<int64_t> zero_cuts(std::span<const int64_t> param_sizes, int world_size) {
+  int64_t n = 0;
+  for (int64_t size : param_sizes)
+    n += size;
+  std::vector<int64_t> cuts{0};
+  for (int r = 1; r < world_size; ++r) {
+    const int64_t target = zero_segment(n, r, world_size).begin;
+    // The parameter the cut falls in, and the block boundary nearest to it there.
+    int64_t off = 0;
+    size_t k = 0;
+    while (k < param_sizes.size() && off + param_sizes[k] <= target)
+      off += param_sizes[k++];
+    int64_t cut = target;
+    if (k < param_sizes.size()) {
+      constexpr int64_t b = optim::kMaxStateBlock;
+      cut = off + std::min(param_sizes[k], (target - off + b / 2) / b * b);
+    }
+    cuts.push_back(std::max(cut, cuts.back()));
+  }
+  cuts.push_back(n);
+  return cuts;
+}
+
 DistributedDataParallel::DistributedDataParallel(nn::Module& model,
                                                  std::shared_ptr<Communicator> comm,
                                                  DdpOptions options)
@@ -75,11 +98,15 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     }
     flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
     if (!zero) continue;
-    // ZeRO-1: rank r owns elements zero_segment(n, r) of the bucket, whichever parameters they
-    // fall in.
+    // ZeRO-1: rank r owns elements [cuts[r], cuts[r + 1]) of the bucket, whichever parameters
+    // they fall in.
+    std::vector<int64_t> sizes;
+    for (size_t k : bucket)
+      sizes.push_back(params_[k].numel());
+    const std::vector<int64_t> cuts = zero_cuts(sizes, world);
     std::vector<int64_t> counts(size_t(world), 0);
     for (int r = 0; r < world; ++r) {
-      const optim::ElementRange seg = zero_segment(n, r, world);
+      const optim::ElementRange seg{cuts[size_t(r)], cuts[size_t(r) + 1]};
       counts[size_t(r)] = seg.size();
       for (size_t k : bucket) {
         const int64_t lo = std::max(seg.begin, offset_[k]);
@@ -88,7 +115,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       }
     }
     shard_.push_back(Tensor::zeros({counts[size_t(comm_->rank())]}, options_.grad_comm, device));
-    segment_start_.push_back(zero_segment(n, comm_->rank(), world).begin);
+    segment_start_.push_back(cuts[size_t(comm_->rank())]);
     segment_counts_.push_back(std::move(counts));
   }
   inflight_.resize(buckets_.size());
@@ -394,13 +421,21 @@ NamedTensors DistributedDataParallel::gather_optimizer_state(const optim::Optimi
       }
       MT_CHECK(i < model_index.size(), "gather_optimizer_state: '", key, "' names no parameter");
       const Tensor& p = params_[model_index[i]];
-      const optim::ElementRange range = ranges_[size_t(r)][model_index[i]];
+      optim::ElementRange range = ranges_[size_t(r)][model_index[i]];
       const bool slice = !key.ends_with(".step") && range.size() < p.numel();
+      // A block-scaled state's scales: one per block, and a slice starts on a block boundary.
+      const bool blocks = key.ends_with(".absmax");
+      Shape shape = p.shape();
+      if (blocks) {
+        const int64_t b = opt.block_options().block;
+        range = {range.begin / b, (range.end + b - 1) / b};
+        shape = Shape{(p.numel() + b - 1) / b};
+      }
       const auto [at, fresh] = where.try_emplace(key, merged.size());
-      if (fresh) merged.emplace_back(key, slice ? Tensor::zeros(p.shape(), t.dtype()) : t);
+      if (fresh) merged.emplace_back(key, slice ? Tensor::zeros(shape, t.dtype()) : t);
       if (slice) {
         Tensor whole = merged[at->second].second;
-        whole.reshape({p.numel()}).narrow(0, range.begin, range.size()).copy_(t);
+        whole.reshape({whole.numel()}).narrow(0, range.begin, range.size()).copy_(t);
       }
     }
   }

@@ -84,6 +84,7 @@ std::pair<int, size_t> state_key_place(std::string_view key) {
   };
   if (key.starts_with("state.")) return {1, index(6)};
   if (key.starts_with("master.")) return {2, index(7)};
+  if (key.starts_with("compensation.")) return {3, index(13)};
   return {0, 0};
 }
 

@@ -79,14 +79,18 @@ std::vector<ParamGroup> weight_decay_groups(const NamedTensors& named_params, do
 
 // ---- Optimizer -------------------------------------------------------------------------------
 
+static_assert(kMaxStateBlock == backend::kMaxStateBlockElements);
+
 struct Optimizer::GroupStep {
   std::vector<size_t> index;  // into params_
   std::vector<Tensor> params;
   std::vector<Tensor> grads;
   std::vector<std::vector<Tensor>> states;  // [state name][k]
-  std::vector<Tensor> masters;              // [k]: empty without master weights; undefined: none
-  std::vector<uint64_t> ids;                // [k]: the parameter's index
-  std::vector<uint64_t> offsets;            // [k]: where its owned part starts (ZeRO-1)
+  std::vector<Tensor> scales;         // [state name * params + k] (empty: no state block-scaled)
+  std::vector<Tensor> masters;        // [k]: empty without master weights; undefined: none
+  std::vector<Tensor> compensations;  // [k]: empty without compensation; undefined: none
+  std::vector<uint64_t> ids;          // [k]: the parameter's index
+  std::vector<uint64_t> offsets;      // [k]: where its owned part starts (ZeRO-1)
   backend::MultiTensorOptions options;
 };
 
@@ -199,11 +203,43 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+StateFormat Optimizer::state_format(size_t i, size_t k) const {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  const StateFormat f = options_state_format(k);
+  if (state_format_info(f).block_scaled && params_[i].numel() < block_options().min_numel)
+    return StateFormat::F32;
+  return f;
+}
+
+DType Optimizer::state_dtype(size_t i, size_t k) const {
+  const StateFormat f = state_format(i, k);
+  return f == StateFormat::F32 ? backend::optimizer_state_dtype(params_[i].dtype())
+                               : state_format_info(f).storage;
+}
+
+int64_t Optimizer::state_blocks(int64_t numel) const {
+  const int64_t b = block_options().block;
+  return (numel + b - 1) / b;
+}
+
+ElementRange Optimizer::owned_blocks(size_t i) const {
+  const ElementRange r = owned_range(i);
+  const int64_t b = block_options().block;
+  return {r.begin / b, (r.end + b - 1) / b};
+}
+
 std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
   auto b = std::make_unique<GroupStep>();
   const std::vector<std::string> names = state_names(group);
   b->states.resize(names.size());
+  std::vector<std::vector<Tensor>> scales(names.size());
+  bool any_scaled = false;
   const Device device = params_[0].device();
+  MT_CHECK(compensation_ == Compensation::None || store_rounding_ == RoundingMode::NearestEven,
+           "Kahan compensation stores updates to nearest even, but the store rounding is ",
+           rounding_name(store_rounding_),
+           "; set_store_rounding(RoundingMode::NearestEven) with it (--rounding nearest)");
   for (size_t i : groups_[group].members) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();
@@ -222,36 +258,64 @@ std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
     g = owned_part(i, g);
 
     ParamState& s = state_[i];
-    const DType sd = backend::optimizer_state_dtype(p.dtype());
-    if (s.tensors.empty()) {
-      // A step the device may skip must leave defined state: zeros, what a first update starts
-      // from, so that the next update (then the first the kernel counts) reads the same.
-      for (size_t k = 0; k < names.size(); ++k) {
-        s.tensors.push_back(found_inf_.defined() ? Tensor::zeros(part.shape(), sd, device)
-                                                 : Tensor::empty(part.shape(), sd, device));
-      }
-    } else {
-      MT_ASSERT(s.tensors.size() == names.size(), "optimizer state of parameter ", i);
-      for (Tensor& t : s.tensors) {
+    const bool fresh = s.tensors.empty();
+    for (size_t k = 0; k < names.size(); ++k) {
+      const DType sd = state_dtype(i, k);
+      const bool scaled = state_format_info(state_format(i, k)).block_scaled;
+      MT_CHECK(!scaled || owned_range(i).begin % block_options().block == 0, "optimizer parameter ",
+               i, " is owned from element ", owned_range(i).begin, ", inside a block of its ",
+               name_of(state_format(i, k)), " state (blocks of ", block_options().block,
+               "); shard on multiples of the block (kMaxStateBlock)");
+      if (fresh) {
+        // A step the device may skip must leave defined state: zeros, what a first update starts
+        // from, so that the next update (then the first the kernel counts) reads the same.
+        auto make = [&](Shape shape, DType dtype) {
+          return found_inf_.defined() ? Tensor::zeros(shape, dtype, device)
+                                      : Tensor::empty(shape, dtype, device);
+        };
+        s.tensors.push_back(make(part.shape(), sd));
+        s.scales.push_back(scaled ? make(Shape{state_blocks(part.numel())}, DType::F32) : Tensor());
+      } else {
+        MT_ASSERT(s.tensors.size() == names.size() && s.scales.size() == names.size(),
+                  "optimizer state of parameter ", i);
+        Tensor& t = s.tensors[k];
         MT_CHECK(t.shape() == part.shape(), "optimizer parameter ", i, " changed shape from ",
                  t.shape().str(), " to ", part.shape().str(), " after its state was made");
-        if (t.dtype() != sd || t.device() != device) t = own_copy(t.to(sd), device);
+        if (scaled) {
+          MT_ASSERT(t.dtype() == sd, "a block-scaled state of parameter ", i, " is ", t.describe());
+          if (t.device() != device) {
+            t = own_copy(t, device);
+            s.scales[k] = own_copy(s.scales[k], device);
+          }
+        } else if (t.dtype() != sd || t.device() != device) {
+          t = own_copy(t.to(sd), device);
+        }
       }
+      b->states[k].push_back(s.tensors[k]);
+      scales[k].push_back(s.scales[k]);
+      any_scaled = any_scaled || scaled;
     }
     b->index.push_back(i);
     b->params.push_back(part);
     b->grads.push_back(std::move(g));
-    for (size_t k = 0; k < names.size(); ++k)
-      b->states[k].push_back(s.tensors[k]);
     b->ids.push_back(uint64_t(i));
     b->offsets.push_back(uint64_t(owned_range(i).begin));
     if (master_weights_) b->masters.push_back(prepare_master(i, part));
+    if (compensation_ != Compensation::None)
+      b->compensations.push_back(prepare_compensation(i, part));
+  }
+  if (any_scaled) {
+    for (std::vector<Tensor>& per_state : scales)
+      b->scales.insert(b->scales.end(), per_state.begin(), per_state.end());
   }
   backend::MultiTensorOptions& o = b->options;
   o.ids = b->ids;
   if (!owned_.empty()) o.element_offsets = b->offsets;
   o.step_counts = &step_counts();
   o.masters = b->masters;
+  o.compensations = b->compensations;
+  o.state_scales = b->scales;
+  o.state_block = block_options().block;
   o.store_rounding = store_rounding_;
   o.seed = rounding_seed_;
   o.found_inf = found_inf_.defined() ? &found_inf_ : nullptr;
@@ -305,6 +369,35 @@ void Optimizer::set_master_weights(bool on) {
   }
 }
 
+void Optimizer::set_compensation(Compensation c) {
+  compensation_ = c;
+  compensations_.assign(params_.size(), Master{});
+}
+
+const Tensor& Optimizer::compensation_buffer(size_t i) const {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  static const Tensor kNone;
+  return i < compensations_.size() ? compensations_[i].value : kNone;
+}
+
+Tensor& Optimizer::prepare_compensation(size_t i, const Tensor& p) {
+  Master& c = compensations_[i];
+  const bool narrow = p.dtype() != DType::F32 && p.dtype() != DType::F64;
+  const bool has_master = master_weights_ && masters_[i].value.defined();
+  if (!narrow || has_master) {
+    c = Master{};  // nothing is lost on store, or the master keeps it
+    return c.value;
+  }
+  // Kept across writes by anything but step() (ZeRO-1's all-gather bumps every parameter's
+  // version each step): |c| is at most half an ulp of p, so a stale one moves a rewritten weight
+  // by less than the write's own rounding.
+  const bool fits = c.value.defined() && c.value.shape() == p.shape() &&
+                    c.value.dtype() == p.dtype() && c.value.device() == p.device();
+  if (!fits) c.value = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  return c.value;
+}
+
 void Optimizer::set_owned_ranges(std::vector<ElementRange> owned) {
   MT_CHECK(owned.empty() || owned.size() == params_.size(),
            "Optimizer::set_owned_ranges: ", owned.size(), " ranges for ", params_.size(),
@@ -320,7 +413,8 @@ void Optimizer::set_owned_ranges(std::vector<ElementRange> owned) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const ElementRange was = before.empty() ? ElementRange{0, params_[i].numel()} : before[i];
     if (owned_range(i) == was) continue;
-    state_[i].tensors.clear();
+    state_[i] = ParamState{};
+    if (i < compensations_.size()) compensations_[i] = Master{};
     if (i >= masters_.size()) continue;
     const Tensor old = masters_[i].value;
     masters_[i] = Master{};
@@ -359,11 +453,14 @@ Tensor Optimizer::owned_part(size_t i, const Tensor& whole) const {
 int64_t Optimizer::state_nbytes() const {
   int64_t n = 0;
   for (const ParamState& s : state_) {
-    for (const Tensor& t : s.tensors)
-      n += int64_t(t.nbytes());
+    for (const std::vector<Tensor>* list : {&s.tensors, &s.scales}) {
+      for (const Tensor& t : *list)
+        n += t.defined() ? int64_t(t.nbytes()) : 0;
+    }
   }
-  for (const Master& m : masters_) {
-    if (m.value.defined()) n += int64_t(m.value.nbytes());
+  for (const std::vector<Master>* list : {&masters_, &compensations_}) {
+    for (const Master& m : *list)
+      n += m.value.defined() ? int64_t(m.value.nbytes()) : 0;
   }
   return n;
 }
@@ -429,12 +526,20 @@ NamedTensors Optimizer::state_dict() const {
     const std::vector<std::string> names = state_names(group_of_[i]);
     const std::string prefix = "state." + std::to_string(i) + ".";
     out.emplace_back(prefix + "step", int_scalar(counts[i]));
-    for (size_t k = 0; k < names.size(); ++k)
+    for (size_t k = 0; k < names.size(); ++k) {
       out.emplace_back(prefix + names[k], own_copy(s.tensors[k], s.tensors[k].device()));
+      const Tensor& scale = s.scales[k];
+      if (scale.defined())
+        out.emplace_back(prefix + names[k] + ".absmax", own_copy(scale, scale.device()));
+    }
   }
   for (size_t i = 0; i < masters_.size(); ++i) {
     const Tensor& m = masters_[i].value;
     if (m.defined()) out.emplace_back("master." + std::to_string(i), own_copy(m, m.device()));
+  }
+  for (size_t i = 0; i < compensations_.size(); ++i) {
+    const Tensor& c = compensations_[i].value;
+    if (c.defined()) out.emplace_back("compensation." + std::to_string(i), own_copy(c, c.device()));
   }
   return out;
 }
@@ -462,11 +567,12 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
   std::vector<std::optional<double>> group_lr(groups_.size());
   std::vector<ParamState> fresh(params_.size());
   std::vector<int64_t> counts(params_.size() + 1, 0);
-  std::vector<Tensor> masters(params_.size());
-  // found[i][0]: the step; found[i][1 + k]: state tensor k of the parameter's group.
+  std::vector<Tensor> masters(params_.size()), compensations(params_.size());
+  // found[i][0]: the step; found[i][1 + 2k]: state tensor k of the parameter's group,
+  // found[i][2 + 2k] its block scales (where it has them).
   std::vector<std::vector<bool>> found(params_.size());
   for (size_t i = 0; i < params_.size(); ++i)
-    found[i].assign(state_names(group_of_[i]).size() + 1, false);
+    found[i].assign(2 * state_names(group_of_[i]).size() + 1, false);
 
   auto one_element = [](const std::string& key, const Tensor& t, bool integer) {
     MT_CHECK(t.numel() == 1 && (integer ? t.dtype() == DType::I64 : t.is_floating_point()),
@@ -519,6 +625,20 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
       masters[*i] = own_copy(t, device);
       continue;
     }
+    if (k.starts_with("compensation.")) {
+      const std::optional<size_t> i = index_in(k, 13, std::string_view::npos);
+      MT_CHECK(i && *i < params_.size(), "unexpected optimizer state '", key,
+               "'; a compensation is 'compensation.<index>' of one of the ", params_.size(),
+               " parameters");
+      MT_CHECK(compensation_ == Compensation::Kahan, "optimizer state '", key,
+               "' is a Kahan compensation but this optimizer keeps none; turn it on first "
+               "(set_compensation(Compensation::Kahan), --compensation kahan)");
+      MT_CHECK(t.dtype() == params_[*i].dtype() && t.shape() == params_[*i].shape(),
+               "optimizer state '", key, "' is a ", t.describe(),
+               " but the compensation of parameter ", *i, " is ", params_[*i].describe());
+      compensations[*i] = own_copy(t, device);
+      continue;
+    }
     // state.<i>.<name>
     const size_t dot = k.find('.', 6);
     const std::optional<size_t> parsed = k.starts_with("state.") && dot != std::string_view::npos
@@ -530,7 +650,7 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
     MT_CHECK(i < params_.size(), "optimizer state '", key, "' is for parameter ", i,
              " but this optimizer has ", params_.size(), " parameters");
     const std::vector<std::string> names = state_names(group_of_[i]);
-    const std::string_view name = k.substr(dot + 1);
+    std::string_view name = k.substr(dot + 1);
     const Tensor& p = params_[i];
     if (name == "step") {
       const double v = one_element(key, t, true);
@@ -539,17 +659,39 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
       found[i][0] = true;
       continue;
     }
+    const bool absmax = name.ends_with(".absmax");
+    if (absmax) name.remove_suffix(7);
     const auto slot = size_t(std::find(names.begin(), names.end(), name) - names.begin());
     MT_CHECK(slot < names.size(), "unexpected optimizer state '", key, "': parameter ", i,
              " keeps step", names.empty() ? "" : ", ", join(names));
+    const StateFormat f = state_format(i, slot);
+    if (fresh[i].tensors.empty()) {
+      fresh[i].tensors.resize(names.size());
+      fresh[i].scales.resize(names.size());
+    }
+    if (absmax) {
+      MT_CHECK(state_format_info(f).block_scaled, "unexpected optimizer state '", key, "': the ",
+               name, " of parameter ", i, " is kept in ", name_of(f),
+               ", which has no block scales");
+      const int64_t blocks = state_blocks(p.numel());
+      MT_CHECK(t.dtype() == DType::F32 && t.shape() == Shape{blocks}, "optimizer state '", key,
+               "' is a ", t.describe(), " but parameter ", i, "'s ", name, " has ", blocks,
+               " f32 block scales (blocks of ", block_options().block, ")");
+      fresh[i].scales[slot] = own_copy(t, device);
+      found[i][2 + 2 * slot] = true;
+      continue;
+    }
     MT_CHECK(t.shape() == p.shape(), "optimizer state '", key, "' has shape ", t.shape().str(),
              " but parameter ", i, " has shape ", p.shape().str());
-    const DType sd = backend::optimizer_state_dtype(p.dtype());
+    const DType sd = state_dtype(i, slot);
     MT_CHECK(t.dtype() == sd, "optimizer state '", key, "' is ", dtype_name(t.dtype()),
-             " but the state of a ", dtype_name(p.dtype()), " parameter is ", dtype_name(sd));
-    if (fresh[i].tensors.empty()) fresh[i].tensors.resize(names.size());
+             " but this optimizer keeps the ", name, " of parameter ", i, " (",
+             dtype_name(p.dtype()), ") in ", name_of(f), " (", dtype_name(sd),
+             "); a checkpoint resumes with the state format it was written with");
     fresh[i].tensors[slot] = own_copy(t, device);
-    found[i][slot + 1] = true;
+    found[i][1 + 2 * slot] = true;
+    // An unscaled state has no scales to find.
+    if (!state_format_info(f).block_scaled) found[i][2 + 2 * slot] = true;
   }
   MT_CHECK(have_step, "optimizer state 'step' is missing");
   MT_CHECK(have_lr, "optimizer state 'lr' is missing");
@@ -558,22 +700,29 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
     if (!any) continue;
     const std::vector<std::string> names = state_names(group_of_[i]);
     for (size_t n = 0; n < found[i].size(); ++n) {
-      MT_CHECK(found[i][n], "optimizer state 'state.", i, ".", n == 0 ? "step" : names[n - 1],
+      MT_CHECK(found[i][n], "optimizer state 'state.", i, ".",
+               n == 0 ? "step" : names[(n - 1) / 2] + (n % 2 == 0 ? ".absmax" : ""),
                "' is missing (the other state of parameter ", i, " is there)");
     }
   }
   // A sharded optimizer (set_owned_ranges) keeps what it owns: whole entries, or their slices.
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!owns(i)) {
-      fresh[i].tensors.clear();
+      fresh[i] = ParamState{};
       counts[i] = 0;
-      masters[i] = Tensor();
+      masters[i] = compensations[i] = Tensor();
       continue;
     }
     if (owned_range(i).size() == params_[i].numel()) continue;
     for (Tensor& t : fresh[i].tensors)
       t = own_copy(owned_part(i, t), device);
-    if (masters[i].defined()) masters[i] = own_copy(owned_part(i, masters[i]), device);
+    const ElementRange blocks = owned_blocks(i);
+    for (Tensor& t : fresh[i].scales) {
+      if (t.defined()) t = own_copy(t.narrow(0, blocks.begin, blocks.size()), device);
+    }
+    for (Tensor* t : {&masters[i], &compensations[i]}) {
+      if (t->defined()) *t = own_copy(owned_part(i, *t), device);
+    }
   }
   state_ = std::move(fresh);
   counts.back() = step;
@@ -584,6 +733,9 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
     if (!masters[i].defined()) continue;
     const Tensor p = owned_part(i, params_[i]);
     masters_[i] = Master{masters[i], p.data_ptr(), p.version()};
+  }
+  for (size_t i = 0; i < compensations.size(); ++i) {
+    if (compensations[i].defined()) compensations_[i] = Master{compensations[i], nullptr, 0};
   }
 }
 
@@ -608,6 +760,14 @@ void check_sgd(const SGDOptions& o, const std::string& where) {
            o.dampening, ")");
 }
 
+void check_blocks(const BlockOptions& b, const char* kind) {
+  MT_CHECK(b.block >= 32 && b.block <= kMaxStateBlock && (b.block & (b.block - 1)) == 0, kind,
+           ": a state block is a power of two from 32 to ", kMaxStateBlock, " elements, got ",
+           b.block);
+  MT_CHECK(b.min_numel >= 0, kind,
+           ": the smallest parameter with block-scaled state must be >= 0, got ", b.min_numel);
+}
+
 void check_adamw(const AdamWOptions& o, const std::string& where) {
   MT_CHECK(o.beta1 >= 0 && o.beta1 < 1, "AdamW beta1", where, " must be in [0, 1), got ", o.beta1);
   MT_CHECK(o.beta2 >= 0 && o.beta2 < 1, "AdamW beta2", where, " must be in [0, 1), got ", o.beta2);
@@ -630,8 +790,13 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults)
     : Optimizer(std::move(groups), defaults.lr, "SGD",
                 {"lr", "weight_decay", "momentum", "dampening", "nesterov"}),
       defaults_(defaults) {
+  check_blocks(defaults.blocks, "SGD");
   for (size_t g = 0; g < num_groups(); ++g)
     check_sgd(options(g), in_group(g, num_groups()));
+}
+
+StateFormat SGD::options_state_format(size_t) const {
+  return defaults_.momentum_format;
 }
 
 std::vector<std::string> SGD::state_names(size_t group) const {
@@ -672,8 +837,13 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults)
     : Optimizer(std::move(groups), defaults.lr, "AdamW",
                 {"lr", "weight_decay", "beta1", "beta2", "eps"}),
       defaults_(defaults) {
+  check_blocks(defaults.blocks, "AdamW");
   for (size_t g = 0; g < num_groups(); ++g)
     check_adamw(options(g), in_group(g, num_groups()));
+}
+
+StateFormat AdamW::options_state_format(size_t k) const {
+  return k == 0 ? defaults_.exp_avg_format : defaults_.exp_avg_sq_format;
 }
 
 std::vector<std::string> AdamW::state_names(size_t) const {

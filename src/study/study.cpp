@@ -209,6 +209,61 @@ const std::vector<StudyRecipe>& study_recipes() {
        {},
        {},
        {.recipe = amp::Fp4Recipe::MXFP4}},
+      // The optimizer's state in fewer bytes, on bf16-O2 (docs/memory.md).
+      {"state-bf16",
+       "bf16-O2 with the optimizer state (momentum, AdamW's moments) in bf16",
+       Precision::BF16,
+       OptLevel::O2,
+       kDynamic,
+       StoreRounding::Nearest,
+       {},
+       {},
+       {},
+       optim::StateFormat::BF16},
+      {"state-fp8",
+       "bf16-O2 with the optimizer state in fp8 E4M3 under an absmax per 256 (the second moment "
+       "as its root)",
+       Precision::BF16,
+       OptLevel::O2,
+       kDynamic,
+       StoreRounding::Nearest,
+       {},
+       {},
+       {},
+       optim::StateFormat::FP8},
+      {"state-8bit",
+       "bf16-O2 with the optimizer state in bitsandbytes' blockwise dynamic 8-bit",
+       Precision::BF16,
+       OptLevel::O2,
+       kDynamic,
+       StoreRounding::Nearest,
+       {},
+       {},
+       {},
+       optim::StateFormat::Q8},
+      {"bf16-pure-kahan",
+       "bf16 weights without fp32 masters, Kahan-compensated (a bf16 buffer of each weight's "
+       "rounding error), stores to nearest",
+       Precision::BF16Pure,
+       {},
+       kDynamic,
+       {},
+       {},
+       {},
+       {},
+       optim::StateFormat::F32,
+       optim::Compensation::Kahan},
+      {"bf16-pure-kahan-8bit",
+       "bf16-pure-kahan with the optimizer state in blockwise 8-bit: about 6 bytes a parameter",
+       Precision::BF16Pure,
+       {},
+       kDynamic,
+       {},
+       {},
+       {},
+       {},
+       optim::StateFormat::Q8,
+       optim::Compensation::Kahan},
   };
   return recipes;
 }
@@ -372,6 +427,12 @@ TrainConfig study_cell_config(const StudyConfig& s, const std::string& family,
   c.opt_level = r.opt_level;
   c.loss_scale = r.loss_scale;
   c.rounding = r.rounding;
+  c.compensation = r.compensation;
+  if (r.optim_state != optim::StateFormat::F32) {
+    // Where the family's optimizer has state (SGD without momentum has none; the recommender's
+    // tables then update densely, every row's state in the format).
+    if (c.optimizer != config::OptimizerKind::Sgd || c.momentum != 0) c.optim_state = r.optim_state;
+  }
   if (r.precision == amp::Precision::FP8) {  // the other rows leave the fp8 options alone
     c.fp8_recipe = r.fp8_recipe;
     c.fp8_accumulate = r.fp8_accumulate;

@@ -23,6 +23,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c,
       o.momentum = c.momentum;
       o.weight_decay = c.weight_decay;
       o.nesterov = c.nesterov;
+      o.momentum_format = c.optim_state;
+      o.blocks.block = c.state_block;
       return std::make_unique<optim::SGD>(std::move(groups), o);
     }
     case config::OptimizerKind::AdamW: {
@@ -32,6 +34,9 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c,
       o.beta2 = c.beta2;
       o.eps = c.eps;
       o.weight_decay = c.weight_decay;
+      o.exp_avg_format = c.exp_avg_state.value_or(c.optim_state);
+      o.exp_avg_sq_format = c.exp_avg_sq_state.value_or(c.optim_state);
+      o.blocks.block = c.state_block;
       return std::make_unique<optim::AdamW>(std::move(groups), o);
     }
   }
@@ -96,6 +101,7 @@ void Trainee::add_optimizer(const std::string& name, std::unique_ptr<optim::Opti
   MT_ASSERT(!name.empty() && !ddp_, "an added optimizer needs a name and no data parallelism");
   opt->set_master_weights(optimizer().master_weights());
   opt->set_store_rounding(optimizer().store_rounding(), seed_);
+  opt->set_compensation(optimizer().compensation());
   optimizers_.emplace_back(name, std::move(opt));
 }
 

@@ -37,6 +37,8 @@ std::string other_value(const OptionInfo& o) {
       return "512";
     case Field::fp8_accumulate:
       return "fast:128";
+    case Field::state_block:
+      return "512";  // a power of two
     default:
       break;
   }
@@ -81,7 +83,11 @@ Options enablers_of(Field f) {
     case Field::checkpoint_every:
       return {{"checkpoint", "walk/run.safetensors"}};
     case Field::embedding_update:
+    case Field::exp_avg_state:
+    case Field::exp_avg_sq_state:
       return {{"optimizer", "adamw"}};
+    case Field::compensation:
+      return {{"precision", "bf16-pure"}};
     default:
       return {};
   }

@@ -33,6 +33,7 @@
 #include "mantissa/nn/module.h"
 #include "mantissa/numerics/format.h"
 #include "mantissa/optim/optimizer.h"
+#include "mantissa/optim/state_format.h"
 
 namespace mantissa::amp {
 
@@ -56,6 +57,10 @@ struct AmpOptions {
   // truncated (toward zero).
   RoundingMode rounding = RoundingMode::NearestEven;
   uint64_t rounding_seed = 0;
+  // Kahan: half weights without fp32 masters (O3, or O2 without masters) carry each store's
+  // rounding error into the next update (optim::Optimizer::set_compensation); needs rounding
+  // to nearest even.
+  optim::Compensation compensation = optim::Compensation::None;
 };
 
 // bf16 O3 with stochastic rounding and batch norm kept fp32 (see above).
@@ -70,6 +75,7 @@ struct AmpProperties {
   bool keep_batchnorm_fp32 = false;
   bool master_weights = false;
   RoundingMode rounding = RoundingMode::NearestEven;
+  optim::Compensation compensation = optim::Compensation::None;
   ScaleMode scale_mode = ScaleMode::Disabled;
   double init_scale = 1;
 };

@@ -68,6 +68,9 @@ struct Recipe {
   Precision precision = Precision::FP32;
   std::optional<OptLevel> level;         // unset: the precision's
   std::optional<RoundingMode> rounding;  // of stores into half weights; unset: the precision's
+  // Kahan compensation of half weights without masters (O3, bf16-pure: it makes bf16-pure
+  // round to nearest).
+  optim::Compensation compensation = optim::Compensation::None;
   // A static loss scale. Unset: dynamic for fp16 O1/O2, a static 1 for fp8 (a step whose
   // gradients met inf or NaN is skipped), none otherwise.
   std::optional<double> loss_scale;

@@ -23,6 +23,7 @@
 #include "mantissa/config/vocabularies.h"
 #include "mantissa/data/loader.h"
 #include "mantissa/optim/schedule.h"
+#include "mantissa/optim/state_format.h"
 
 namespace mantissa::config {
 
@@ -144,6 +145,17 @@ inline constexpr Range kCountOrZero{0, kMaxCount};
     "Step schedule: the factor of each drop")                                                      \
   _(double, clip_grad_norm, "clip-grad-norm", 0.0, Fixed, Any, Optimizer, kNonNegative,            \
     "Clip the gradients' global 2-norm to this (0: off)")                                          \
+  /* Memory per parameter (docs/memory.md): the optimizer's state in fewer bytes. */               \
+  _(optim::StateFormat, optim_state, "optim-state", optim::StateFormat::F32, Fixed, Any,          \
+    Optimizer, kAnyValue, "How the optimizer keeps its state (SGD's momentum, AdamW's moments)")  \
+  _(std::optional<optim::StateFormat>, exp_avg_state, "exp-avg-state", std::nullopt, Fixed, Any,  \
+    Optimizer, kAnyValue, "AdamW's first moment (empty: --optim-state)")                           \
+  _(std::optional<optim::StateFormat>, exp_avg_sq_state, "exp-avg-sq-state", std::nullopt, Fixed, \
+    Any, Optimizer, kAnyValue, "AdamW's second moment (empty: --optim-state)")                     \
+  _(int64_t, state_block, "state-block", 256, Fixed, Any, Optimizer,                               \
+    (Range{32, double(optim::kMaxStateBlock)}),                                                    \
+    "fp8 and 8bit state: elements per fp32 absmax, a power of two (parameters under 4096 "        \
+    "elements keep fp32 state)")                                                                   \
   /* ---- precision ----------------------------------------------------------------------- */      \
   /* "auto" becomes the precision this machine runs fastest when the run starts, stored as such */ \
   /* (checkpoints and metrics name what ran). */                                                   \
@@ -159,6 +171,10 @@ inline constexpr Range kCountOrZero{0, kMaxCount};
     kAnyValue,                                                                                     \
     "How updates are stored into half weights (O2, O3, bf16-pure; empty: stochastic for "          \
     "bf16-pure, nearest otherwise)")                                                               \
+  _(optim::Compensation, compensation, "compensation", optim::Compensation::None, Fixed, Any,     \
+    Precision, kAnyValue,                                                                          \
+    "What carries half weights' rounding error without fp32 masters (bf16-pure or O3; kahan "     \
+    "stores to nearest)")                                                                          \
   _(int64_t, underflow_every, "underflow-every", 0, Tunable, Underflow, Precision, kCountOrZero,   \
     "Every N steps, measure fp16 gradient underflow against fp32 gradients of the same weights "   \
     "(fp16 O1; one more fp32 forward and backward each; 0: off)")                                  \

@@ -33,9 +33,10 @@
 //
 // ZeRO-1 (zero_stage = 1; DeepSpeed's stage 1, llm.c's sharded optimizer): the optimizer state —
 // moments and fp32 masters, 8 to 12 bytes per parameter against the 2 to 4 of the parameter
-// itself — is sharded by element: rank r owns segment r of every bucket (zero_segment: N equal
-// parts of the bucket's flat elements, whatever parameters they fall in; a parameter may be
-// split between ranks), so every rank holds 1/N of the state to within one element a bucket.
+// itself — is sharded by element: rank r owns segment r of every bucket (zero_cuts: N equal
+// parts of the bucket's flat elements, whatever parameters they fall in, each cut moved onto a
+// state block's boundary; a parameter may be split between ranks), so every rank holds 1/N of
+// the state to within a block a bucket.
 // Each bucket is reduce-scattered instead of all-reduced (half the traffic): a rank receives the
 // mean gradient of its segment; a parameter's gradient then holds its owned elements' means and
 // zeros elsewhere, and the gradients of parameters it owns nothing of are dropped. The optimizer,
@@ -55,6 +56,7 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "mantissa/dist/communicator.h"
@@ -72,6 +74,13 @@ struct DdpOptions {
 
 // The elements of a bucket of n that ZeRO-1 gives `rank`: [n * rank / N, n * (rank + 1) / N).
 optim::ElementRange zero_segment(int64_t n, int rank, int world_size);
+// Where ZeRO cuts a bucket of parameters of these sizes (in bucket order) between ranks: rank r
+// owns elements [cuts[r], cuts[r + 1]) (N + 1 cuts, the first 0, the last the bucket's size).
+// Each inner cut is zero_segment's moved to the nearest parameter boundary or multiple of
+// optim::kMaxStateBlock elements into a parameter, so that no block of a block-scaled state
+// (state_format.h) is split between ranks: a shard quantizes its state as the whole optimizer
+// would. Shares differ from equal by at most half a block a cut.
+std::vector<int64_t> zero_cuts(std::span<const int64_t> param_sizes, int world_size);
 
 // What the last finish_gradients() measured.
 struct DdpStepStats {

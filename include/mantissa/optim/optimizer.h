@@ -4,8 +4,10 @@
 //
 // Parameters are loaded in their storage dtype (f32, bf16, f16, f64), updated in fp32 (f64 for
 // f64) and rounded once on store (round to nearest even). The state (momentum, exp_avg,
-// exp_avg_sq) is fp32 for f32 and half parameters, f64 for f64 ones. Parameters whose gradient is
-// undefined are skipped and their state is left alone, as in PyTorch.
+// exp_avg_sq) is fp32 for f32 and half parameters, f64 for f64 ones, unless the options pick a
+// narrower StateFormat for it (state_format.h: bf16, fp8 or bitsandbytes' blockwise 8-bit, each
+// moment its own). Parameters whose gradient is undefined are skipped and their state is left
+// alone, as in PyTorch.
 //
 // Parameter groups, as PyTorch's param_groups: each group has its own parameters and may set its
 // own learning rate, weight decay and the optimizer's other hyper-parameters; what a group does
@@ -30,6 +32,8 @@
 // parameters, with or without masters: to nearest even, stochastically (unbiased: small
 // updates survive in expectation, which is what bf16 parameters without a master need), or
 // truncated toward zero (biased: what the BFLOAT16 study compared round-to-nearest with).
+// Without masters, set_compensation(Compensation::Kahan) keeps a buffer of each narrow
+// parameter's rounding error and adds it back at the next update (state_format.h).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +44,7 @@
 #include <vector>
 
 #include "mantissa/numerics/format.h"
+#include "mantissa/optim/state_format.h"
 #include "mantissa/tensor/tensor.h"
 
 namespace mantissa::optim {
@@ -118,8 +123,12 @@ class Optimizer {
   //   "lr"                 F64 scalar: lr() (group 0)
   //   "group.<g>.lr"       F64 scalar: lr(g), for every group when there are several
   //   "state.<i>.step"     I64 scalar: updates(i)
-  //   "state.<i>.<name>"   state tensor `name` of parameter i (state_names()), its shape
+  //   "state.<i>.<name>"   state tensor `name` of parameter i (state_names()), its shape, in
+  //                        its format's dtype (state_format(i, k): f32/f64, bf16, fp8_e4m3
+  //                        or u8 codes)
+  //   "state.<i>.<name>.absmax"  F32 (blocks): a block-scaled state's absmax per block
   //   "master.<i>"         F32: the fp32 master of parameter i (with master weights on)
+  //   "compensation.<i>"   the Kahan compensation of parameter i (its dtype and shape)
   // Parameters never updated have no "state.<i>.*" entries. A sharded optimizer
   // (set_owned_ranges) writes the entries of what it owns, a slice's state and master flat.
   virtual NamedTensors state_dict() const;
@@ -133,6 +142,13 @@ class Optimizer {
   // The state tensors each parameter of `group` keeps, in state_dict order ("momentum_buffer"
   // for SGD with momentum; "exp_avg", "exp_avg_sq").
   virtual std::vector<std::string> state_names(size_t group = 0) const = 0;
+  // How parameter i keeps its state k (of state_names()): the options' format for that state,
+  // except fp32 for a block-scaled format on a parameter under BlockOptions::min_numel elements.
+  StateFormat state_format(size_t i, size_t k) const;
+  // The storage dtype of that state (the compute type's for fp32).
+  DType state_dtype(size_t i, size_t k) const;
+  // How block-scaled states are cut (the options' BlockOptions).
+  virtual BlockOptions block_options() const = 0;
 
   // ---- sharding (ZeRO-1) ---------------------------------------------------------------------
   // Which elements of each parameter this optimizer updates: owned[i] for parameter i (an empty
@@ -152,7 +168,8 @@ class Optimizer {
   // Whether any element of parameter i is owned, and which.
   bool owns(size_t i) const { return owned_.empty() || owned_[i].size() > 0; }
   ElementRange owned_range(size_t i) const;
-  // Bytes of state this optimizer holds: its state tensors and fp32 masters.
+  // Bytes of state this optimizer holds: its state tensors and their block scales, fp32 masters
+  // and compensations.
   int64_t state_nbytes() const;
 
   // ---- mixed precision -----------------------------------------------------------------------
@@ -175,6 +192,15 @@ class Optimizer {
   // fresh bits at every update.
   void set_store_rounding(RoundingMode mode, uint64_t seed = 0);
   RoundingMode store_rounding() const { return store_rounding_; }
+  // Kahan: each parameter stored narrower than f32 that has no master gets a compensation
+  // buffer of its dtype (zeros at first), and a step stores to nearest through it
+  // (state_format.h). A write by anything but step() leaves it as it is (at most half an ulp of
+  // the weight: less than that write's own rounding). Needs nearest-even store rounding (a step
+  // refuses stochastic or truncated stores with it). None drops them.
+  void set_compensation(Compensation c);
+  Compensation compensation() const { return compensation_; }
+  // The compensation of parameter i; undefined when it has none.
+  const Tensor& compensation_buffer(size_t i) const;
 
   // The loss scaler's device-side skip (amp::GradScaler), for the next step() only: `found_inf`
   // is a one-element F32 tensor on the parameters' device, and the step's kernels change nothing
@@ -198,6 +224,8 @@ class Optimizer {
   virtual void run_group(size_t group, GroupStep& batch) = 0;
   // The group's options as the caller set them.
   const GroupOptions& group_options(size_t group) const { return groups_[group].options; }
+  // The format the options give state k (of state_names()).
+  virtual StateFormat options_state_format(size_t k) const = 0;
 
  private:
   struct Group {
@@ -209,11 +237,12 @@ class Optimizer {
   };
   struct ParamState {
     std::vector<Tensor> tensors;  // one per state_names(group), once the parameter had a step
+    std::vector<Tensor> scales;   // beside each: its block absmaxes, undefined when unscaled
   };
   struct Master {
-    Tensor value;                // F32; undefined: none
+    Tensor value;                // F32 (a compensation: the parameter's dtype); undefined: none
     const void* data = nullptr;  // the parameter's storage and version when it was last
-    uint32_t version = 0;        //   known to be the master's rounding
+    uint32_t version = 0;        //   known to be the master's rounding (unused: compensations)
   };
 
   std::unique_ptr<GroupStep> begin_group(size_t group);
@@ -222,6 +251,13 @@ class Optimizer {
   // The master of parameter i for this step (made, kept, dropped or restarted as documented);
   // `p` is the part of it owned.
   Tensor& prepare_master(size_t i, const Tensor& p);
+  // The compensation of parameter i for this step (made at zeros, or kept), or an undefined
+  // tensor where it has none.
+  Tensor& prepare_compensation(size_t i, const Tensor& p);
+  // The block scales a state of `part` takes: ceil(numel / block) of them.
+  int64_t state_blocks(int64_t numel) const;
+  // The elements of parameter i a state's block scales cover: the owned range in blocks.
+  ElementRange owned_blocks(size_t i) const;
 
   std::vector<Tensor> params_;
   std::vector<size_t> group_of_;  // the group of each parameter
@@ -236,6 +272,8 @@ class Optimizer {
   Tensor step_counts_;
   bool master_weights_ = false;
   std::vector<Master> masters_;
+  Compensation compensation_ = Compensation::None;
+  std::vector<Master> compensations_;
   RoundingMode store_rounding_ = RoundingMode::NearestEven;
   uint64_t rounding_seed_ = 0;
   Tensor found_inf_;  // skip_next_step_if's flag; undefined: none
@@ -248,6 +286,8 @@ struct SGDOptions {
   double dampening = 0;
   double weight_decay = 0;
   bool nesterov = false;  // needs momentum > 0 and dampening == 0
+  StateFormat momentum_format = StateFormat::F32;
+  BlockOptions blocks = {};
 };
 
 // torch.optim.SGD: g += wd * p; with momentum, buf = momentum * buf + (1 - dampening) * g
@@ -264,6 +304,8 @@ class SGD final : public Optimizer {
 
  private:
   void run_group(size_t group, GroupStep& batch) override;
+  StateFormat options_state_format(size_t k) const override;
+  BlockOptions block_options() const override { return defaults_.blocks; }
   SGDOptions defaults_;
 };
 
@@ -273,6 +315,11 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  // How the two moments are kept (state_format.h): fp32 is PyTorch's AdamW; 8bit both is
+  // bitsandbytes' AdamW8bit (blocks of 256, fp32 state under 4096 elements).
+  StateFormat exp_avg_format = StateFormat::F32;
+  StateFormat exp_avg_sq_format = StateFormat::F32;
+  BlockOptions blocks = {};
 };
 
 // torch.optim.AdamW: p *= 1 - lr * wd; m = beta1 * m + (1 - beta1) * g;
@@ -287,6 +334,8 @@ class AdamW final : public Optimizer {
 
  private:
   void run_group(size_t group, GroupStep& batch) override;
+  StateFormat options_state_format(size_t k) const override;
+  BlockOptions block_options() const override { return defaults_.blocks; }
   AdamWOptions defaults_;
 };
 

@@ -27,12 +27,17 @@ struct StudyRecipe {
   amp::Fp8Recipe fp8_recipe = amp::Fp8Options{}.recipe;
   amp::Fp4Options fp4{};  // Precision::FP4: the recipe and its ablations (the seed: the run's)
   amp::Fp8Accumulation fp8_accumulate{};
+  // Memory per parameter (docs/memory.md): the optimizer state's format and the weights'
+  // compensation.
+  optim::StateFormat optim_state = optim::StateFormat::F32;
+  optim::Compensation compensation = optim::Compensation::None;
 };
 
 // fp32, tf32, bf16-O1, bf16-O2, bf16-O2-trunc, bf16-pure, fp16-O1, fp16-O2, fp16-noscale,
 // fp8-delayed, fp8-current, fp8-mxfp8, fp8-rowwise, fp8-rowwise-gw-hp, fp8-fast-accumulate,
 // fp8-fast-accumulate-128, fp4-nvfp4, fp4-nvfp4-no-rht, fp4-nvfp4-no-2d,
-// fp4-nvfp4-no-sr, fp4-mxfp4: in this order.
+// fp4-nvfp4-no-sr, fp4-mxfp4, state-bf16, state-fp8, state-8bit, bf16-pure-kahan,
+// bf16-pure-kahan-8bit: in this order.
 const std::vector<StudyRecipe>& study_recipes();
 
 // A model family of the study: the model, its data and hyper-parameters, and the number it is

@@ -17,18 +17,22 @@
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/multi_tensor.h"
 #include "backend/multi_tensor_check.h"
+#include "backend/state_math.h"
 #include "backend/step_math.h"
 
 namespace mantissa::backend::cpu {
 namespace {
 
 std::atomic<int64_t> g_multi_tensor_calls{0};
+
+static_assert(kChunk % kMaxStateBlockElements == 0, "a chunk holds whole state blocks");
 
 // Calls f.template operator()<T>() for the float storage types an optimizer handles.
 template <typename F>
@@ -51,8 +55,13 @@ template <typename T>
 class ParamChunk {
  public:
   using C = compute_t<T>;
-  ParamChunk(const Tensor& param, const Tensor* master, int64_t start, int64_t n)
-      : store_(static_cast<T*>(param.data_ptr()) + start), start_(start), n_(n) {
+  ParamChunk(const Tensor& param, const Tensor* master, const Tensor* compensation, int64_t start,
+             int64_t n)
+      : store_(static_cast<T*>(param.data_ptr()) + start),
+        compensation_(compensation == nullptr ? nullptr
+                                              : static_cast<T*>(compensation->data_ptr()) + start),
+        start_(start),
+        n_(n) {
     if constexpr (std::is_same_v<T, C>) {
       MT_ASSERT(master == nullptr, "a master copy of a ", dtype_name(param.dtype()), " parameter");
       data_ = store_;
@@ -71,7 +80,18 @@ class ParamChunk {
   // at its update number `step`).
   void store(const MultiTensorOptions& o, size_t t, int64_t step) {
     if constexpr (!std::is_same_v<T, C>) {
-      if (o.store_rounding != RoundingMode::NearestEven) {  // stochastic or truncation
+      if (compensation_ != nullptr) {
+        // Kahan: y = x + c; p = round(y); c = round(y - p), what this store lost.
+        alignas(64) C y[kChunk], back[kChunk];
+        load_contiguous<T, C>(compensation_, y, n_);
+        for (int64_t i = 0; i < n_; ++i)
+          y[i] = data_[i] + y[i];
+        store_contiguous<C, T>(y, store_, n_);
+        load_contiguous<T, C>(store_, back, n_);
+        for (int64_t i = 0; i < n_; ++i)
+          back[i] = y[i] - back[i];
+        store_contiguous<C, T>(back, compensation_, n_);
+      } else if (o.store_rounding != RoundingMode::NearestEven) {  // stochastic or truncation
         RoundingOptions r;
         r.mode = o.store_rounding;
         r.seed = o.seed;
@@ -91,6 +111,7 @@ class ParamChunk {
 
  private:
   T* store_;
+  T* compensation_;
   int64_t start_, n_;
   C* data_ = nullptr;
   alignas(64) C buf_[std::is_same_v<T, C> ? 1 : kChunk];
@@ -115,14 +136,112 @@ const Tensor* master_of(const MultiTensorOptions& o, size_t t) {
   return t < o.masters.size() && o.masters[t].defined() ? &o.masters[t] : nullptr;
 }
 
+const Tensor* compensation_of(const MultiTensorOptions& o, size_t t) {
+  return t < o.compensations.size() && o.compensations[t].defined() ? &o.compensations[t] : nullptr;
+}
+
+// The block scales of state `s` of tensor t of a call with `tensors` tensors, or null.
+const Tensor* scales_of(const MultiTensorOptions& o, size_t s, size_t t, size_t tensors) {
+  if (o.state_scales.empty()) return nullptr;
+  const Tensor& x = o.state_scales[s * tensors + t];
+  return x.defined() ? &x : nullptr;
+}
+
+// Which moment a state is: the block-scaled formats code the two differently (backend.h).
+enum class Moment { First, Second };
+
+// One chunk of a state tensor in the compute type: the tensor itself when it holds the compute
+// type, else a buffer decoded from its format (bf16, or fp8 / 8-bit codes under block scales)
+// and encoded back by store(). A first update neither reads the state (it may hold anything)
+// nor needs it zeroed: the update writes every element before reading it.
+template <typename C>
+class StateChunk {
+ public:
+  StateChunk(const Tensor& state, const Tensor* scales, Moment moment, int64_t block, int64_t start,
+             int64_t n, bool first)
+      : dtype_(state.dtype()),
+        base_(static_cast<char*>(state.data_ptr())),
+        scales_(scales == nullptr ? nullptr : static_cast<float*>(scales->data_ptr())),
+        moment_(moment),
+        block_(block),
+        start_(start),
+        n_(n) {
+    if (dtype_ == dtype_of_v<C>) {
+      data_ = reinterpret_cast<C*>(base_) + start;
+      return;
+    }
+    data_ = buf_;
+    if (first) return;
+    switch (dtype_) {
+      case DType::BF16:
+        load_contiguous<bfloat16, C>(reinterpret_cast<const bfloat16*>(base_) + start, buf_, n);
+        return;
+      case DType::FP8_E4M3:
+      case DType::U8: {
+        const uint8_t* codes = reinterpret_cast<const uint8_t*>(base_) + start;
+        const DynamicMap& map = moment_ == Moment::First ? kSignedDynamicMap : kUnsignedDynamicMap;
+        for (int64_t i = 0; i < n; ++i) {
+          const float absmax = scales_[(start + i) / block_];
+          if (dtype_ == DType::U8) {
+            buf_[i] = C(state_q8_decode(codes[i], absmax, map));
+          } else {
+            const C r = C(state_fp8_decode(codes[i], absmax));
+            buf_[i] = moment_ == Moment::Second ? r * r : r;  // fp8 keeps v's root
+          }
+        }
+        return;
+      }
+      default:
+        MT_ASSERT(false, "optimizer state of dtype ", dtype_name(dtype_));
+    }
+  }
+  C* data() { return data_; }
+
+  // Encodes the buffer back into the state (nothing to do when the state is the compute type).
+  void store() {
+    if (data_ != buf_) return;
+    if (dtype_ == DType::BF16) {
+      store_contiguous<C, bfloat16>(buf_, reinterpret_cast<bfloat16*>(base_) + start_, n_);
+      return;
+    }
+    uint8_t* codes = reinterpret_cast<uint8_t*>(base_) + start_;
+    const bool root = dtype_ == DType::FP8_E4M3 && moment_ == Moment::Second;
+    if (root) {
+      for (int64_t i = 0; i < n_; ++i)
+        buf_[i] = std::sqrt(buf_[i]);
+    }
+    const DynamicMap& map = moment_ == Moment::First ? kSignedDynamicMap : kUnsignedDynamicMap;
+    // The chunk starts on a block boundary (chunks hold whole blocks; kChunk % block == 0).
+    for (int64_t b0 = 0; b0 < n_; b0 += block_) {
+      const int64_t len = std::min(block_, n_ - b0);
+      const float absmax = block_absmax(buf_ + b0, len);
+      scales_[(start_ + b0) / block_] = absmax;
+      for (int64_t i = b0; i < b0 + len; ++i) {
+        codes[i] = dtype_ == DType::U8 ? state_q8_encode(float(buf_[i]), absmax, map)
+                                       : state_fp8_encode(float(buf_[i]), absmax);
+      }
+    }
+  }
+
+ private:
+  DType dtype_;
+  char* base_;
+  float* scales_;
+  Moment moment_;
+  int64_t block_, start_, n_;
+  C* data_ = nullptr;
+  alignas(64) C buf_[kChunk];
+};
+
 // ---- SGD ---------------------------------------------------------------------------------------
 
 template <typename T>
-void sgd_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
-               const Tensor* buf_t, int64_t step, int64_t start, int64_t n, const SgdStep& h) {
+void sgd_chunk(size_t t, const Tensor& param, const Tensor& grad, const Tensor* buf_t,
+               const Tensor* buf_scales, int64_t step, int64_t start, int64_t n, const SgdStep& h) {
   const bool first = step == 1;
   using C = compute_t<T>;
-  ParamChunk<T> chunk(param, master, start, n);
+  const MultiTensorOptions& o = h.options;
+  ParamChunk<T> chunk(param, master_of(o, t), compensation_of(o, t), start, n);
   C* p = chunk.data();
   alignas(64) C g[kChunk];
   load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
@@ -134,8 +253,10 @@ void sgd_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor
       g[i] = g[i] + wd * p[i];
   }
   const C* d = g;  // the direction p moves against
+  std::optional<StateChunk<C>> state;
   if (h.momentum != 0) {
-    C* buf = static_cast<C*>(buf_t->data_ptr()) + start;
+    state.emplace(*buf_t, buf_scales, Moment::First, o.state_block, start, n, first);
+    C* buf = state->data();
     if (first) {
       std::copy(g, g + n, buf);  // PyTorch: buf = clone(grad), no dampening on the first step
     } else {
@@ -151,7 +272,8 @@ void sgd_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor
   }
   for (int64_t i = 0; i < n; ++i)
     p[i] = p[i] - lr * d[i];
-  chunk.store(h.options, t, step);
+  if (state) state->store();
+  chunk.store(o, t, step);
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
@@ -218,17 +340,23 @@ void adamw_update(C* p, const C* g, C* m, C* v, int64_t n, bool first, const Ada
 }
 
 template <typename T>
-void adamw_chunk(size_t t, const Tensor& param, const Tensor* master, const Tensor& grad,
+void adamw_chunk(size_t t, size_t tensors, const Tensor& param, const Tensor& grad,
                  const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t step,
                  const AdamWBiasCorrection& k, int64_t start, int64_t n, const AdamWStep& h) {
   using C = compute_t<T>;
-  ParamChunk<T> chunk(param, master, start, n);
+  const MultiTensorOptions& o = h.options;
+  const bool first = step == 1;
+  ParamChunk<T> chunk(param, master_of(o, t), compensation_of(o, t), start, n);
   alignas(64) C g[kChunk];
   load_any<C>(grad.data_ptr(), grad.dtype(), start, n, g);
-  C* m = static_cast<C*>(exp_avg.data_ptr()) + start;
-  C* v = static_cast<C*>(exp_avg_sq.data_ptr()) + start;
-  adamw_update(chunk.data(), g, m, v, n, step == 1, k, h);
-  chunk.store(h.options, t, step);
+  StateChunk<C> m(exp_avg, scales_of(o, 0, t, tensors), Moment::First, o.state_block, start, n,
+                  first);
+  StateChunk<C> v(exp_avg_sq, scales_of(o, 1, t, tensors), Moment::Second, o.state_block, start, n,
+                  first);
+  adamw_update(chunk.data(), g, m.data(), v.data(), n, first, k, h);
+  m.store();
+  v.store();
+  chunk.store(o, t, step);
 }
 
 // One listed row of a table (sparse_adamw_step): its u-th gradient row, at the row's count.
@@ -242,7 +370,7 @@ void sparse_adamw_row(size_t t, const Tensor& table, const Tensor* master, const
       adamw_bias_correction(h.lr, h.beta1, h.beta2, step, [](double x) { return std::sqrt(x); });
   for (int64_t j0 = 0; j0 < dim; j0 += kChunk) {
     const int64_t n = std::min(kChunk, dim - j0), start = row * dim + j0;
-    ParamChunk<T> chunk(table, master, start, n);
+    ParamChunk<T> chunk(table, master, nullptr, start, n);
     alignas(64) C g[kChunk];
     load_any<C>(grad.data_ptr(), grad.dtype(), u * dim + j0, n, g);
     C* m = static_cast<C*>(exp_avg.data_ptr()) + start;
@@ -315,9 +443,9 @@ void CpuBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> grad
   const ChunkPlan plan(params);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
     const Tensor* buf = with_momentum ? &momentum_bufs[t] : nullptr;
-    const Tensor* master = master_of(hyper.options, t);
+    const Tensor* scales = with_momentum ? scales_of(hyper.options, 0, t, params.size()) : nullptr;
     dispatch_param(params[t].dtype(), [&]<typename T>() {
-      sgd_chunk<T>(t, params[t], master, grads[t], buf, steps[t], start, n, hyper);
+      sgd_chunk<T>(t, params[t], grads[t], buf, scales, steps[t], start, n, hyper);
     });
   });
 }
@@ -338,9 +466,8 @@ void CpuBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> gr
   }
   const ChunkPlan plan(params);
   for_each_item(plan, [&](int64_t, size_t t, int64_t start, int64_t n) {
-    const Tensor* master = master_of(hyper.options, t);
     dispatch_param(params[t].dtype(), [&]<typename T>() {
-      adamw_chunk<T>(t, params[t], master, grads[t], exp_avgs[t], exp_avg_sqs[t], steps[t],
+      adamw_chunk<T>(t, params.size(), params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], steps[t],
                      consts[t], start, n, hyper);
     });
   });

@@ -537,6 +537,11 @@ void CudaBackend::sgd_step(std::span<Tensor> params, std::span<const Tensor> gra
   } else {
     check_step_call("sgd_step", Device::cuda(device_), params, grads, {}, o);
   }
+  // bf16 / block-scaled momentum and Kahan compensation have no CUDA kernel yet: the CPU's.
+  if (!plain_step_state(params, {momentum_bufs}, o)) {
+    Backend::sgd_step(params, grads, momentum_bufs, hyper);
+    return;
+  }
   const SgdOp op{hyper.lr,       hyper.momentum, hyper.dampening, hyper.weight_decay,
                  hyper.nesterov, rounding_of(o), flag_ptr(o)};
   const cudaStream_t stream = stream_for(device_);
@@ -557,6 +562,11 @@ void CudaBackend::adamw_step(std::span<Tensor> params, std::span<const Tensor> g
   DeviceGuard guard(device_);
   const MultiTensorOptions& o = hyper.options;
   check_step_call("adamw_step", Device::cuda(device_), params, grads, {exp_avgs, exp_avg_sqs}, o);
+  // bf16 / block-scaled moments and Kahan compensation have no CUDA kernel yet: the CPU's.
+  if (!plain_step_state(params, {exp_avgs, exp_avg_sqs}, o)) {
+    Backend::adamw_step(params, grads, exp_avgs, exp_avg_sqs, hyper);
+    return;
+  }
   const AdamWOp op{hyper.lr,           hyper.beta1,    hyper.beta2, hyper.eps,
                    hyper.weight_decay, rounding_of(o), flag_ptr(o)};
   const cudaStream_t stream = stream_for(device_);

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Bytes per parameter of a model's training state, from the formula and measured: `mantissa train`
+runs a few steps of each configuration on synthetic text (one process, and 2 ranks under mpirun
+with --zero), and each row prints the formula's bytes per parameter by component (weights,
+gradients, fp32 masters or Kahan compensations, optimizer state), the optimizer's own count of
+its state bytes (`optimizer_state_bytes`: moments, block scales, masters, compensations) against
+the formula's, and the measured peak tensor memory of the largest rank against the formula's
+total. What the peak holds beyond the formula is the activations and the step's transients
+(`peak - formula`, printed).
+
+  python3 tools/bench/memory_table.py [--model gpt2] [--steps 3] [--ranks 1,2] [--zero 0,1]
+      [--configs NAME,...] [--json-out FILE]
+
+The formula counts each parameter's elements (read from a checkpoint of the model): weights and
+gradients in the weights' dtype, fp32 masters under O2, a compensation in the weights' dtype
+under Kahan, each moment in its --optim-state format (fp8 and 8bit: 1 byte and an fp32 absmax per
+block of 256; parameters under 4096 elements keep fp32 state), masters and moments divided
+between the ranks under --zero 1. docs/memory.md records a run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from bench_util import ROOT, bench_env
+
+MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+BLOCK, MIN_NUMEL = 256, 4096
+
+# name -> (train options, weight bytes, master, compensation, optimizer state format)
+CONFIGS = {
+    "fp32 AdamW": (["--precision", "fp32"], 4, False, False, "fp32"),
+    "bf16 O2 AdamW": (["--precision", "bf16", "--opt-level", "O2"], 2, True, False, "fp32"),
+    "+ bf16 moments": (["--precision", "bf16", "--opt-level", "O2", "--optim-state", "bf16"], 2,
+                       True, False, "bf16"),
+    "+ 8-bit moments": (["--precision", "bf16", "--opt-level", "O2", "--optim-state", "8bit"], 2,
+                        True, False, "8bit"),
+    "bf16-pure SR + 8-bit": (["--precision", "bf16-pure", "--optim-state", "8bit"], 2, False,
+                             False, "8bit"),
+    "bf16-pure Kahan + 8-bit": (["--precision", "bf16-pure", "--compensation", "kahan",
+                                 "--optim-state", "8bit"], 2, False, True, "8bit"),
+}
+
+
+def state_bytes(numel, fmt):
+    """One moment of a parameter of `numel` elements."""
+    if fmt == "fp32" or (fmt in ("fp8", "8bit") and numel < MIN_NUMEL):
+        return 4 * numel
+    if fmt == "bf16":
+        return 2 * numel
+    return numel + 4 * ((numel + BLOCK - 1) // BLOCK)
+
+
+def parameter_sizes(binary, base):
+    """The element count of every parameter of the model, from a one-step checkpoint."""
+    from safetensors import safe_open
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "c.safetensors")
+        r = subprocess.run([binary, *base, "--steps", "1", "--checkpoint", path], env=bench_env(),
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr[-2000:])
+        sizes = []
+        with safe_open(path, "np") as f:
+            for k in f.keys():
+                if k.startswith("optimizer.") or k.startswith("scaler."):
+                    continue
+                if "." not in k or k.startswith("_"):
+                    continue
+                shape = f.get_slice(k).get_shape()
+                n = 1
+                for s in shape:
+                    n *= s
+                sizes.append(n)
+        return sizes
+
+
+def formula(sizes, weight, master, compensation, fmt, ranks, zero):
+    """Bytes of one rank by component."""
+    n = sum(sizes)
+    share = ranks if zero >= 1 else 1
+    moments = sum(2 * state_bytes(s, fmt) for s in sizes)
+    return {
+        "weights": weight * n,
+        "gradients": weight * n,
+        "masters": (4 * n if master else 0) / share,
+        "compensation": weight * n if compensation else 0,
+        "moments": moments / share,
+    }
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=bench_env())
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--ranks", default="1,2")
+    ap.add_argument("--zero", default="0,1", help="ZeRO stages of the multi-rank rows")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    binary = os.path.join(args.build, "mantissa")
+    if not os.path.exists(binary):
+        sys.exit(f"{binary} is missing: build first (scripts/setup)")
+    base = ["train", "--model", args.model, "--data", "synthetic-text", "--seq-len",
+            str(args.seq_len), "--synthetic-size", "200000", "--batch-size", str(args.batch_size),
+            "--optimizer", "adamw", "--lr", "1e-4", "--json", "--no-progress", "--workers", "0",
+            "--eval-batches", "1", "--log-every", "1000", "--threads", "1"]
+    sizes = parameter_sizes(binary, base)
+    n = sum(sizes)
+    print(f"{args.model}: {n} parameters ({n / 1e6:.1f} M), {len(sizes)} tensors; batch "
+          f"{args.batch_size} x {args.seq_len} tokens, {args.steps} steps, per rank")
+    head = (f"{'config':<26} {'ranks':>5} {'ZeRO':>4} | {'w':>4} {'g':>4} {'m/c':>4} "
+            f"{'opt':>5} {'B/param':>7} | {'state MiB':>9} {'formula':>8} | {'peak MiB':>8} "
+            f"{'formula':>8} {'peak-f':>7} {'B/param':>7}")
+    print(head)
+    rows = []
+    for name in args.configs.split(","):
+        opts, weight, master, comp, fmt = CONFIGS[name]
+        for ranks in [int(r) for r in args.ranks.split(",")]:
+            for zero in ([0] if ranks == 1 else [int(z) for z in args.zero.split(",")]):
+                cmd = [binary, *base, *opts, "--steps", str(args.steps)]
+                if ranks > 1:
+                    # bf16 gradients travel in bf16 (in fp32 they would come back fp32).
+                    comm = "bf16" if weight == 2 else "fp32"
+                    cmd = [args.mpirun, *MPIRUN_FLAGS, "-n", str(ranks), *cmd, "--distributed",
+                           "--zero", str(zero), "--grad-comm", comm]
+                r = run(cmd)
+                f = formula(sizes, weight, master, comp, fmt, ranks, zero)
+                total = sum(f.values())
+                state_f = f["masters"] + f["compensation"] + f["moments"]
+                peak = r["peak_memory_bytes"]
+                row = {"config": name, "ranks": ranks, "zero": zero, "formula": f,
+                       "formula_bytes": total, "state_bytes": r["optimizer_state_bytes"],
+                       "state_formula_bytes": state_f, "peak_bytes": peak, "parameters": n}
+                rows.append(row)
+                print(f"{name:<26} {ranks:>5} {zero:>4} | {f['weights'] / n:>4.1f} "
+                      f"{f['gradients'] / n:>4.1f} {(f['masters'] + f['compensation']) / n:>4.1f} "
+                      f"{f['moments'] / n:>5.2f} {total / n:>7.2f} | "
+                      f"{r['optimizer_state_bytes'] / 2**20:>9.1f} {state_f / 2**20:>8.1f} | "
+                      f"{peak / 2**20:>8.1f} {total / 2**20:>8.1f} "
+                      f"{(peak - total) / 2**20:>7.1f} {peak / n:>7.2f}", flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
