@@ -117,7 +117,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
   std::vector<Tensor> grads;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
-    Tensor g = p.grad();
+    Tensor g = opt.gradient(i);  // .grad, or ZeRO-2's shard
     if (!g.defined()) continue;
     MT_CHECK(g.is_floating_point() && g.device() == p.device(),
              "GradScaler: the gradient of optimizer parameter ", i, " is a ", g.describe(),
@@ -126,10 +126,10 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
       // An fp16 gradient (of an fp16 parameter: O2/O3) is unscaled into fp32: S * g fits fp16,
       // but g itself may be below fp16's smallest subnormal. The fused step reads any dtype.
       g = g.to(DType::F32).contiguous();
-      p.set_grad(g);
+      opt.set_gradient(i, g);
     } else if (!g.is_contiguous()) {
       g = g.contiguous();
-      p.set_grad(g);
+      opt.set_gradient(i, g);
     }
     grads.push_back(std::move(g));
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <unordered_map>
 
 #include "dist/zero_state.h"
@@ -14,7 +15,11 @@
 
 namespace mantissa::dist {
 
-namespace {}  // namespace
+namespace {
+
+constexpr size_t kNotOptimized = SIZE_MAX;  // optimizer_index_ of a parameter no optimizer has
+
+}  // namespace
 
 optim::ElementRange zero_segment(int64_t n, int rank, int world_size) {
   MT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "zero_segment: rank ", rank,
@@ -56,9 +61,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
            dtype_name(options_.grad_comm));
   MT_CHECK(options_.bucket_mb > 0, "DistributedDataParallel: bucket_mb must be positive, got ",
            options_.bucket_mb);
-  MT_CHECK(options_.zero_stage == 0 || options_.zero_stage == 1,
+  MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
            "DistributedDataParallel: ZeRO stage ", options_.zero_stage,
-           " is not there; stage 0 (none) or 1 (optimizer state sharded)");
+           " is not there; stage 0 (none), 1 (optimizer state sharded) or 2 (gradients too)");
   params_ = model.parameters();
   buffers_ = model.buffers();
   for (const Tensor& p : params_) {
@@ -87,7 +92,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   }
   const Device device = params_.empty() ? Device::cpu() : params_[0].device();
   const int world = comm_->world_size();
-  const bool zero = options_.zero_stage == 1;
+  const bool zero = options_.zero_stage >= 1;
   if (zero) ranges_.assign(size_t(world), std::vector<optim::ElementRange>(params_.size()));
   offset_.assign(params_.size(), 0);
   for (const auto& bucket : buckets_) {
@@ -96,7 +101,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       offset_[k] = n;
       n += params_[k].numel();
     }
-    flat_.push_back(Tensor::zeros({n}, options_.grad_comm, device));
+    // ZeRO-2 makes each bucket's buffer when it goes out and frees it once reduce-scattered.
+    flat_.push_back(options_.zero_stage == 2 ? Tensor()
+                                             : Tensor::zeros({n}, options_.grad_comm, device));
+    bucket_numel_.push_back(n);
     if (!zero) continue;
     // ZeRO-1: rank r owns elements [cuts[r], cuts[r + 1]) of the bucket, whichever parameters
     // they fall in.
@@ -223,7 +231,10 @@ int64_t DistributedDataParallel::launch_ready() {
 
 void DistributedDataParallel::launch(size_t b) {
   NoGrad ng;
-  Tensor& flat = flat_[b];
+  const bool stage2 = options_.zero_stage == 2;
+  Tensor flat = stage2 ? Tensor::empty({bucket_numel_[b]}, options_.grad_comm,
+                                       params_[buckets_[b][0]].device())
+                       : flat_[b];
   const double inv = 1.0 / double(comm_->world_size());
   int64_t off = 0;
   for (size_t k : buckets_[b]) {
@@ -240,17 +251,20 @@ void DistributedDataParallel::launch(size_t b) {
       dst.copy_(g.reshape({n}));
       dst.mul_(inv);
     }
+    // ZeRO-2: the bucket holds it now; the rank keeps only its shard of the sum.
+    if (stage2) p.set_grad(Tensor());
     off += n;
   }
   double* seconds = &comm_seconds_[b];
   Communicator* comm = comm_.get();
-  if (options_.zero_stage == 1) {
+  if (options_.zero_stage >= 1) {
     // Half an all-reduce's traffic: each rank receives the sum of its own segment only.
     Tensor shard = shard_[b];
     const std::vector<int64_t>* counts = &segment_counts_[b];
     inflight_[b] = comm_->submit([comm, flat, shard, counts, seconds]() mutable {
       const auto t0 = Clock::now();
       comm->reduce_scatter_now(flat, shard, *counts);
+      flat = Tensor();  // ZeRO-2's buffer is free from here (ZeRO-1 keeps its own)
       *seconds = seconds_since(t0);
     });
     return;
@@ -262,7 +276,19 @@ void DistributedDataParallel::launch(size_t b) {
   });
 }
 
+void DistributedDataParallel::set_optimizer(optim::Optimizer& opt) {
+  if (options_.zero_stage == 0) return;
+  opt.set_owned_ranges(owned_ranges(opt.params()));
+  optimizer_ = &opt;
+  optimizer_index_.assign(params_.size(), kNotOptimized);
+  for (size_t i = 0; i < opt.params().size(); ++i)
+    optimizer_index_[index_of(opt.params()[i], i)] = i;
+}
+
 void DistributedDataParallel::finish_gradients() {
+  MT_CHECK(options_.zero_stage != 2 || optimizer_ != nullptr,
+           "DistributedDataParallel: ZeRO-2 hands each rank's gradient shards to its optimizer; "
+           "call set_optimizer(opt) after making it");
   MT_CHECK(require_sync_,
            "DistributedDataParallel::finish_gradients() after a backward without sync: call "
            "set_require_sync(true) before the last micro-batch's backward");
@@ -282,9 +308,9 @@ void DistributedDataParallel::finish_gradients() {
     inflight_[b].get();  // rethrows a failed collective (a peer stopped, MPI failed)
     waited += seconds_since(w0);
     comm_total += comm_seconds_[b];
-    bytes += int64_t(flat_[b].nbytes());
-    // The means: the whole bucket, or (ZeRO-1) this rank's segment of it.
-    const bool zero = options_.zero_stage == 1;
+    bytes += bucket_numel_[b] * int64_t(dtype_size(options_.grad_comm));
+    // The means: the whole bucket, or (ZeRO-1, 2) this rank's segment of it.
+    const bool zero = options_.zero_stage >= 1;
     const Tensor& means = zero ? shard_[b] : flat_[b];
     const int64_t first = zero ? segment_start_[b] : 0;
     for (size_t k : buckets_[b]) {
@@ -296,8 +322,17 @@ void DistributedDataParallel::finish_gradients() {
         continue;
       }
       const Tensor mean = means.narrow(0, offset_[k] + mine.begin - first, mine.size());
+      if (options_.zero_stage == 2) {
+        // The shard itself (a copy only to widen it, as below): no whole gradient anywhere.
+        p.set_grad(Tensor());
+        const size_t i = optimizer_index_[k];
+        if (i == kNotOptimized) continue;  // not optimized
+        const DType want = promote_types(p.dtype(), means.dtype());
+        optimizer_->set_gradient_shard(i, want == means.dtype() ? mean : mean.to(want));
+        continue;
+      }
       Tensor g = p.grad();
-      const DType want = promote_types(g.defined() ? g.dtype() : p.dtype(), flat_[b].dtype());
+      const DType want = promote_types(g.defined() ? g.dtype() : p.dtype(), means.dtype());
       const bool reuse = g.defined() && g.dtype() == want && g.is_contiguous();
       if (mine.size() < n) {
         // Part of it: the mean there, zeros elsewhere (no norm or overflow from what this rank

@@ -191,7 +191,49 @@ int64_t Optimizer::updates(size_t i) const {
   return int64_t(step_counts_.select(0, int64_t(i)).item());
 }
 
+Tensor Optimizer::gradient(size_t i) const {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  if (i < grad_shards_.size() && grad_shards_[i].defined()) return grad_shards_[i];
+  return params_[i].grad();
+}
+
+std::vector<Tensor> Optimizer::gradients() const {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = gradient(i);
+    if (g.defined()) out.push_back(std::move(g));
+  }
+  return out;
+}
+
+void Optimizer::set_gradient_shard(size_t i, Tensor g) {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  MT_CHECK(!g.defined() || (g.dim() == 1 && g.numel() == owned_range(i).size() &&
+                            g.is_floating_point() && g.device() == params_[i].device()),
+           "the gradient shard of optimizer parameter ", i, " must be a flat floating tensor of ",
+           owned_range(i).size(), " elements (its owned range) on ", params_[i].device().str(),
+           ", got ", g.defined() ? g.describe() : std::string("an undefined tensor"));
+  if (grad_shards_.size() < params_.size()) grad_shards_.resize(params_.size());
+  grad_shards_[i] = std::move(g);
+}
+
+void Optimizer::set_gradient(size_t i, Tensor g) {
+  const Tensor now = gradient(i);
+  MT_CHECK(now.defined() && g.defined() && g.shape() == now.shape(), "Optimizer::set_gradient: ",
+           g.defined() ? g.describe() : std::string("an undefined tensor"),
+           " for the gradient of parameter ", i, " (",
+           now.defined() ? now.describe() : std::string("none"), ")");
+  if (i < grad_shards_.size() && grad_shards_[i].defined()) {
+    grad_shards_[i] = std::move(g);
+  } else {
+    params_[i].set_grad(g);
+  }
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
+  grad_shards_.clear();
   for (const Tensor& p : params_) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -242,20 +284,23 @@ std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
            "; set_store_rounding(RoundingMode::NearestEven) with it (--rounding nearest)");
   for (size_t i : groups_[group].members) {
     const Tensor& p = params_[i];
-    Tensor g = p.grad();
+    const bool shard = i < grad_shards_.size() && grad_shards_[i].defined();
+    Tensor g = gradient(i);
     if (!g.defined() || !owns(i)) continue;
     // A parameter may have been converted (Module::to) since the optimizer was made.
     MT_CHECK(p.is_floating_point() && p.device() == device, "optimizer parameter ", i, " is now a ",
              p.describe(), "; parameters must stay floating and on ", device.str());
     MT_CHECK(p.is_contiguous(), "optimizer parameter ", i, " (", p.describe(),
              ") is not contiguous; the fused step updates contiguous parameters in place");
-    MT_CHECK(g.is_floating_point() && g.device() == device && g.shape() == p.shape(),
+    MT_CHECK(g.is_floating_point() && g.device() == device &&
+                 (shard ? g.numel() == owned_range(i).size() : g.shape() == p.shape()),
              "the gradient of optimizer parameter ", i, " is a ", g.describe(), " for a ",
              p.describe());
     if (!g.is_contiguous()) g = g.contiguous();
-    // ZeRO-1: a slice of the parameter and the same slice of its gradient.
+    // ZeRO-1: a slice of the parameter and the same slice of its gradient (ZeRO-2: the slice's
+    // own gradient, its shard).
     const Tensor part = owned_part(i, p);
-    g = owned_part(i, g);
+    g = shard ? g.reshape(part.shape()) : owned_part(i, g);
 
     ParamState& s = state_[i];
     const bool fresh = s.tensors.empty();

@@ -72,8 +72,9 @@ Trainee::Trainee(std::string name, std::shared_ptr<nn::Module> model,
     o.grad_comm = config::grad_comm_dtype(c.grad_comm);
     o.zero_stage = c.zero;
     ddp_ = std::make_unique<dist::DistributedDataParallel>(*model_, run.comm, o);
-    // ZeRO-1: this rank's optimizer keeps state for, and updates, its own share.
-    if (c.zero == 1) optimizer().set_owned_ranges(ddp_->owned_ranges(optimizer().params()));
+    // ZeRO-1, 2: this rank's optimizer keeps state for, and updates, its own share (ZeRO-2:
+    // from the gradient shards DDP hands it).
+    ddp_->set_optimizer(optimizer());
   }
   // Each unscale's overflow flag passes here: data parallel, the averaged gradients carry an inf
   // from any rank to all, and the flag's all-reduce makes the skip the same everywhere whatever
@@ -160,26 +161,28 @@ bool Trainee::step(Run& run, bool overflow) {
   // every rank, so all skip the same steps); a rank's norm is then the global norm.
   if (ddp_) ddp_->finish_gradients();
   if (run.request.histograms) write_gradient_histograms(run, run.state.step + 1);
-  std::vector<Tensor> params;
-  for (optim::Optimizer* o : optimizers())
-    for (const Tensor& p : o->params())
-      params.push_back(p);
   const bool several = optimizers_.size() > 1;
   grad_norm_ = Tensor();
   if (c.clip_grad_norm > 0 || (several && sc.options().mode != amp::ScaleMode::Disabled)) {
     for (optim::Optimizer* o : optimizers())
       sc.unscale_(*o);  // clip the true gradients, not the scaled ones
   }
+  // What the optimizers apply: the parameters' .grad, or ZeRO-2's shards.
+  std::vector<Tensor> grads;
+  for (optim::Optimizer* o : optimizers())
+    for (Tensor& g : o->gradients())
+      grads.push_back(std::move(g));
   if (c.clip_grad_norm > 0) {
-    // ZeRO-1: each rank holds its own share of the gradients; the norm is over all ranks'.
-    const Tensor norm = optim::clip_grad_norm(params, c.clip_grad_norm, 2.0,
-                                              ddp_ ? ddp_->norm_combiner() : optim::NormCombiner{});
+    // ZeRO: each rank holds its own share of the gradients; the norm is over all ranks'.
+    const Tensor norm =
+        optim::clip_gradients(grads, c.clip_grad_norm, 2.0,
+                              ddp_ ? ddp_->norm_combiner() : optim::NormCombiner{}, run.device);
     if (run.request.record_norm) grad_norm_ = norm;
   } else if (run.request.record_norm && c.zero == 0) {
-    // The norm of the true gradients (over the loss scale); ZeRO-1 without clipping records
-    // none (a rank holds only its share of the gradients).
+    // The norm of the true gradients (over the loss scale); ZeRO without clipping records none
+    // (a rank holds only its share of the gradients).
     NoGrad ng;
-    grad_norm_ = div(optim::grad_norm(params), sc.get_scale());
+    grad_norm_ = div(optim::gradients_norm(grads, 2.0, {}, run.device), sc.get_scale());
   }
   if (several && flags_.size() > 1) {
     // Either optimizer's overflow skips both (on the device: no host wait).

@@ -11,6 +11,7 @@ rank is smaller, and a sharded run resumes to the same result as an unsharded on
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,9 +68,10 @@ with tempfile.TemporaryDirectory() as tmp:
     check(p.returncode == 0 and json.loads(p.stdout).get("steps", 0) > 32,
           f"a 2-rank checkpoint resumes on 1 rank ({p.returncode}): {p.stderr[-500:]}")
 
-    # ZeRO-1: AdamW with fp32 masters (bf16 O2), the state sharded; everything else as without.
+    # ZeRO-1 and 2: AdamW with fp32 masters (bf16 O2), the state (and the gradients) sharded;
+    # everything else as without.
     results, ckpts = {}, {}
-    for zero in ("0", "1"):
+    for zero in ("0", "1", "2"):
         ckpts[zero] = os.path.join(tmp, f"zero{zero}.safetensors")
         zargs = small + ["--optimizer", "adamw", "--lr", "1e-3", "--precision", "bf16",
                          "--opt-level", "O2", "--epochs", "1", "--json", "--zero", zero,
@@ -78,28 +80,37 @@ with tempfile.TemporaryDirectory() as tmp:
         check(rc == 0, f"2 ranks train with --zero {zero} ({rc}): {err[-800:]}")
         lines = [l for l in out.splitlines() if l.startswith("{")]
         results[zero] = json.loads(lines[0]) if lines else {}
-    if results["0"] and results["1"]:
-        check(results["1"]["test_loss"] == results["0"]["test_loss"],
-              f"ZeRO-1 trains as plain data parallel: {results['1']['test_loss']} vs "
-              f"{results['0']['test_loss']}")
+    if all(results.values()):
+        for zero in ("1", "2"):
+            check(results[zero]["test_loss"] == results["0"]["test_loss"],
+                  f"ZeRO-{zero} trains as plain data parallel: {results[zero]['test_loss']} vs "
+                  f"{results['0']['test_loss']}")
         s0, s1 = results["0"]["optimizer_state_bytes"], results["1"]["optimizer_state_bytes"]
         check(s1 < s0, f"ZeRO-1 holds less optimizer state per rank: {s1} vs {s0}")
-        print(f"mlp bf16 O2 AdamW, 2 ranks: optimizer state per rank {s0} B -> {s1} B (ZeRO-1)")
+        # (The peaks include the checkpoint's gather, the same for both.)
+        p1, p2 = results["1"]["peak_memory_bytes"], results["2"]["peak_memory_bytes"]
+        check(p2 < p1, f"ZeRO-2 holds less memory at its peak per rank than ZeRO-1: {p2} vs {p1}")
+        print(f"mlp bf16 O2 AdamW, 2 ranks: optimizer state per rank {s0} B -> {s1} B (ZeRO-1); "
+              f"peak {results['0']['peak_memory_bytes']} B, {p1} B (ZeRO-1), {p2} B (ZeRO-2)")
     if all(os.path.exists(c) for c in ckpts.values()):
-        differ = differing(ckpts["0"], ckpts["1"])
-        check(not differ,
-              f"a ZeRO-1 checkpoint holds the unsharded run's tensors, bit for bit: {differ[:5]}")
-        # Resumed, sharded or not, from either checkpoint: the same run.
+        for zero in ("1", "2"):
+            differ = differing(ckpts["0"], ckpts[zero])
+            check(not differ, f"a ZeRO-{zero} checkpoint holds the unsharded run's tensors, bit "
+                  f"for bit: {differ[:5]}")
+        # Resumed, sharded or not, from any of the checkpoints: the same run.
         finals = []
-        for zero, ck in (("0", ckpts["0"]), ("1", ckpts["1"])):
+        # (A resume writes its own checkpoint over the one it read: the ZeRO-2 one twice, copied.)
+        again = os.path.join(tmp, "zero2-again.safetensors")
+        shutil.copyfile(ckpts["2"], again)
+        for zero, ck in (("0", ckpts["0"]), ("1", ckpts["1"]), ("2", ckpts["2"]), ("0", again)):
             rargs = ["train", "--resume", ck, "--epochs", "2", "--json", "--no-progress",
                      "--distributed", "--zero", zero, "--threads", "1", "--workers", "0"]
             rc, out, err = mpirun(rargs, rargs)
             check(rc == 0, f"resume with --zero {zero} ({rc}): {err[-500:]}")
             lines = [l for l in out.splitlines() if l.startswith("{")]
             finals.append(json.loads(lines[0]).get("test_loss") if lines else None)
-        check(finals[0] is not None and finals[0] == finals[1],
-              f"resumed with and without ZeRO-1: the same result {finals}")
+        check(finals[0] is not None and all(f == finals[0] for f in finals),
+              f"resumed with and without ZeRO-1 and 2: the same result {finals}")
     p = subprocess.run([BIN, *small[:-1], "--steps", "2", "--zero", "1"], capture_output=True,
                        text=True, env=ENV, timeout=60)
     check(p.returncode != 0 and "--zero" in p.stderr and "--distributed" in p.stderr,

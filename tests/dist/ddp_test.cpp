@@ -251,13 +251,13 @@ TEST(DistributedDataParallel, MistakesAreNamed) {
   EXPECT_NO_THROW(c.validate());
   EXPECT_THROW(c.set("grad-comm", "fp8"), Error);  // not a word of --grad-comm
   c.set("grad-comm", "fp32");
+  c.zero = 3;
+  EXPECT_THROW(c.validate(), Error);  // no ZeRO-3 here
   c.zero = 2;
-  EXPECT_THROW(c.validate(), Error);  // no ZeRO-2 here
-  c.zero = 1;
   EXPECT_NO_THROW(c.validate());
   c.distributed = false;
   EXPECT_THROW(c.validate(), Error);  // --zero without --distributed
-  EXPECT_THROW(dist::DistributedDataParallel(*s.model, dist::single_process(), {.zero_stage = 2}),
+  EXPECT_THROW(dist::DistributedDataParallel(*s.model, dist::single_process(), {.zero_stage = 3}),
                Error);
   if (!dist::mpi_built()) {
     try {

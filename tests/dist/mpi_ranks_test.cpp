@@ -314,7 +314,7 @@ struct ZeroCase {
   optim::StateFormat state = optim::StateFormat::F32;
 };
 
-TEST(Ranks, ZeroOneTakesTheStepsOfPlainDataParallel) {
+TEST(Ranks, ZeroOneAndTwoTakeTheStepsOfPlainDataParallel) {
   for (const ZeroCase c :
        {ZeroCase{"sgd fp32", amp::OptLevel::O0, DType::F32, false, 0},
         ZeroCase{"adamw bf16 O2", amp::OptLevel::O2, DType::BF16, true, 0},
@@ -347,79 +347,96 @@ TEST(Ranks, ZeroOneTakesTheStepsOfPlainDataParallel) {
       run.amp = std::make_unique<amp::Amp>(amp::initialize(*run.model, *run.opt, c.level, c.half));
       run.ddp = std::make_unique<dist::DistributedDataParallel>(
           *run.model, dist::mpi_world(), dist::DdpOptions{.bucket_mb = 0.1, .zero_stage = stage});
-      if (stage == 1) run.opt->set_owned_ranges(run.ddp->owned_ranges(run.opt->params()));
+      run.ddp->set_optimizer(*run.opt);
       if (run.amp->scaler().options().mode != amp::ScaleMode::Disabled) {
         run.amp->scaler().set_overflow_reducer(
             [](Tensor& flag) { world().all_reduce(flag, dist::ReduceOp::Max); });
       }
       return run;
     };
-    Run plain = make(0), zero = make(1);
-    for (int64_t step = 0; step < 8; ++step) {
-      const Batch b = my_shard(full_batch(step));
-      for (Run* run : {&plain, &zero}) {
-        amp::GradScaler& sc = run->amp->scaler();
-        run->opt->zero_grad();
-        run->ddp->broadcast_buffers();
-        sc.scale(cross_entropy(run->amp->forward(*run->model, b.x), b.y)).backward();
-        run->ddp->finish_gradients();
-        if (c.clip > 0) {
-          sc.unscale_(*run->opt);
-          optim::clip_grad_norm(run->opt->params(), c.clip, 2.0, run->ddp->norm_combiner());
+    for (const int stage : {1, 2}) {
+      SCOPED_TRACE("ZeRO-" + std::to_string(stage));
+      Run plain = make(0), zero = make(stage);
+      for (int64_t step = 0; step < 8; ++step) {
+        const Batch b = my_shard(full_batch(step));
+        for (Run* run : {&plain, &zero}) {
+          amp::GradScaler& sc = run->amp->scaler();
+          run->opt->zero_grad();
+          run->ddp->broadcast_buffers();
+          sc.scale(cross_entropy(run->amp->forward(*run->model, b.x), b.y)).backward();
+          run->ddp->finish_gradients();
+          if (c.clip > 0) {
+            sc.unscale_(*run->opt);
+            optim::clip_gradients(run->opt->gradients(), c.clip, 2.0, run->ddp->norm_combiner());
+          }
+          sc.step(*run->opt);
+          sc.update();
+          run->ddp->all_gather_parameters();
         }
-        sc.step(*run->opt);
-        sc.update();
-        run->ddp->all_gather_parameters();
       }
-    }
-    // Unclipped, bit for bit. Clipped, the norm is summed from the ranks' partial norms (each
-    // rank's gradient holds its own elements, zeros elsewhere, in fp32 chunk sums) instead of in
-    // one pass: its last bits differ and some clipped gradients move by one ulp — within 1e-4
-    // after 8 SGD steps. (Not AdamW: a convolution's bias before batch norm has a gradient of
-    // pure rounding noise, which AdamW turns into steps of lr whatever its size, so one ulp there
-    // moves that bias by lr; the Release and sanitizer builds differed by 1.6e-6 and 2.7e-2.)
-    const bool exact = c.clip == 0;
-    const std::vector<Tensor> p = plain.model->parameters(), z = zero.model->parameters();
-    double worst = 0;
-    for (size_t i = 0; i < p.size(); ++i) {
-      if (exact) {
-        EXPECT_EQ(values(z[i]), values(p[i])) << "parameter " << i << ": ZeRO-1 != plain";
+      // ZeRO-2 keeps the gradients of its half alone, and no .grad at all.
+      auto grad_bytes = [](const Run& r) {
+        int64_t n = 0;
+        for (const Tensor& g : r.opt->gradients())
+          n += int64_t(g.nbytes());
+        return n;
+      };
+      if (stage == 2) {
+        for (const Tensor& q : zero.model->parameters())
+          EXPECT_FALSE(q.grad().defined());
+        EXPECT_LT(double(grad_bytes(zero)), 0.6 * double(grad_bytes(plain)));
       }
-      worst = std::max(worst, relative_gap(z[i], p[i]));
-      EXPECT_TRUE(same_on_every_rank(z[i])) << "parameter " << i << " differs between ranks";
-    }
-    EXPECT_LE(worst, 1e-4);
-    // The state is split without overlap, in halves to within an element per bucket, ...
-    Tensor bytes = Tensor::from_vector(std::vector<int64_t>{zero.opt->state_nbytes()}, {1});
-    world().all_reduce(bytes, dist::ReduceOp::Sum);
-    EXPECT_EQ(bytes.to_vector<int64_t>()[0], plain.opt->state_nbytes());
-    // (each cut moved by at most half a state block: 1024 elements of up to 12 bytes of state)
-    EXPECT_NEAR(double(zero.opt->state_nbytes()), 0.5 * double(plain.opt->state_nbytes()),
-                double(zero.ddp->last_step().buckets * optim::kMaxStateBlock / 2 * 12));
-    // ... and gathered, it is the unsharded optimizer's, key for key (unclipped, bit for bit).
-    const NamedTensors gathered = zero.ddp->gather_optimizer_state(*zero.opt);
-    if (world().rank() == 0) {
-      const NamedTensors expected = plain.opt->state_dict();
-      ASSERT_EQ(gathered.size(), expected.size());
-      for (size_t i = 0; i < expected.size(); ++i) {
-        ASSERT_EQ(gathered[i].first, expected[i].first);
-        EXPECT_EQ(gathered[i].second.shape(), expected[i].second.shape()) << expected[i].first;
+      // Unclipped, bit for bit. Clipped, the norm is summed from the ranks' partial norms (each
+      // rank's gradient holds its own elements, zeros elsewhere, in fp32 chunk sums) instead of in
+      // one pass: its last bits differ and some clipped gradients move by one ulp — within 1e-4
+      // after 8 SGD steps. (Not AdamW: a convolution's bias before batch norm has a gradient of
+      // pure rounding noise, which AdamW turns into steps of lr whatever its size, so one ulp there
+      // moves that bias by lr; the Release and sanitizer builds differed by 1.6e-6 and 2.7e-2.)
+      const bool exact = c.clip == 0;
+      const std::vector<Tensor> p = plain.model->parameters(), z = zero.model->parameters();
+      double worst = 0;
+      for (size_t i = 0; i < p.size(); ++i) {
         if (exact) {
-          EXPECT_EQ(0, std::memcmp(gathered[i].second.data_ptr(), expected[i].second.data_ptr(),
-                                   expected[i].second.nbytes()))
-              << expected[i].first;
-        } else if (expected[i].first.starts_with("master.")) {
-          // The masters follow the weights; the momentum of that bias's noise does not.
-          EXPECT_LE(relative_gap(gathered[i].second, expected[i].second), 1e-4)
-              << expected[i].first;
+          EXPECT_EQ(values(z[i]), values(p[i])) << "parameter " << i << ": ZeRO-1 != plain";
         }
+        worst = std::max(worst, relative_gap(z[i], p[i]));
+        EXPECT_TRUE(same_on_every_rank(z[i])) << "parameter " << i << " differs between ranks";
       }
-      std::printf(
-          "%s: 8 steps, ZeRO-1 vs plain data parallel: largest relative gap %.3g; optimizer "
-          "state on rank 0: %lld of %lld bytes\n",
-          c.name, worst, (long long)zero.opt->state_nbytes(), (long long)plain.opt->state_nbytes());
-    } else {
-      EXPECT_TRUE(gathered.empty());
+      EXPECT_LE(worst, 1e-4);
+      // The state is split without overlap, in halves to within an element per bucket, ...
+      Tensor bytes = Tensor::from_vector(std::vector<int64_t>{zero.opt->state_nbytes()}, {1});
+      world().all_reduce(bytes, dist::ReduceOp::Sum);
+      EXPECT_EQ(bytes.to_vector<int64_t>()[0], plain.opt->state_nbytes());
+      // (each cut moved by at most half a state block: 1024 elements of up to 12 bytes of state)
+      EXPECT_NEAR(double(zero.opt->state_nbytes()), 0.5 * double(plain.opt->state_nbytes()),
+                  double(zero.ddp->last_step().buckets * optim::kMaxStateBlock / 2 * 12));
+      // ... and gathered, it is the unsharded optimizer's, key for key (unclipped, bit for bit).
+      const NamedTensors gathered = zero.ddp->gather_optimizer_state(*zero.opt);
+      if (world().rank() == 0) {
+        const NamedTensors expected = plain.opt->state_dict();
+        ASSERT_EQ(gathered.size(), expected.size());
+        for (size_t i = 0; i < expected.size(); ++i) {
+          ASSERT_EQ(gathered[i].first, expected[i].first);
+          EXPECT_EQ(gathered[i].second.shape(), expected[i].second.shape()) << expected[i].first;
+          if (exact) {
+            EXPECT_EQ(0, std::memcmp(gathered[i].second.data_ptr(), expected[i].second.data_ptr(),
+                                     expected[i].second.nbytes()))
+                << expected[i].first;
+          } else if (expected[i].first.starts_with("master.")) {
+            // The masters follow the weights; the momentum of that bias's noise does not.
+            EXPECT_LE(relative_gap(gathered[i].second, expected[i].second), 1e-4)
+                << expected[i].first;
+          }
+        }
+        std::printf(
+            "%s: 8 steps, ZeRO-%d vs plain data parallel: largest relative gap %.3g; optimizer "
+            "state on rank 0: %lld of %lld bytes, gradients %lld of %lld\n",
+            c.name, stage, worst, (long long)zero.opt->state_nbytes(),
+            (long long)plain.opt->state_nbytes(), (long long)grad_bytes(zero),
+            (long long)grad_bytes(plain));
+      } else {
+        EXPECT_TRUE(gathered.empty());
+      }
     }
   }
 }

@@ -136,7 +136,7 @@ TEST(NcclRanks, ZeroOneOnGpusTakesThePlainSteps) {
         amp::initialize(*run.model, *run.opt, amp::OptLevel::O2, DType::BF16));
     run.ddp = std::make_unique<dist::DistributedDataParallel>(
         *run.model, comm, dist::DdpOptions{.bucket_mb = 0.1, .zero_stage = stage});
-    if (stage == 1) run.opt->set_owned_ranges(run.ddp->owned_ranges(run.opt->params()));
+    run.ddp->set_optimizer(*run.opt);
     return run;
   };
   Run plain = make(0), zero = make(1);

@@ -48,9 +48,19 @@
 // checkpoint takes gather_optimizer_state(): the unsharded optimizer's state dict, on rank 0.
 //
 //   DistributedDataParallel ddp(*model, world, {.zero_stage = 1});
-//   opt.set_owned_ranges(ddp.owned_ranges(opt.params()));
+//   ddp.set_optimizer(opt);  // opt.set_owned_ranges(ddp.owned_ranges(opt.params()))
 //   ... backward; ddp.finish_gradients(); scaler.step(opt); scaler.update();
 //   ddp.all_gather_parameters();
+//
+// ZeRO-2 (zero_stage = 2; DeepSpeed's stage 2): the gradients are sharded too. A bucket's
+// buffer exists from the moment its last gradient arrives until its reduce-scatter is done, and
+// the parameters' .grad are dropped as they go into it, so during backward a rank holds the
+// gradients of the buckets not yet sent; afterwards it keeps its segment of each bucket alone,
+// which finish_gradients() hands to the optimizer (set_optimizer, required) as the gradient
+// shards of what it owns (Optimizer::set_gradient_shard): 1/N of the gradients' bytes. Clipping
+// goes over Optimizer::gradients() (optim::clip_gradients), the loss scaler reads them through
+// the optimizer. With gradient accumulation (set_require_sync(false)), the micro-batches'
+// gradients add up in .grad as before and are sharded at the last one.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +79,7 @@ namespace mantissa::dist {
 struct DdpOptions {
   double bucket_mb = 25;         // PyTorch's bucket_cap_mb; a parameter larger than it is alone
   DType grad_comm = DType::F32;  // F32, BF16 or F16
-  int zero_stage = 0;            // 0: every rank gets every mean gradient; 1: ZeRO-1 (above)
+  int zero_stage = 0;  // 0: every rank gets every mean gradient; 1: ZeRO-1; 2: ZeRO-2 (above)
 };
 
 // The elements of a bucket of n that ZeRO-1 gives `rank`: [n * rank / N, n * (rank + 1) / N).
@@ -119,11 +129,16 @@ class DistributedDataParallel {
   void set_require_sync(bool on) { require_sync_ = on; }
   bool require_sync() const { return require_sync_; }
   // Waits for every bucket; afterwards each parameter's .grad is the mean over the ranks (ZeRO-1:
-  // of the parameters this rank owns; the others' gradients are dropped).
+  // of the parameters this rank owns; the others' gradients are dropped; ZeRO-2: every .grad is
+  // dropped and the optimizer holds the means of what it owns as gradient shards).
   void finish_gradients();
 
-  // ---- ZeRO-1 --------------------------------------------------------------------------------
+  // ---- ZeRO-1 and ZeRO-2 ---------------------------------------------------------------------
   int zero_stage() const { return options_.zero_stage; }
+  // The optimizer over the model's parameters that steps this rank's share: its owned ranges
+  // are set (owned_ranges()), and under ZeRO-2 finish_gradients() gives it the gradient shards.
+  // It must outlive this object's use of it (or be replaced). Nothing to do without ZeRO.
+  void set_optimizer(optim::Optimizer& opt);
   // The elements of model parameter k (its index in model.parameters()) that `rank` updates:
   // all of them without ZeRO.
   optim::ElementRange owned_range(int rank, size_t k) const;
@@ -167,8 +182,11 @@ class DistributedDataParallel {
   std::vector<int> hooks_;
   std::vector<std::vector<size_t>> buckets_;
   std::vector<size_t> bucket_of_;
-  std::vector<Tensor> flat_;     // each bucket's buffer, in grad_comm
-  std::vector<int64_t> offset_;  // each parameter's first element in its bucket
+  std::vector<Tensor> flat_;  // each bucket's buffer, in grad_comm (ZeRO-2: none kept)
+  std::vector<int64_t> bucket_numel_;
+  optim::Optimizer* optimizer_ = nullptr;  // set_optimizer()
+  std::vector<size_t> optimizer_index_;    // [parameter]: its index there (npos: none)
+  std::vector<int64_t> offset_;            // each parameter's first element in its bucket
   // ZeRO-1: [rank][parameter] the elements each rank owns; each bucket's elements per rank,
   // where this rank's segment starts, and its segment of the reduced sum.
   std::vector<std::vector<optim::ElementRange>> ranges_;

@@ -13,8 +13,8 @@
 
 namespace mantissa::optim {
 
-// Sharded gradients (ZeRO-1: each rank of a data-parallel run holds the gradients of its own
-// parameters only): `combine` makes a rank's partial norm global. It gets a one-element F64
+// Sharded gradients (ZeRO-1 and 2: each rank of a data-parallel run holds the gradients of its
+// own parameters only): `combine` makes a rank's partial norm global. It gets a one-element F64
 // tensor on the gradients' device holding this rank's sum of |g|^p (its max |g| for p = inf,
 // `max` true), and must leave there the sum (the maximum) over the ranks, NaN kept, the same on
 // every rank; every rank calls it once, with or without gradients. Unset: the gradients are
@@ -35,5 +35,12 @@ Tensor grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0,
 // a finiteness check (the loss scaler's).
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                       const NormCombiner& combine = {});
+
+// The same over the gradient tensors themselves (Optimizer::gradients(): ZeRO-2's shards
+// among them); `device` holds the result when there are none.
+Tensor gradients_norm(const std::vector<Tensor>& grads, double norm_type = 2.0,
+                      const NormCombiner& combine = {}, Device device = Device::cpu());
+Tensor clip_gradients(const std::vector<Tensor>& grads, double max_norm, double norm_type = 2.0,
+                      const NormCombiner& combine = {}, Device device = Device::cpu());
 
 }  // namespace mantissa::optim

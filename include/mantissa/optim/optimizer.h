@@ -94,8 +94,24 @@ class Optimizer {
   void step();
 
   // set_to_none drops the gradient tensors (free, and the next backward allocates fresh ones);
-  // otherwise they are zeroed in place.
+  // otherwise they are zeroed in place. Gradient shards (set_gradient_shard) are dropped.
   void zero_grad(bool set_to_none = true);
+
+  // ---- gradients ------------------------------------------------------------------------------
+  // The gradient the next step applies to parameter i: its shard (below) when one is set, else
+  // the parameter's .grad (undefined: none).
+  Tensor gradient(size_t i) const;
+  // The defined gradients of every parameter, in order (what clipping and the loss scaler's
+  // check go over).
+  std::vector<Tensor> gradients() const;
+  // ZeRO-2: the gradient of the part of parameter i this optimizer owns (set_owned_ranges), as
+  // a flat tensor of owned_range(i).size() elements, in place of .grad (which the caller drops:
+  // a rank keeps the gradient of what it updates alone). Undefined: none. Kept until the next
+  // zero_grad().
+  void set_gradient_shard(size_t i, Tensor g);
+  // Replaces what gradient(i) returns (its shard, or the parameter's .grad), e.g. by an fp32
+  // copy: of the same shape.
+  void set_gradient(size_t i, Tensor g);
 
   // ---- groups and learning rates -------------------------------------------------------------
   size_t num_groups() const { return groups_.size(); }
@@ -265,6 +281,7 @@ class Optimizer {
   std::vector<std::vector<Tensor>> group_params_;
   std::vector<ParamState> state_;
   std::vector<ElementRange> owned_;  // set_owned_ranges(); empty: all
+  std::vector<Tensor> grad_shards_;  // set_gradient_shard(); empty: none
   // Parameter i, or the slice of it owned (a flat view of the same storage).
   Tensor owned_part(size_t i, const Tensor& whole) const;
   // I64 (params + 1), on the parameters' device: the updates of each parameter so far, then
