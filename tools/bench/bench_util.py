@@ -29,13 +29,19 @@ def bench_env():
     return env
 
 
+# mpirun as the tests run it (tests/CMakeLists.txt explains each flag).
+MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+
+
 def run_json(cmd):
-    """Runs a benchmark command and returns the JSON object on its last output line; raises
-    RuntimeError with the command and the end of its stderr when it fails."""
+    """Runs a benchmark command (`mantissa train --json`, bench, or either under mpirun) and
+    returns the JSON object on its last output line that holds one; raises RuntimeError with the
+    command and the end of its stderr when it fails."""
     r = subprocess.run(cmd, capture_output=True, text=True, env=bench_env())
-    if r.returncode != 0 or not r.stdout.strip():
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if r.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(lines[-1])
 
 
 def run_lines(cmd):

@@ -20,22 +20,11 @@ process x 2 threads (at the same global batch: 2 x the per-rank batch).
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from bench_util import ROOT, bench_env
-
-# mpirun as the tests run it (tests/CMakeLists.txt explains each flag).
-MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+from bench_util import MPIRUN_FLAGS, ROOT, run_json
 
 
-def run(cmd):
-    env = bench_env()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-2000:]}")
-    return json.loads(lines[-1])
 
 
 def main():
@@ -85,7 +74,7 @@ def main():
                            "--distributed", "--grad-comm", comm, "--zero", zero]
                 else:
                     cmd = [binary, *cmd]
-                r = run(cmd)
+                r = run_json(cmd)
                 unit = args.seq_len if tokens else 1
                 per_s = r["steps"] * batch * ranks * unit / r["train_seconds"]
                 if name not in best or per_s > best[name]["per_s"]:

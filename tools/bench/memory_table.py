@@ -8,14 +8,15 @@ the formula's, and the measured peak tensor memory of the largest rank against t
 total. What the peak holds beyond the formula is the activations and the step's transients
 (`peak - formula`, printed).
 
-  python3 tools/bench/memory_table.py [--model gpt2] [--steps 3] [--ranks 1,2] [--zero 0,1]
-      [--configs NAME,...] [--json-out FILE]
+  python3 tools/bench/memory_table.py [--model gpt2] [--steps 3] [--ranks 1,2] [--zero 0,1,2]
+      [--configs NAME,...] [--json-out FILE] [--from-json FILE]
 
 The formula counts each parameter's elements (read from a checkpoint of the model): weights and
 gradients in the weights' dtype, fp32 masters under O2, a compensation in the weights' dtype
 under Kahan, each moment in its --optim-state format (fp8 and 8bit: 1 byte and an fp32 absmax per
 block of 256; parameters under 4096 elements keep fp32 state), masters and moments divided
-between the ranks under --zero 1. docs/memory.md records a run.
+between the ranks under --zero 1 and 2, gradients too under --zero 2, and the gradient buckets'
+buffers of data parallel (formula()). docs/memory.md records a run.
 """
 import argparse
 import json
@@ -24,9 +25,8 @@ import subprocess
 import sys
 import tempfile
 
-from bench_util import ROOT, bench_env
+from bench_util import MPIRUN_FLAGS, ROOT, bench_env, run_json
 
-MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 BLOCK, MIN_NUMEL = 256, 4096
 
 # name -> (train options, weight bytes, master, compensation, optimizer state format)
@@ -54,21 +54,21 @@ def state_bytes(numel, fmt):
 
 
 def parameter_sizes(binary, base):
-    """The element count of every parameter of the model, from a one-step checkpoint."""
+    """The element count of every parameter the optimizer steps (a tied weight once), from the
+    moments of a one-step fp32 checkpoint."""
     from safetensors import safe_open
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "c.safetensors")
-        r = subprocess.run([binary, *base, "--steps", "1", "--checkpoint", path], env=bench_env(),
+        r = subprocess.run([binary, *base, "--steps", "1", "--precision", "fp32", "--checkpoint",
+                            path], env=bench_env(),
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-2000:])
         sizes = []
         with safe_open(path, "np") as f:
             for k in f.keys():
-                if k.startswith("optimizer.") or k.startswith("scaler."):
-                    continue
-                if "." not in k or k.startswith("_"):
+                if not (k.startswith("optimizer.state.") and k.endswith(".exp_avg")):
                     continue
                 shape = f.get_slice(k).get_shape()
                 n = 1
@@ -79,25 +79,25 @@ def parameter_sizes(binary, base):
 
 
 def formula(sizes, weight, master, compensation, fmt, ranks, zero):
-    """Bytes of one rank by component."""
+    """Bytes of one rank by component. With several ranks the gradients travel in the weights'
+    dtype (c = weight bytes): plain data parallel and ZeRO-1 keep every bucket's flat buffer
+    (c per parameter), ZeRO-1 also the received segment (c / N); ZeRO-2 keeps the segment alone,
+    which is then its gradients (its buckets' buffers live only while they are sent)."""
     n = sum(sizes)
     share = ranks if zero >= 1 else 1
     moments = sum(2 * state_bytes(s, fmt) for s in sizes)
+    comm = 0.0
+    if ranks > 1 and zero <= 1:
+        comm = weight * n + (weight * n / ranks if zero == 1 else 0)
     return {
         "weights": weight * n,
-        "gradients": weight * n,
+        "gradients": weight * n / (ranks if zero == 2 else 1),
         "masters": (4 * n if master else 0) / share,
         "compensation": weight * n if compensation else 0,
         "moments": moments / share,
+        "comm": comm,
     }
 
-
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, env=bench_env())
-    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-2000:]}")
-    return json.loads(lines[-1])
 
 
 def main():
@@ -110,9 +110,11 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--ranks", default="1,2")
-    ap.add_argument("--zero", default="0,1", help="ZeRO stages of the multi-rank rows")
+    ap.add_argument("--zero", default="0,1,2", help="ZeRO stages of the multi-rank rows")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json-out")
+    ap.add_argument("--from-json", help="print the table again from a --json-out file's "
+                    "measurements (the formula recomputed; one 1-step run for the sizes)")
     args = ap.parse_args()
     binary = os.path.join(args.build, "mantissa")
     if not os.path.exists(binary):
@@ -126,33 +128,43 @@ def main():
     print(f"{args.model}: {n} parameters ({n / 1e6:.1f} M), {len(sizes)} tensors; batch "
           f"{args.batch_size} x {args.seq_len} tokens, {args.steps} steps, per rank")
     head = (f"{'config':<26} {'ranks':>5} {'ZeRO':>4} | {'w':>4} {'g':>4} {'m/c':>4} "
-            f"{'opt':>5} {'B/param':>7} | {'state MiB':>9} {'formula':>8} | {'peak MiB':>8} "
-            f"{'formula':>8} {'peak-f':>7} {'B/param':>7}")
+            f"{'opt':>5} {'comm':>4} {'B/param':>7} | {'state MiB':>9} {'formula':>8} | "
+            f"{'peak MiB':>8} {'formula':>8} {'peak-f':>7} {'B/param':>7}")
     print(head)
+    measured = {}
+    if args.from_json:
+        with open(args.from_json) as fh:
+            for row in json.load(fh):
+                measured[(row["config"], row["ranks"], row["zero"])] = row
     rows = []
     for name in args.configs.split(","):
         opts, weight, master, comp, fmt = CONFIGS[name]
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for zero in ([0] if ranks == 1 else [int(z) for z in args.zero.split(",")]):
-                cmd = [binary, *base, *opts, "--steps", str(args.steps)]
-                if ranks > 1:
-                    # bf16 gradients travel in bf16 (in fp32 they would come back fp32).
-                    comm = "bf16" if weight == 2 else "fp32"
-                    cmd = [args.mpirun, *MPIRUN_FLAGS, "-n", str(ranks), *cmd, "--distributed",
-                           "--zero", str(zero), "--grad-comm", comm]
-                r = run(cmd)
+                if args.from_json:
+                    m = measured.get((name, ranks, zero))
+                    if m is None:
+                        continue
+                    peak, state = m["peak_bytes"], m["state_bytes"]
+                else:
+                    cmd = [binary, *base, *opts, "--steps", str(args.steps)]
+                    if ranks > 1:
+                        # bf16 gradients travel in bf16 (in fp32 they would come back fp32).
+                        comm = "bf16" if weight == 2 else "fp32"
+                        cmd = [args.mpirun, *MPIRUN_FLAGS, "-n", str(ranks), *cmd,
+                               "--distributed", "--zero", str(zero), "--grad-comm", comm]
+                    r = run_json(cmd)
+                    peak, state = r["peak_memory_bytes"], r["optimizer_state_bytes"]
                 f = formula(sizes, weight, master, comp, fmt, ranks, zero)
                 total = sum(f.values())
                 state_f = f["masters"] + f["compensation"] + f["moments"]
-                peak = r["peak_memory_bytes"]
-                row = {"config": name, "ranks": ranks, "zero": zero, "formula": f,
-                       "formula_bytes": total, "state_bytes": r["optimizer_state_bytes"],
-                       "state_formula_bytes": state_f, "peak_bytes": peak, "parameters": n}
-                rows.append(row)
+                rows.append({"config": name, "ranks": ranks, "zero": zero, "formula": f,
+                             "formula_bytes": total, "state_bytes": state,
+                             "state_formula_bytes": state_f, "peak_bytes": peak, "parameters": n})
                 print(f"{name:<26} {ranks:>5} {zero:>4} | {f['weights'] / n:>4.1f} "
                       f"{f['gradients'] / n:>4.1f} {(f['masters'] + f['compensation']) / n:>4.1f} "
-                      f"{f['moments'] / n:>5.2f} {total / n:>7.2f} | "
-                      f"{r['optimizer_state_bytes'] / 2**20:>9.1f} {state_f / 2**20:>8.1f} | "
+                      f"{f['moments'] / n:>5.2f} {f['comm'] / n:>4.1f} {total / n:>7.2f} | "
+                      f"{state / 2**20:>9.1f} {state_f / 2**20:>8.1f} | "
                       f"{peak / 2**20:>8.1f} {total / 2**20:>8.1f} "
                       f"{(peak - total) / 2**20:>7.1f} {peak / n:>7.2f}", flush=True)
     if args.json_out:
