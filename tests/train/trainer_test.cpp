@@ -372,15 +372,21 @@ TEST_F(TrainerTest, HalfWeightRunsResumeBitwise) {
     const char* precision;
     const char* opt_level;
     const char* rounding;
+    const char* optim_state = "fp32";  // SGD's momentum
+    const char* compensation = "none";
   };
   for (const Case& k :
-       {Case{"fp16", "O2", ""}, Case{"bf16", "O2", "stochastic"}, Case{"bf16-pure", "", ""}}) {
-    SCOPED_TRACE(std::string(k.precision) + " " + k.opt_level + " " + k.rounding);
+       {Case{"fp16", "O2", ""}, Case{"bf16", "O2", "stochastic"}, Case{"bf16-pure", "", ""},
+        Case{"bf16", "O2", "", "8bit"}, Case{"bf16-pure", "", "", "fp8", "kahan"}}) {
+    SCOPED_TRACE(std::string(k.precision) + " " + k.opt_level + " " + k.rounding + " " +
+                 k.optim_state + " " + k.compensation);
     TrainConfig straight = small("cnn");
     straight.synthetic_size = 256;
     straight.set("precision", k.precision);
     straight.set("opt-level", k.opt_level);
     straight.set("rounding", k.rounding);
+    straight.set("optim-state", k.optim_state);
+    straight.set("compensation", k.compensation);
     Trainer a(straight);
     a.fit();
     for (const auto& [name, t] : a.model().named_parameters()) {
@@ -391,8 +397,10 @@ TEST_F(TrainerTest, HalfWeightRunsResumeBitwise) {
           << name;
     }
     EXPECT_EQ(a.optimizer().master_weights(), std::string(k.opt_level) == "O2");
+    EXPECT_EQ(name_of(a.optimizer().compensation()), std::string(k.compensation));
     TrainConfig first = straight;
-    first.checkpoint_path = file(std::string(k.precision) + k.rounding + ".safetensors");
+    first.checkpoint_path = file(std::string(k.precision) + k.rounding + k.optim_state +
+                                 k.compensation + ".safetensors");
     Trainer b(first);
     b.fit(1);
     TrainConfig resumed = straight;
