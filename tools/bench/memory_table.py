@@ -93,7 +93,7 @@ def formula(sizes, weight, master, compensation, fmt, ranks, zero):
         "weights": weight * n,
         "gradients": weight * n / (ranks if zero == 2 else 1),
         "masters": (4 * n if master else 0) / share,
-        "compensation": weight * n if compensation else 0,
+        "compensation": (weight * n if compensation else 0) / share,
         "moments": moments / share,
         "comm": comm,
     }
@@ -125,8 +125,9 @@ def main():
             "--eval-batches", "1", "--log-every", "1000", "--threads", "1"]
     sizes = parameter_sizes(binary, base)
     n = sum(sizes)
-    print(f"{args.model}: {n} parameters ({n / 1e6:.1f} M), {len(sizes)} tensors; batch "
-          f"{args.batch_size} x {args.seq_len} tokens, {args.steps} steps, per rank")
+    run = f"measured in {args.from_json}" if args.from_json else (
+        f"batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps")
+    print(f"{args.model}: {n} parameters ({n / 1e6:.1f} M), {len(sizes)} tensors; {run}; per rank")
     head = (f"{'config':<26} {'ranks':>5} {'ZeRO':>4} | {'w':>4} {'g':>4} {'m/c':>4} "
             f"{'opt':>5} {'comm':>4} {'B/param':>7} | {'state MiB':>9} {'formula':>8} | "
             f"{'peak MiB':>8} {'formula':>8} {'peak-f':>7} {'B/param':>7}")
