@@ -271,6 +271,46 @@ ElementRange Optimizer::owned_blocks(size_t i) const {
   return {r.begin / b, (r.end + b - 1) / b};
 }
 
+const Optimizer::ParamState& Optimizer::prepare_state(size_t i, const Tensor& part, size_t count) {
+  ParamState& s = state_[i];
+  const Device device = part.device();
+  const bool fresh = s.tensors.empty();
+  for (size_t k = 0; k < count; ++k) {
+    const DType sd = state_dtype(i, k);
+    const bool scaled = state_format_info(state_format(i, k)).block_scaled;
+    MT_CHECK(!scaled || owned_range(i).begin % block_options().block == 0, "optimizer parameter ",
+             i, " is owned from element ", owned_range(i).begin, ", inside a block of its ",
+             name_of(state_format(i, k)), " state (blocks of ", block_options().block,
+             "); shard on multiples of the block (kMaxStateBlock)");
+    if (fresh) {
+      // A step the device may skip must leave defined state: zeros, what a first update starts
+      // from, so that the next update (then the first the kernel counts) reads the same.
+      auto make = [&](Shape shape, DType dtype) {
+        return found_inf_.defined() ? Tensor::zeros(shape, dtype, device)
+                                    : Tensor::empty(shape, dtype, device);
+      };
+      s.tensors.push_back(make(part.shape(), sd));
+      s.scales.push_back(scaled ? make(Shape{state_blocks(part.numel())}, DType::F32) : Tensor());
+      continue;
+    }
+    MT_ASSERT(s.tensors.size() == count && s.scales.size() == count,
+              "optimizer state of parameter ", i);
+    Tensor& t = s.tensors[k];
+    MT_CHECK(t.shape() == part.shape(), "optimizer parameter ", i, " changed shape from ",
+             t.shape().str(), " to ", part.shape().str(), " after its state was made");
+    if (scaled) {
+      MT_ASSERT(t.dtype() == sd, "a block-scaled state of parameter ", i, " is ", t.describe());
+      if (t.device() != device) {
+        t = own_copy(t, device);
+        s.scales[k] = own_copy(s.scales[k], device);
+      }
+    } else if (t.dtype() != sd || t.device() != device) {
+      t = own_copy(t.to(sd), device);
+    }
+  }
+  return s;
+}
+
 std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
   auto b = std::make_unique<GroupStep>();
   const std::vector<std::string> names = state_names(group);
@@ -302,43 +342,11 @@ std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
     const Tensor part = owned_part(i, p);
     g = shard ? g.reshape(part.shape()) : owned_part(i, g);
 
-    ParamState& s = state_[i];
-    const bool fresh = s.tensors.empty();
+    const ParamState& s = prepare_state(i, part, names.size());
     for (size_t k = 0; k < names.size(); ++k) {
-      const DType sd = state_dtype(i, k);
-      const bool scaled = state_format_info(state_format(i, k)).block_scaled;
-      MT_CHECK(!scaled || owned_range(i).begin % block_options().block == 0, "optimizer parameter ",
-               i, " is owned from element ", owned_range(i).begin, ", inside a block of its ",
-               name_of(state_format(i, k)), " state (blocks of ", block_options().block,
-               "); shard on multiples of the block (kMaxStateBlock)");
-      if (fresh) {
-        // A step the device may skip must leave defined state: zeros, what a first update starts
-        // from, so that the next update (then the first the kernel counts) reads the same.
-        auto make = [&](Shape shape, DType dtype) {
-          return found_inf_.defined() ? Tensor::zeros(shape, dtype, device)
-                                      : Tensor::empty(shape, dtype, device);
-        };
-        s.tensors.push_back(make(part.shape(), sd));
-        s.scales.push_back(scaled ? make(Shape{state_blocks(part.numel())}, DType::F32) : Tensor());
-      } else {
-        MT_ASSERT(s.tensors.size() == names.size() && s.scales.size() == names.size(),
-                  "optimizer state of parameter ", i);
-        Tensor& t = s.tensors[k];
-        MT_CHECK(t.shape() == part.shape(), "optimizer parameter ", i, " changed shape from ",
-                 t.shape().str(), " to ", part.shape().str(), " after its state was made");
-        if (scaled) {
-          MT_ASSERT(t.dtype() == sd, "a block-scaled state of parameter ", i, " is ", t.describe());
-          if (t.device() != device) {
-            t = own_copy(t, device);
-            s.scales[k] = own_copy(s.scales[k], device);
-          }
-        } else if (t.dtype() != sd || t.device() != device) {
-          t = own_copy(t.to(sd), device);
-        }
-      }
       b->states[k].push_back(s.tensors[k]);
       scales[k].push_back(s.scales[k]);
-      any_scaled = any_scaled || scaled;
+      any_scaled = any_scaled || s.scales[k].defined();
     }
     b->index.push_back(i);
     b->params.push_back(part);

@@ -267,6 +267,9 @@ class Optimizer {
   // The master of parameter i for this step (made, kept, dropped or restarted as documented);
   // `p` is the part of it owned.
   Tensor& prepare_master(size_t i, const Tensor& p);
+  // The state of parameter i for this step, `count` tensors of `part`'s shape in their formats
+  // (made, or kept and moved to part's device), with their block scales.
+  const ParamState& prepare_state(size_t i, const Tensor& part, size_t count);
   // The compensation of parameter i for this step (made at zeros, or kept), or an undefined
   // tensor where it has none.
   Tensor& prepare_compensation(size_t i, const Tensor& p);
