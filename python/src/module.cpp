@@ -536,29 +536,54 @@ void bind_optim(nb::module_& m) {
           "lr", [](const mt::optim::Optimizer& o) { return o.lr(); },
           [](mt::optim::Optimizer& o, double lr) { o.set_lr(lr); })
       .def("set_master_weights", &mt::optim::Optimizer::set_master_weights)
+      .def(
+          "set_compensation",
+          [](mt::optim::Optimizer& o, const std::string& c) {
+            o.set_compensation(mt::parse_word<mt::optim::Compensation>(c, "compensation"));
+          },
+          "compensation"_a)
+      .def("state_nbytes", &mt::optim::Optimizer::state_nbytes)
       .def("params", &mt::optim::Optimizer::params);
+  // A state format by its name ("fp32", "bf16", "fp8", "8bit": optim/state_format.h).
+  auto format = [](const std::string& name, const char* what) {
+    return mt::parse_word<mt::optim::StateFormat>(name, what);
+  };
   nb::class_<mt::optim::SGD, mt::optim::Optimizer>(m, "SGD").def(
       "__init__",
-      [](mt::optim::SGD* self, std::vector<mt::Tensor> params, double lr, double momentum,
-         double weight_decay, bool nesterov) {
-        new (self) mt::optim::SGD(
-            std::move(params),
-            {.lr = lr, .momentum = momentum, .weight_decay = weight_decay, .nesterov = nesterov});
+      [format](mt::optim::SGD* self, std::vector<mt::Tensor> params, double lr, double momentum,
+               double weight_decay, bool nesterov, const std::string& momentum_format,
+               int64_t state_block) {
+        new (self) mt::optim::SGD(std::move(params),
+                                  {.lr = lr,
+                                   .momentum = momentum,
+                                   .weight_decay = weight_decay,
+                                   .nesterov = nesterov,
+                                   .momentum_format = format(momentum_format, "momentum_format"),
+                                   .blocks = {.block = state_block}});
       },
-      "params"_a, "lr"_a = 0.01, "momentum"_a = 0.0, "weight_decay"_a = 0.0, "nesterov"_a = false);
+      "params"_a, "lr"_a = 0.01, "momentum"_a = 0.0, "weight_decay"_a = 0.0, "nesterov"_a = false,
+      "momentum_format"_a = "fp32", "state_block"_a = 256);
   nb::class_<mt::optim::AdamW, mt::optim::Optimizer>(m, "AdamW")
       .def(
           "__init__",
-          [](mt::optim::AdamW* self, std::vector<mt::Tensor> params, double lr,
-             std::pair<double, double> betas, double eps, double weight_decay) {
-            new (self) mt::optim::AdamW(std::move(params), {.lr = lr,
-                                                            .beta1 = betas.first,
-                                                            .beta2 = betas.second,
-                                                            .eps = eps,
-                                                            .weight_decay = weight_decay});
+          [format](mt::optim::AdamW* self, std::vector<mt::Tensor> params, double lr,
+                   std::pair<double, double> betas, double eps, double weight_decay,
+                   const std::string& exp_avg_format, const std::string& exp_avg_sq_format,
+                   int64_t state_block) {
+            new (self) mt::optim::AdamW(
+                std::move(params),
+                {.lr = lr,
+                 .beta1 = betas.first,
+                 .beta2 = betas.second,
+                 .eps = eps,
+                 .weight_decay = weight_decay,
+                 .exp_avg_format = format(exp_avg_format, "exp_avg_format"),
+                 .exp_avg_sq_format = format(exp_avg_sq_format, "exp_avg_sq_format"),
+                 .blocks = {.block = state_block}});
           },
           "params"_a, "lr"_a = 1e-3, "betas"_a = std::pair(0.9, 0.999), "eps"_a = 1e-8,
-          "weight_decay"_a = 0.01);
+          "weight_decay"_a = 0.01, "exp_avg_format"_a = "fp32", "exp_avg_sq_format"_a = "fp32",
+          "state_block"_a = 256);
 }
 
 // ---- amp ---------------------------------------------------------------------------------------

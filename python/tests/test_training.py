@@ -125,3 +125,24 @@ def test_ctrl_c_stops_fit_after_the_step_under_way(tmp_path):
     assert int(out.split()[-1]) > 0
     # As the CLI: the state is saved (no checkpoint path given: in the working directory).
     assert (tmp_path / "mantissa-interrupted.safetensors").exists()
+
+
+def test_narrow_optimizer_state_from_python():
+    """AdamW with 8-bit moments keeps a quarter of fp32's state bytes and trains the same loop
+    to about the same loss; a wrong format name is a ValueError naming the choices."""
+    losses, sizes = {}, {}
+    for fmt in ("fp32", "8bit"):
+        model = mt.make_model("mlp", seed=1)
+        opt = mt.AdamW(model.parameters(), lr=1e-3, exp_avg_format=fmt, exp_avg_sq_format=fmt)
+        source = mt.Trainer(dict(CONFIG, precision="fp32"))
+        for _ in range(CONFIG["steps"]):  # the batches of the loader's run
+            x, y = source.next_batch()
+            opt.zero_grad()
+            loss = mt.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        losses[fmt], sizes[fmt] = loss.item(), opt.state_nbytes()
+    assert sizes["8bit"] < 0.3 * sizes["fp32"]
+    assert abs(losses["8bit"] - losses["fp32"]) < 0.05 * losses["fp32"]
+    with pytest.raises(ValueError, match="8bit"):
+        mt.AdamW(model.parameters(), exp_avg_format="int8")
