@@ -114,16 +114,13 @@ inline constexpr DynamicMap kUnsignedDynamicMap = detail::make_dynamic_map(false
 // map's 0.
 MT_HOST_DEVICE constexpr uint8_t state_q8_encode(float x, float absmax, const DynamicMap& map) {
   const float q = absmax == 0.0f ? 0.0f : x / absmax;
-  int lo = 0, hi = 255;  // the answer is in [lo, hi]: mid[lo - 1] < q <= mid[hi]
-  while (lo < hi) {
-    const int h = (lo + hi) / 2;
-    if (map.mid[h] < q) {
-      lo = h + 1;
-    } else {
-      hi = h;
-    }
-  }
-  return uint8_t(lo);
+  // Branch-free binary search over the 255 = 2^8 - 1 sorted midpoints: eight steps, each adding
+  // its power of two when the midpoint below it is still below q (a select, not a jump: the
+  // codes of a block are random to a branch predictor).
+  int idx = 0;
+  for (int step = 128; step >= 1; step >>= 1)
+    idx += map.mid[idx + step - 1] < q ? step : 0;
+  return uint8_t(idx);
 }
 
 MT_HOST_DEVICE constexpr float state_q8_decode(uint8_t code, float absmax, const DynamicMap& map) {

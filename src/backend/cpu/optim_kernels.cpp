@@ -177,20 +177,9 @@ class StateChunk {
         load_contiguous<bfloat16, C>(reinterpret_cast<const bfloat16*>(base_) + start, buf_, n);
         return;
       case DType::FP8_E4M3:
-      case DType::U8: {
-        const uint8_t* codes = reinterpret_cast<const uint8_t*>(base_) + start;
-        const DynamicMap& map = moment_ == Moment::First ? kSignedDynamicMap : kUnsignedDynamicMap;
-        for (int64_t i = 0; i < n; ++i) {
-          const float absmax = scales_[(start + i) / block_];
-          if (dtype_ == DType::U8) {
-            buf_[i] = C(state_q8_decode(codes[i], absmax, map));
-          } else {
-            const C r = C(state_fp8_decode(codes[i], absmax));
-            buf_[i] = moment_ == Moment::Second ? r * r : r;  // fp8 keeps v's root
-          }
-        }
+      case DType::U8:
+        decode(reinterpret_cast<const uint8_t*>(base_) + start);
         return;
-      }
       default:
         MT_ASSERT(false, "optimizer state of dtype ", dtype_name(dtype_));
     }
@@ -205,20 +194,54 @@ class StateChunk {
       return;
     }
     uint8_t* codes = reinterpret_cast<uint8_t*>(base_) + start_;
-    const bool root = dtype_ == DType::FP8_E4M3 && moment_ == Moment::Second;
-    if (root) {
+    if (dtype_ == DType::FP8_E4M3 && moment_ == Moment::Second) {
       for (int64_t i = 0; i < n_; ++i)
-        buf_[i] = std::sqrt(buf_[i]);
+        buf_[i] = std::sqrt(buf_[i]);  // fp8 keeps v's root
     }
     const DynamicMap& map = moment_ == Moment::First ? kSignedDynamicMap : kUnsignedDynamicMap;
     // The chunk starts on a block boundary (chunks hold whole blocks; kChunk % block == 0).
     for (int64_t b0 = 0; b0 < n_; b0 += block_) {
       const int64_t len = std::min(block_, n_ - b0);
-      const float absmax = block_absmax(buf_ + b0, len);
+      const C* x = buf_ + b0;
+      const float absmax = block_absmax(x, len);
       scales_[(start_ + b0) / block_] = absmax;
-      for (int64_t i = b0; i < b0 + len; ++i) {
-        codes[i] = dtype_ == DType::U8 ? state_q8_encode(float(buf_[i]), absmax, map)
-                                       : state_fp8_encode(float(buf_[i]), absmax);
+      if (dtype_ == DType::U8) {
+        for (int64_t i = 0; i < len; ++i)
+          codes[b0 + i] = state_q8_encode(float(x[i]), absmax, map);
+      } else if (!(absmax > 0.0f) || absmax == std::numeric_limits<float>::infinity()) {
+        for (int64_t i = 0; i < len; ++i)  // zeros, inf or NaN: the definition's own cases
+          codes[b0 + i] = state_fp8_encode(float(x[i]), absmax);
+      } else {
+        // state_fp8_encode in bulk: x * (448 / absmax), to nearest even, saturating.
+        alignas(64) float y[kMaxStateBlockElements];
+        const float inv = kStateFp8Max / absmax;
+        for (int64_t i = 0; i < len; ++i)
+          y[i] = float(x[i]) * inv;
+        convert(y, reinterpret_cast<float8_e4m3*>(codes + b0), size_t(len),
+                {.mode = RoundingMode::NearestEven, .overflow = Overflow::Saturate});
+      }
+    }
+  }
+
+  // Block by block: code * absmax (8-bit: the map's value), squared for fp8's second moment.
+  void decode(const uint8_t* codes) {
+    const DynamicMap& map = moment_ == Moment::First ? kSignedDynamicMap : kUnsignedDynamicMap;
+    for (int64_t b0 = 0; b0 < n_; b0 += block_) {
+      const int64_t len = std::min(block_, n_ - b0);
+      const float absmax = scales_[(start_ + b0) / block_];
+      C* out = buf_ + b0;
+      if (dtype_ == DType::U8) {
+        for (int64_t i = 0; i < len; ++i)
+          out[i] = C(state_q8_decode(codes[b0 + i], absmax, map));
+        continue;
+      }
+      // state_fp8_decode in bulk: the exact widening, times absmax / 448.
+      alignas(64) float y[kMaxStateBlockElements];
+      convert(reinterpret_cast<const float8_e4m3*>(codes + b0), y, size_t(len));
+      const float scale = absmax / kStateFp8Max;
+      for (int64_t i = 0; i < len; ++i) {
+        const C r = C(y[i] * scale);
+        out[i] = moment_ == Moment::Second ? r * r : r;
       }
     }
   }
