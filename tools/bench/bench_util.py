@@ -44,6 +44,13 @@ def run_json(cmd):
     return json.loads(lines[-1])
 
 
+def write_rows(path, rows):
+    """A benchmark's rows as JSON (--json-out), when a path is given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def run_lines(cmd):
     """Runs a one-thread benchmark command and returns the JSON objects it printed, one a line."""
     env = bench_env()

@@ -18,11 +18,10 @@ The aims of issue 15: 2 ranks >= 1.8x one rank's throughput; 2 ranks x 1 thread 
 process x 2 threads (at the same global batch: 2 x the per-rank batch).
 """
 import argparse
-import json
 import os
 import sys
 
-from bench_util import MPIRUN_FLAGS, ROOT, run_json
+from bench_util import MPIRUN_FLAGS, ROOT, run_json, write_rows
 
 
 
@@ -96,9 +95,7 @@ def main():
             print(f"{model:<10} {name:<36} {row['per_s']:>12.0f} {row['vs_one']:>6.2f}x "
                   f"{r['peak_memory_bytes'] / 2**20:>9.1f} "
                   f"{r['optimizer_state_bytes'] / 2**20:>9.2f} {comm_txt}", flush=True)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(args.json_out, rows)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_util import MPIRUN_FLAGS, ROOT, bench_env, run_json
+from bench_util import MPIRUN_FLAGS, ROOT, bench_env, run_json, write_rows
 
 BLOCK, MIN_NUMEL = 256, 4096
 
@@ -168,9 +168,7 @@ def main():
                       f"{state / 2**20:>9.1f} {state_f / 2**20:>8.1f} | "
                       f"{peak / 2**20:>8.1f} {total / 2**20:>8.1f} "
                       f"{(peak - total) / 2**20:>7.1f} {peak / n:>7.2f}", flush=True)
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_rows(args.json_out, rows)
 
 
 if __name__ == "__main__":
