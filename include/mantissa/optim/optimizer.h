@@ -335,8 +335,9 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
-  // How the two moments are kept (state_format.h): fp32 is PyTorch's AdamW; 8bit both is
-  // bitsandbytes' AdamW8bit (blocks of 256, fp32 state under 4096 elements).
+  // How the two moments are kept (state_format.h): fp32 is PyTorch's AdamW; 8bit both keeps
+  // bitsandbytes' AdamW8bit's state (its maps, blocks of 256, fp32 state under 4096 elements;
+  // docs/memory.md says where the two differ).
   StateFormat exp_avg_format = StateFormat::F32;
   StateFormat exp_avg_sq_format = StateFormat::F32;
   BlockOptions blocks = {};
