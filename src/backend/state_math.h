@@ -59,7 +59,13 @@ MT_HOST_DEVICE constexpr float state_fp8_decode(uint8_t code, float absmax) {
 struct DynamicMap {
   float value[256];  // ascending
   float mid[255];    // mid[k] = (value[k] + value[k + 1]) / 2 in float: the decision points
+  // Where the search for a q starts: the count of decision points below the lowest float whose
+  // top 14 bits (sign, exponent, 5 mantissa bits) are q's. At most two points lie inside one
+  // such bin, so the search ends within two steps of its start.
+  uint8_t start[1 << 14];
 };
+
+inline constexpr int kDynamicMapBinShift = 18;  // a float's bits >> 18: its bin of start[]
 
 namespace detail {
 
@@ -99,6 +105,15 @@ constexpr DynamicMap make_dynamic_map(bool is_signed) {
   sort_floats(m.value, n);
   for (int k = 0; k < 255; ++k)
     m.mid[k] = (m.value[k] + m.value[k + 1]) / 2.0f;
+  for (uint32_t bin = 0; bin < (1u << 14); ++bin) {
+    // The bin's lowest float: its smallest magnitude when positive, its largest when negative.
+    const uint32_t low_bits = (bin & 0x2000u) != 0 ? (1u << kDynamicMapBinShift) - 1 : 0u;
+    const float low = std::bit_cast<float>((bin << kDynamicMapBinShift) | low_bits);
+    int count = 0;  // of the 255 = 2^8 - 1 sorted points below `low`: a binary search
+    for (int step = 128; step >= 1; step >>= 1)
+      count += m.mid[count + step - 1] < low ? step : 0;
+    m.start[bin] = uint8_t(count);
+  }
   return m;
 }
 
@@ -114,12 +129,11 @@ inline constexpr DynamicMap kUnsignedDynamicMap = detail::make_dynamic_map(false
 // map's 0.
 MT_HOST_DEVICE constexpr uint8_t state_q8_encode(float x, float absmax, const DynamicMap& map) {
   const float q = absmax == 0.0f ? 0.0f : x / absmax;
-  // Branch-free binary search over the 255 = 2^8 - 1 sorted midpoints: eight steps, each adding
-  // its power of two when the midpoint below it is still below q (a select, not a jump: the
-  // codes of a block are random to a branch predictor).
-  int idx = 0;
-  for (int step = 128; step >= 1; step >>= 1)
-    idx += map.mid[idx + step - 1] < q ? step : 0;
+  // From q's bin (start[]) up to the first decision point not below q: a step or two, where a
+  // binary search over the 255 points was eight dependent loads.
+  int idx = map.start[std::bit_cast<uint32_t>(q) >> kDynamicMapBinShift];
+  while (idx < 255 && map.mid[idx] < q)
+    ++idx;
   return uint8_t(idx);
 }
 

@@ -71,6 +71,24 @@ TEST(StateFormat, DynamicMapsAreTheReferenceScripts) {
       EXPECT_LT(m.value[k], m.value[k + 1]);
       EXPECT_TRUE(m.value[k] <= m.mid[k] && m.mid[k] <= m.value[k + 1]);
     }
+    // The encoder's search (from its bin's start) is the count of decision points below q: at
+    // every point, one float either side of it, every map value, and zeros of both signs.
+    std::vector<float> qs{0.0f, -0.0f, 1.0f, -1.0f};
+    for (size_t k = 0; k < 255; ++k) {
+      for (const float d : {-1.0f, 1.0f})
+        qs.push_back(std::nextafter(m.mid[k], d * 2.0f));
+      qs.push_back(m.mid[k]);
+      qs.push_back(m.value[k]);
+    }
+    int wrong = 0;
+    for (const float q : qs) {
+      if (is_signed ? std::abs(q) > 1.0f : (q < 0.0f || q > 1.0f)) continue;
+      int below = 0;
+      while (below < 255 && m.mid[below] < q)
+        ++below;
+      wrong += backend::state_q8_encode(q, 1.0f, m) != below;
+    }
+    EXPECT_EQ(wrong, 0);
   }
 }
 
