@@ -123,6 +123,11 @@ constexpr DynamicMap make_dynamic_map(bool is_signed) {
 inline constexpr DynamicMap kSignedDynamicMap = detail::make_dynamic_map(true);
 inline constexpr DynamicMap kUnsignedDynamicMap = detail::make_dynamic_map(false);
 
+// The map of a moment: signed for first moments (momentum, exp_avg), unsigned for second ones.
+constexpr const DynamicMap& dynamic_map_of(bool first_moment) {
+  return first_moment ? kSignedDynamicMap : kUnsignedDynamicMap;
+}
+
 // The code of x (|x| <= absmax) under a block of absmax `absmax`: the number of decision points
 // below x / absmax, i.e. the nearest map value with ties to the lower index (bitsandbytes'
 // reference quantizer: bucketize over the midpoints). An all-zero block codes its zeros as the

@@ -437,6 +437,20 @@ DType grad_comm_dtype(GradComm g) {
   return kDTypes[size_t(g)];
 }
 
+optim::StateFormat exp_avg_format_of(const TrainConfig& c) {
+  return c.exp_avg_state.value_or(c.optim_state);
+}
+
+optim::StateFormat exp_avg_sq_format_of(const TrainConfig& c) {
+  return c.exp_avg_sq_state.value_or(c.optim_state);
+}
+
+bool narrow_optimizer_state(const TrainConfig& c) {
+  constexpr auto f32 = optim::StateFormat::F32;
+  if (c.optimizer != OptimizerKind::AdamW) return c.optim_state != f32;
+  return exp_avg_format_of(c) != f32 || exp_avg_sq_format_of(c) != f32;
+}
+
 amp::Recipe recipe_of(const TrainConfig& c) {
   amp::Recipe r;
   r.precision = c.precision;

@@ -86,9 +86,7 @@ void validate_optimizer_state(const TrainConfig& c) {
   MT_CHECK(c.optim_state == f32 || c.optimizer != OptimizerKind::Sgd || c.momentum > 0,
            "--optim-state ", name_of(c.optim_state),
            " sets the format of SGD's momentum buffer, and with --momentum 0 there is none");
-  const bool narrow = c.optim_state != f32 || c.exp_avg_state.value_or(f32) != f32 ||
-                      c.exp_avg_sq_state.value_or(f32) != f32;
-  MT_CHECK(!narrow || c.embedding_update != EmbeddingUpdate::Lazy,
+  MT_CHECK(!narrow_optimizer_state(c) || c.embedding_update != EmbeddingUpdate::Lazy,
            "--embedding-update lazy keeps its tables' moments in fp32; with --optim-state ",
            name_of(c.optim_state), " use --embedding-update dense");
 }

@@ -463,8 +463,8 @@ NamedTensors DistributedDataParallel::gather_optimizer_state(const optim::Optimi
       Shape shape = p.shape();
       if (blocks) {
         const int64_t b = opt.block_options().block;
-        range = {range.begin / b, (range.end + b - 1) / b};
-        shape = Shape{(p.numel() + b - 1) / b};
+        range = optim::blocks_of(range, b);
+        shape = Shape{optim::blocks_of({0, p.numel()}, b).end};
       }
       const auto [at, fresh] = where.try_emplace(key, merged.size());
       if (fresh) merged.emplace_back(key, slice ? Tensor::zeros(shape, t.dtype()) : t);

@@ -261,14 +261,11 @@ DType Optimizer::state_dtype(size_t i, size_t k) const {
 }
 
 int64_t Optimizer::state_blocks(int64_t numel) const {
-  const int64_t b = block_options().block;
-  return (numel + b - 1) / b;
+  return blocks_of({0, numel}, block_options().block).end;
 }
 
 ElementRange Optimizer::owned_blocks(size_t i) const {
-  const ElementRange r = owned_range(i);
-  const int64_t b = block_options().block;
-  return {r.begin / b, (r.end + b - 1) / b};
+  return blocks_of(owned_range(i), block_options().block);
 }
 
 const Optimizer::ParamState& Optimizer::prepare_state(size_t i, const Tensor& part, size_t count) {
@@ -424,31 +421,31 @@ void Optimizer::set_master_weights(bool on) {
 
 void Optimizer::set_compensation(Compensation c) {
   compensation_ = c;
-  compensations_.assign(params_.size(), Master{});
+  compensations_.assign(params_.size(), Tensor());
 }
 
 const Tensor& Optimizer::compensation_buffer(size_t i) const {
   MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
            " parameters)");
   static const Tensor kNone;
-  return i < compensations_.size() ? compensations_[i].value : kNone;
+  return i < compensations_.size() ? compensations_[i] : kNone;
 }
 
 Tensor& Optimizer::prepare_compensation(size_t i, const Tensor& p) {
-  Master& c = compensations_[i];
+  Tensor& c = compensations_[i];
   const bool narrow = p.dtype() != DType::F32 && p.dtype() != DType::F64;
   const bool has_master = master_weights_ && masters_[i].value.defined();
   if (!narrow || has_master) {
-    c = Master{};  // nothing is lost on store, or the master keeps it
-    return c.value;
+    c = Tensor();  // nothing is lost on store, or the master keeps it
+    return c;
   }
   // Kept across writes by anything but step() (ZeRO-1's all-gather bumps every parameter's
   // version each step): |c| is at most half an ulp of p, so a stale one moves a rewritten weight
   // by less than the write's own rounding.
-  const bool fits = c.value.defined() && c.value.shape() == p.shape() &&
-                    c.value.dtype() == p.dtype() && c.value.device() == p.device();
-  if (!fits) c.value = Tensor::zeros(p.shape(), p.dtype(), p.device());
-  return c.value;
+  const bool fits =
+      c.defined() && c.shape() == p.shape() && c.dtype() == p.dtype() && c.device() == p.device();
+  if (!fits) c = Tensor::zeros(p.shape(), p.dtype(), p.device());
+  return c;
 }
 
 void Optimizer::set_owned_ranges(std::vector<ElementRange> owned) {
@@ -467,7 +464,7 @@ void Optimizer::set_owned_ranges(std::vector<ElementRange> owned) {
     const ElementRange was = before.empty() ? ElementRange{0, params_[i].numel()} : before[i];
     if (owned_range(i) == was) continue;
     state_[i] = ParamState{};
-    if (i < compensations_.size()) compensations_[i] = Master{};
+    if (i < compensations_.size()) compensations_[i] = Tensor();
     if (i >= masters_.size()) continue;
     const Tensor old = masters_[i].value;
     masters_[i] = Master{};
@@ -511,10 +508,10 @@ int64_t Optimizer::state_nbytes() const {
         n += t.defined() ? int64_t(t.nbytes()) : 0;
     }
   }
-  for (const std::vector<Master>* list : {&masters_, &compensations_}) {
-    for (const Master& m : *list)
-      n += m.value.defined() ? int64_t(m.value.nbytes()) : 0;
-  }
+  for (const Master& m : masters_)
+    n += m.value.defined() ? int64_t(m.value.nbytes()) : 0;
+  for (const Tensor& c : compensations_)
+    n += c.defined() ? int64_t(c.nbytes()) : 0;
   return n;
 }
 
@@ -600,7 +597,7 @@ NamedTensors Optimizer::state_dict() const {
     if (m.defined()) out.emplace_back("master." + std::to_string(i), own_copy(m, m.device()));
   }
   for (size_t i = 0; i < compensations_.size(); ++i) {
-    const Tensor& c = compensations_[i].value;
+    const Tensor& c = compensations_[i];
     if (c.defined()) out.emplace_back("compensation." + std::to_string(i), own_copy(c, c.device()));
   }
   return out;
@@ -797,7 +794,7 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
     masters_[i] = Master{masters[i], p.data_ptr(), p.version()};
   }
   for (size_t i = 0; i < compensations.size(); ++i) {
-    if (compensations[i].defined()) compensations_[i] = Master{compensations[i], nullptr, 0};
+    if (compensations[i].defined()) compensations_[i] = compensations[i];
   }
 }
 

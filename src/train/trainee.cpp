@@ -34,8 +34,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c,
       o.beta2 = c.beta2;
       o.eps = c.eps;
       o.weight_decay = c.weight_decay;
-      o.exp_avg_format = c.exp_avg_state.value_or(c.optim_state);
-      o.exp_avg_sq_format = c.exp_avg_sq_state.value_or(c.optim_state);
+      o.exp_avg_format = config::exp_avg_format_of(c);
+      o.exp_avg_sq_format = config::exp_avg_sq_format_of(c);
       o.blocks.block = c.state_block;
       return std::make_unique<optim::AdamW>(std::move(groups), o);
     }

@@ -1,10 +1,12 @@
 """What the side-by-side benchmark scripts share: the repository root, the common options, running
 a benchmark command that prints JSON, alternating per-op runs of two sides, and timing a step
 (the median after a warm-up)."""
+import argparse
 import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,6 +29,24 @@ def bench_env():
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)
     return env
+
+
+def mpi_parser(doc):
+    """The argument parser of a script that runs `mantissa train` alone and under mpirun: --build
+    (where the binary is) and --mpirun; the script adds its own options."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--mpirun", default="mpirun")
+    return ap
+
+
+def mantissa_binary(build):
+    """The `mantissa` binary of a build directory; exits saying to build when it is missing."""
+    binary = os.path.join(build, "mantissa")
+    if not os.path.exists(binary):
+        sys.exit(f"{binary} is missing: build first (scripts/setup)")
+    return binary
 
 
 # mpirun as the tests run it (tests/CMakeLists.txt explains each flag).

@@ -17,20 +17,14 @@ two moments: 12 bytes of state per parameter, what ZeRO-1 shares out).
 The aims of issue 15: 2 ranks >= 1.8x one rank's throughput; 2 ranks x 1 thread >= 0.9x one
 process x 2 threads (at the same global batch: 2 x the per-rank batch).
 """
-import argparse
-import os
-import sys
 
-from bench_util import MPIRUN_FLAGS, ROOT, run_json, write_rows
+from bench_util import MPIRUN_FLAGS, mantissa_binary, mpi_parser, run_json, write_rows
 
 
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--mpirun", default="mpirun")
+    ap = mpi_parser(__doc__)
     ap.add_argument("--models", default="cnn,gpt2_tiny")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=2)
@@ -42,9 +36,7 @@ def main():
     ap.add_argument("--train-args", default="", help="more `mantissa train` options, for every run")
     ap.add_argument("--json-out")
     args = ap.parse_args()
-    binary = os.path.join(args.build, "mantissa")
-    if not os.path.exists(binary):
-        sys.exit(f"{binary} is missing: build first (scripts/setup)")
+    binary = mantissa_binary(args.build)
 
     rows = []
     print(f"{'model':<10} {'setup':<36} {'throughput':>12} {'vs 1x1':>7} {'peak MiB':>9} "

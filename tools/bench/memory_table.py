@@ -18,14 +18,13 @@ block of 256; parameters under 4096 elements keep fp32 state), masters and momen
 between the ranks under --zero 1 and 2, gradients too under --zero 2, and the gradient buckets'
 buffers of data parallel (formula()). docs/memory.md records a run.
 """
-import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
-from bench_util import MPIRUN_FLAGS, ROOT, bench_env, run_json, write_rows
+from bench_util import (MPIRUN_FLAGS, bench_env, mantissa_binary, mpi_parser, run_json,
+                        write_rows)
 
 BLOCK, MIN_NUMEL = 256, 4096
 
@@ -101,10 +100,7 @@ def formula(sizes, weight, master, compensation, fmt, ranks, zero):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--mpirun", default="mpirun")
+    ap = mpi_parser(__doc__)
     ap.add_argument("--model", default="gpt2")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=64)
@@ -116,9 +112,7 @@ def main():
     ap.add_argument("--from-json", help="print the table again from a --json-out file's "
                     "measurements (the formula recomputed; one 1-step run for the sizes)")
     args = ap.parse_args()
-    binary = os.path.join(args.build, "mantissa")
-    if not os.path.exists(binary):
-        sys.exit(f"{binary} is missing: build first (scripts/setup)")
+    binary = mantissa_binary(args.build)
     base = ["train", "--model", args.model, "--data", "synthetic-text", "--seq-len",
             str(args.seq_len), "--synthetic-size", "200000", "--batch-size", str(args.batch_size),
             "--optimizer", "adamw", "--lr", "1e-4", "--json", "--no-progress", "--workers", "0",

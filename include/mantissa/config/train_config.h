@@ -356,4 +356,11 @@ bool same_value(const TrainConfig& a, const TrainConfig& b, Field f);
 // The config's precision recipe (amp::initialize's input).
 amp::Recipe recipe_of(const TrainConfig& c);
 
+// AdamW's moment formats as the run gives them (--exp-avg-state / --exp-avg-sq-state, else
+// --optim-state), and whether the run's optimizer keeps any state narrower than fp32 (SGD: its
+// momentum, --optim-state).
+optim::StateFormat exp_avg_format_of(const TrainConfig& c);
+optim::StateFormat exp_avg_sq_format_of(const TrainConfig& c);
+bool narrow_optimizer_state(const TrainConfig& c);
+
 }  // namespace mantissa::config

@@ -83,6 +83,12 @@ struct ElementRange {
   bool operator==(const ElementRange&) const = default;
 };
 
+// The blocks of `block` elements (counted from element 0) that elements `r` touch: a
+// block-scaled state's scales of that range (state_format.h).
+constexpr ElementRange blocks_of(ElementRange r, int64_t block) {
+  return {r.begin / block, (r.end + block - 1) / block};
+}
+
 class Optimizer {
  public:
   virtual ~Optimizer();
@@ -256,9 +262,9 @@ class Optimizer {
     std::vector<Tensor> scales;   // beside each: its block absmaxes, undefined when unscaled
   };
   struct Master {
-    Tensor value;                // F32 (a compensation: the parameter's dtype); undefined: none
+    Tensor value;                // F32; undefined: none
     const void* data = nullptr;  // the parameter's storage and version when it was last
-    uint32_t version = 0;        //   known to be the master's rounding (unused: compensations)
+    uint32_t version = 0;        //   known to be the master's rounding
   };
 
   std::unique_ptr<GroupStep> begin_group(size_t group);
@@ -293,7 +299,7 @@ class Optimizer {
   bool master_weights_ = false;
   std::vector<Master> masters_;
   Compensation compensation_ = Compensation::None;
-  std::vector<Master> compensations_;
+  std::vector<Tensor> compensations_;  // [parameter]: undefined where none
   RoundingMode store_rounding_ = RoundingMode::NearestEven;
   uint64_t rounding_seed_ = 0;
   Tensor found_inf_;  // skip_next_step_if's flag; undefined: none

@@ -198,7 +198,7 @@ class StateChunk {
       for (int64_t i = 0; i < n_; ++i)
         buf_[i] = std::sqrt(buf_[i]);  // fp8 keeps v's root
     }
-    const DynamicMap& map = moment_ == Moment::First ? kSignedDynamicMap : kUnsignedDynamicMap;
+    const DynamicMap& map = dynamic_map_of(moment_ == Moment::First);
     // The chunk starts on a block boundary (chunks hold whole blocks; kChunk % block == 0).
     for (int64_t b0 = 0; b0 < n_; b0 += block_) {
       const int64_t len = std::min(block_, n_ - b0);
@@ -225,7 +225,7 @@ class StateChunk {
 
   // Block by block: code * absmax (8-bit: the map's value), squared for fp8's second moment.
   void decode(const uint8_t* codes) {
-    const DynamicMap& map = moment_ == Moment::First ? kSignedDynamicMap : kUnsignedDynamicMap;
+    const DynamicMap& map = dynamic_map_of(moment_ == Moment::First);
     for (int64_t b0 = 0; b0 < n_; b0 += block_) {
       const int64_t len = std::min(block_, n_ - b0);
       const float absmax = scales_[(start_ + b0) / block_];

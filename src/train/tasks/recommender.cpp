@@ -98,13 +98,10 @@ bool is_table(const std::string& name) {
 // optimizer state (on every device: the update is the backend's sparse_adamw_step, whose
 // moments are fp32; a narrower --optim-state makes auto dense).
 bool lazy_tables(const TrainConfig& c) {
-  const bool fp32_state =
-      c.optim_state == optim::StateFormat::F32 &&
-      c.exp_avg_state.value_or(optim::StateFormat::F32) == optim::StateFormat::F32 &&
-      c.exp_avg_sq_state.value_or(optim::StateFormat::F32) == optim::StateFormat::F32;
-  const bool lazy = c.embedding_update == config::EmbeddingUpdate::Lazy ||
-                    (c.embedding_update == config::EmbeddingUpdate::Auto &&
-                     c.optimizer == config::OptimizerKind::AdamW && fp32_state);
+  const bool lazy =
+      c.embedding_update == config::EmbeddingUpdate::Lazy ||
+      (c.embedding_update == config::EmbeddingUpdate::Auto &&
+       c.optimizer == config::OptimizerKind::AdamW && !config::narrow_optimizer_state(c));
   MT_CHECK(!lazy || c.clip_grad_norm == 0,
            "--clip-grad-norm with lazy embedding updates is not there yet: use "
            "--embedding-update dense");
