@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/cuda.h"
 #include "mantissa/core/error.h"
 #include "mantissa/core/stop_signals.h"
 
@@ -73,6 +75,47 @@ void Communicator::broadcast(Tensor& t, int root) {
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, std::span<const int64_t> counts) {
   submit([&] { reduce_scatter_now(in, out, counts); }).get();
+}
+
+void Communicator::reduce_scatter_accumulate(const Tensor& in, Tensor& out,
+                                             std::span<const int64_t> counts) {
+  submit([&] { reduce_scatter_accumulate_now(in, out, counts); }).get();
+}
+
+void Communicator::reduce_scatter_accumulate_now(const Tensor& in, Tensor& out,
+                                                 std::span<const int64_t> counts) {
+  check_segments("reduce_scatter_accumulate", counts, in, nullptr);
+  // `out` may be wider than the wire (an fp32 mean of bf16 terms).
+  MT_CHECK(out.defined() && out.is_contiguous() && out.device() == in.device() &&
+               out.numel() == counts[size_t(rank())] && in.is_floating_point() &&
+               out.is_floating_point(),
+           "reduce_scatter_accumulate: rank ", rank(),
+           "'s segment must be a contiguous float "
+           "tensor of ",
+           counts[size_t(rank())], " elements on ", in.device().str(), " for the float sum of ",
+           in.describe(), ", got ",
+           out.defined() ? out.describe() : std::string("an undefined tensor"));
+  NoGrad ng;
+  const int me = rank(), world = world_size();
+  // Rank r receives every rank's segment r, side by side in rank order.
+  Tensor received;
+  int64_t off = 0;
+  for (int r = 0; r < world; ++r) {
+    const int64_t n = counts[size_t(r)];
+    const std::vector<int64_t> each(size_t(world), n);
+    Tensor all = r == me ? Tensor::empty({n * world}, in.dtype(), in.device()) : Tensor();
+    gather_now(in.narrow(0, off, n), all, each, r);
+    if (r == me) received = all;
+    off += n;
+  }
+  const int64_t n = counts[size_t(me)];
+  if (n == 0) return;
+  Tensor sum = received.narrow(0, 0, n).to(DType::F32);
+  for (int r = 1; r < world; ++r)
+    sum.add_(received.narrow(0, n * r, n).to(DType::F32));
+  out.copy_(sum);  // the one rounding
+  // A GPU's additions were queued on this thread's stream: done before the job is.
+  if (in.device().is_cuda()) cuda::current_stream(in.device().index).synchronize();
 }
 
 void Communicator::all_gather(Tensor& t, std::span<const int64_t> counts) {

@@ -257,14 +257,37 @@ void DistributedDataParallel::launch(size_t b) {
   }
   double* seconds = &comm_seconds_[b];
   Communicator* comm = comm_.get();
+  // Half-precision terms added in fp32 and rounded once (reduce_scatter_accumulate), or by the
+  // library's half-precision sum.
+  const bool wide = options_.accumulate_in_f32 && flat.dtype() != DType::F32;
   if (options_.zero_stage >= 1) {
     // Half an all-reduce's traffic: each rank receives the sum of its own segment only.
     Tensor shard = shard_[b];
     const std::vector<int64_t>* counts = &segment_counts_[b];
-    inflight_[b] = comm_->submit([comm, flat, shard, counts, seconds]() mutable {
+    inflight_[b] = comm_->submit([comm, flat, shard, counts, seconds, wide]() mutable {
       const auto t0 = Clock::now();
-      comm->reduce_scatter_now(flat, shard, *counts);
+      if (wide) {
+        comm->reduce_scatter_accumulate_now(flat, shard, *counts);
+      } else {
+        comm->reduce_scatter_now(flat, shard, *counts);
+      }
       flat = Tensor();  // ZeRO-2's buffer is free from here (ZeRO-1 keeps its own)
+      *seconds = seconds_since(t0);
+    });
+    return;
+  }
+  if (wide) {
+    // An all-reduce as its two halves: each rank sums its segment in fp32, then every rank
+    // receives every segment (bit for bit, so the ranks stay identical).
+    std::vector<int64_t> counts;
+    for (int r = 0; r < comm_->world_size(); ++r)
+      counts.push_back(zero_segment(flat.numel(), r, comm_->world_size()).size());
+    inflight_[b] = comm_->submit([comm, flat, counts = std::move(counts), seconds]() mutable {
+      const auto t0 = Clock::now();
+      const optim::ElementRange mine = zero_segment(flat.numel(), comm->rank(), comm->world_size());
+      Tensor sum = flat.narrow(0, mine.begin, mine.size());  // in place: sent before written
+      comm->reduce_scatter_accumulate_now(flat, sum, counts);
+      comm->all_gather_now(flat, counts);
       *seconds = seconds_since(t0);
     });
     return;

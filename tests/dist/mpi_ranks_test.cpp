@@ -8,6 +8,8 @@
 //   backs off once;
 // - the Trainer with --grad-comm bf16 against fp32 over 200 mlp steps: within 1 %;
 // - the segment collectives (reduce-scatter, all-gather, gather) against values computed here;
+// - half-precision sums accumulated in fp32 and rounded once, on 2 ranks and (CTest
+//   dist_mpi_3ranks, the RanksAnyWorld tests alone) on 3;
 // - ZeRO-1 against plain data parallel over 8 steps: the same weights bit for bit (SGD fp32,
 //   fp16 O2 with loss scaling, AdamW bf16 O2) or within 1e-4 (SGD bf16 O2 clipped: the global
 //   norm summed from partial norms), the state split in halves without overlap and gathered into
@@ -25,6 +27,7 @@
 #include "mantissa/autocast/fp8.h"
 #include "mantissa/dist/communicator.h"
 #include "mantissa/dist/ddp.h"
+#include "mantissa/nn/layers.h"
 #include "mantissa/nn/models.h"
 #include "mantissa/optim/clip.h"
 #include "mantissa/optim/optimizer.h"
@@ -270,6 +273,57 @@ TEST(Ranks, BatchNormStatisticsComeFromRankZero) {
   ddp.broadcast_buffers();
   for (const Tensor& b : buffers)
     EXPECT_TRUE(same_on_every_rank(b)) << b.describe();
+}
+
+// Any world size (CTest runs it on 2 ranks and, alone, on 3): rank 0 sends 1 and every other
+// rank half an ulp of 1 (bf16: 2^-8, f16: 2^-11) for each element. The exact sum, 1 + (N - 1)
+// half-ulps, is what the fp32 accumulation rounds once; a sum rounded after each addition can
+// lose every half-ulp to ties-to-even (1 + half-ulp rounds to 1), and from 3 ranks on differs.
+TEST(RanksAnyWorld, HalfSumsAccumulateInF32AndRoundOnce) {
+  const int r = world().rank(), n = world().world_size();
+  for (const auto& [dt, half_ulp] :
+       {std::pair{DType::BF16, std::ldexp(1.0, -8)}, std::pair{DType::F16, std::ldexp(1.0, -11)}}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double exact = 1.0 + double(n - 1) * half_ulp;
+    const float want = values(Tensor::full({1}, exact, dt))[0];
+    std::vector<int64_t> counts;
+    for (int k = 0; k < n; ++k)
+      counts.push_back(3 + k);  // unequal segments
+    int64_t total = 0;
+    for (int64_t c : counts)
+      total += c;
+    const Tensor in = Tensor::full({total}, r == 0 ? 1.0 : half_ulp, dt);
+    // Into the wire's dtype and into fp32 (a wider mean: no rounding to the half at all).
+    for (const DType out_dtype : {dt, DType::F32}) {
+      Tensor out = Tensor::zeros({counts[size_t(r)]}, out_dtype);
+      world().reduce_scatter_accumulate(in, out, counts);
+      for (const float v : values(out))
+        EXPECT_EQ(v, out_dtype == dt ? want : float(exact)) << "rank " << r;
+    }
+    // Data parallel's buckets take the same sum: every gradient element is the mean.
+    for (const int zero : {0, 1}) {
+      SCOPED_TRACE("zero " + std::to_string(zero));
+      auto model = std::make_shared<nn::Linear>(4, 5);
+      dist::DistributedDataParallel ddp(*model, dist::mpi_world(),
+                                        {.grad_comm = dt, .zero_stage = zero});
+      optim::SGD opt(model->parameters(), {.lr = 0.1});
+      ddp.set_optimizer(opt);
+      for (const Tensor& p : model->parameters())
+        p.set_grad(Tensor::full(p.shape(), double(n) * (r == 0 ? 1.0 : half_ulp)));
+      ddp.finish_gradients();
+      for (const Tensor& p : model->parameters()) {
+        const Tensor g = p.grad();
+        if (!g.defined()) continue;  // ZeRO-1: another rank owns it
+        // Each term is divided by N before it travels (exactly 1 and half-ulps here), summed
+        // in fp32, and rounded once into the bucket's dtype (ZeRO-1: zeros where not owned).
+        for (const float v : values(g)) {
+          if (v != 0) {
+            EXPECT_EQ(v, want) << p.describe();
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Ranks, SegmentCollectivesMoveEachRanksPart) {

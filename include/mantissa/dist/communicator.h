@@ -45,6 +45,13 @@ class Communicator {
   // counts[0] + ... + counts[rank-1] onwards. What ZeRO-1 does with gradients: each rank gets
   // the mean of the part it updates. Dtypes and the half-precision sums as all_reduce's Sum.
   void reduce_scatter(const Tensor& in, Tensor& out, std::span<const int64_t> counts);
+  // reduce_scatter's sum with its terms sent in `in`'s dtype (bf16 or f16 on the wire) but added
+  // in fp32, in rank order, and rounded once into `out` (any float dtype): FSDP's bf16
+  // reduce_dtype with fp32 accumulation. The result depends on the world size alone, never on
+  // the library's reduction order, and has one rounding instead of one per addition. The same
+  // bytes travel as reduce_scatter's (each rank sends segment r to rank r: one gather per rank).
+  // `out` may be this rank's own segment of `in`: it is written after everything is sent.
+  void reduce_scatter_accumulate(const Tensor& in, Tensor& out, std::span<const int64_t> counts);
   // In place: segment r of t (counts[r] elements at counts[0] + ... + counts[r-1]) is rank r's
   // on every rank afterwards; each rank's own segment is what it contributes. Any dtype, bit
   // for bit. What ZeRO-1 does with the updated parameters.
@@ -65,6 +72,9 @@ class Communicator {
   virtual void broadcast_now(Tensor& t, int root) = 0;
   virtual void reduce_scatter_now(const Tensor& in, Tensor& out,
                                   std::span<const int64_t> counts) = 0;
+  // Built from gather_now and the tensor ops: the same on every backend.
+  void reduce_scatter_accumulate_now(const Tensor& in, Tensor& out,
+                                     std::span<const int64_t> counts);
   virtual void all_gather_now(Tensor& t, std::span<const int64_t> counts) = 0;
   virtual void gather_now(const Tensor& mine, Tensor& all, std::span<const int64_t> counts,
                           int root) = 0;

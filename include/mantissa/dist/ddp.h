@@ -26,7 +26,10 @@
 // sum keeps fp16 from overflowing (PyTorch's compression hooks do the same). The mean is written
 // back in the wider of the gradient's dtype and grad_comm: fp32 gradients stay fp32 whatever
 // travelled, and bf16 gradients of an O2 model become fp32 when they travel in fp32, so the
-// optimizer applies the fp32 mean to its fp32 master. An inf or NaN in any rank's gradient
+// optimizer applies the fp32 mean to its fp32 master. Half-precision terms are added in fp32
+// and rounded once (accumulate_in_f32, the default: PyTorch FSDP2's reduce_dtype=bf16 with an
+// fp32 accumulation, not the library's half-precision sum): one rounding per element instead of
+// N - 1, deterministic for a world size. An inf or NaN in any rank's gradient
 // reaches every rank through the sum, so every rank's loss scaler skips the same step and backs
 // off the same way. Clipping after finish_gradients() sees the same gradients everywhere, so a
 // rank's norm is the global norm.
@@ -78,7 +81,12 @@ namespace mantissa::dist {
 
 struct DdpOptions {
   double bucket_mb = 25;         // PyTorch's bucket_cap_mb; a parameter larger than it is alone
-  DType grad_comm = DType::F32;  // F32, BF16 or F16
+  DType grad_comm = DType::F32;  // F32, BF16 or F16: FSDP's reduce_dtype
+  // With grad_comm BF16 or F16: each element's terms travel in it but are added in fp32, in
+  // rank order, and rounded once (Communicator::reduce_scatter_accumulate; without ZeRO, an
+  // all-reduce made of it and an all-gather), so the mean depends on the world size alone.
+  // False: the library's half-precision sum, rounded after each addition in its own order.
+  bool accumulate_in_f32 = true;
   int zero_stage = 0;  // 0: every rank gets every mean gradient; 1: ZeRO-1; 2: ZeRO-2 (above)
 };
 
