@@ -89,11 +89,9 @@ void Communicator::reduce_scatter_accumulate_now(const Tensor& in, Tensor& out,
   MT_CHECK(out.defined() && out.is_contiguous() && out.device() == in.device() &&
                out.numel() == counts[size_t(rank())] && in.is_floating_point() &&
                out.is_floating_point(),
-           "reduce_scatter_accumulate: rank ", rank(),
-           "'s segment must be a contiguous float "
-           "tensor of ",
-           counts[size_t(rank())], " elements on ", in.device().str(), " for the float sum of ",
-           in.describe(), ", got ",
+           "reduce_scatter_accumulate: rank ", rank(), "'s segment must be a contiguous float ",
+           "tensor of ", counts[size_t(rank())], " elements on ", in.device().str(),
+           " for the float sum of ", in.describe(), ", got ",
            out.defined() ? out.describe() : std::string("an undefined tensor"));
   NoGrad ng;
   const int me = rank(), world = world_size();

@@ -105,9 +105,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     flat_.push_back(options_.zero_stage == 2 ? Tensor()
                                              : Tensor::zeros({n}, options_.grad_comm, device));
     bucket_numel_.push_back(n);
-    if (!zero) continue;
     // ZeRO-1: rank r owns elements [cuts[r], cuts[r + 1]) of the bucket, whichever parameters
-    // they fall in.
+    // they fall in (without ZeRO, the segment it sums when half-precision terms are added in
+    // fp32).
     std::vector<int64_t> sizes;
     for (size_t k : bucket)
       sizes.push_back(params_[k].numel());
@@ -119,10 +119,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       for (size_t k : bucket) {
         const int64_t lo = std::max(seg.begin, offset_[k]);
         const int64_t hi = std::min(seg.end, offset_[k] + params_[k].numel());
-        if (lo < hi) ranges_[size_t(r)][k] = {lo - offset_[k], hi - offset_[k]};
+        if (zero && lo < hi) ranges_[size_t(r)][k] = {lo - offset_[k], hi - offset_[k]};
       }
     }
-    shard_.push_back(Tensor::zeros({counts[size_t(comm_->rank())]}, options_.grad_comm, device));
+    if (zero)
+      shard_.push_back(Tensor::zeros({counts[size_t(comm_->rank())]}, options_.grad_comm, device));
     segment_start_.push_back(cuts[size_t(comm_->rank())]);
     segment_counts_.push_back(std::move(counts));
   }
@@ -277,17 +278,15 @@ void DistributedDataParallel::launch(size_t b) {
     return;
   }
   if (wide) {
-    // An all-reduce as its two halves: each rank sums its segment in fp32, then every rank
-    // receives every segment (bit for bit, so the ranks stay identical).
-    std::vector<int64_t> counts;
-    for (int r = 0; r < comm_->world_size(); ++r)
-      counts.push_back(zero_segment(flat.numel(), r, comm_->world_size()).size());
-    inflight_[b] = comm_->submit([comm, flat, counts = std::move(counts), seconds]() mutable {
+    // An all-reduce as its two halves: each rank sums its segment in fp32, in place (sent
+    // before written), then every rank receives every segment (bit for bit: the ranks stay
+    // identical).
+    Tensor sum = flat.narrow(0, segment_start_[b], segment_counts_[b][size_t(comm_->rank())]);
+    const std::vector<int64_t>* counts = &segment_counts_[b];
+    inflight_[b] = comm_->submit([comm, flat, sum, counts, seconds]() mutable {
       const auto t0 = Clock::now();
-      const optim::ElementRange mine = zero_segment(flat.numel(), comm->rank(), comm->world_size());
-      Tensor sum = flat.narrow(0, mine.begin, mine.size());  // in place: sent before written
-      comm->reduce_scatter_accumulate_now(flat, sum, counts);
-      comm->all_gather_now(flat, counts);
+      comm->reduce_scatter_accumulate_now(flat, sum, *counts);
+      comm->all_gather_now(flat, *counts);
       *seconds = seconds_since(t0);
     });
     return;

@@ -195,8 +195,9 @@ class DistributedDataParallel {
   optim::Optimizer* optimizer_ = nullptr;  // set_optimizer()
   std::vector<size_t> optimizer_index_;    // [parameter]: its index there (npos: none)
   std::vector<int64_t> offset_;            // each parameter's first element in its bucket
-  // ZeRO-1: [rank][parameter] the elements each rank owns; each bucket's elements per rank,
-  // where this rank's segment starts, and its segment of the reduced sum.
+  // ZeRO-1: [rank][parameter] the elements each rank owns; each bucket's elements per rank and
+  // where this rank's segment starts (every stage: fp32-accumulated half sums use them too);
+  // ZeRO-1: its segment of the reduced sum.
   std::vector<std::vector<optim::ElementRange>> ranges_;
   std::vector<std::vector<int64_t>> segment_counts_;
   std::vector<int64_t> segment_start_;
