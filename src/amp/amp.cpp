@@ -66,13 +66,13 @@ nn::TensorList Amp::forward(nn::Module& model, const nn::TensorList& inputs) con
   MT_CHECK(!inputs.empty(), "Amp::forward: no inputs");
   if (p.autocast) {
     Autocast region(inputs[0].device().type, p.dtype);
-    return model.forward_list(inputs);
+    return model(inputs);
   }
-  if (!p.cast_model) return model.forward_list(inputs);
+  if (!p.cast_model) return model(inputs);
   nn::TensorList in;
   for (const Tensor& x : inputs)
     in.push_back(x.defined() && x.is_floating_point() ? cast(x, p.dtype) : x);
-  nn::TensorList out = model.forward_list(in);
+  nn::TensorList out = model(in);
   for (Tensor& y : out) {
     if (y.defined() && y.is_floating_point()) y = cast(y, DType::F32);
   }

@@ -19,6 +19,27 @@ namespace {
 
 constexpr size_t kNotOptimized = SIZE_MAX;  // optimizer_index_ of a parameter no optimizer has
 
+// t as one flat row (a view: t is contiguous).
+Tensor flat_view(const Tensor& t) {
+  return t.reshape({t.numel()});
+}
+
+// The tensors grouped by dtype, in order: one flat buffer and collective per dtype.
+std::vector<std::vector<size_t>> by_dtype(const std::vector<Tensor>& ts,
+                                          const std::vector<size_t>& which) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<DType> dtypes;
+  for (size_t k : which) {
+    const auto at = size_t(std::find(dtypes.begin(), dtypes.end(), ts[k].dtype()) - dtypes.begin());
+    if (at == dtypes.size()) {
+      dtypes.push_back(ts[k].dtype());
+      groups.emplace_back();
+    }
+    groups[at].push_back(k);
+  }
+  return groups;
+}
+
 }  // namespace
 
 optim::ElementRange zero_segment(int64_t n, int rank, int world_size) {
@@ -61,9 +82,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
            dtype_name(options_.grad_comm));
   MT_CHECK(options_.bucket_mb > 0, "DistributedDataParallel: bucket_mb must be positive, got ",
            options_.bucket_mb);
-  MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
+  MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3,
            "DistributedDataParallel: ZeRO stage ", options_.zero_stage,
-           " is not there; stage 0 (none), 1 (optimizer state sharded) or 2 (gradients too)");
+           " is not there; stage 0 (none), 1 (optimizer state sharded), 2 (gradients too) or 3 "
+           "(parameters too)");
   params_ = model.parameters();
   buffers_ = model.buffers();
   for (const Tensor& p : params_) {
@@ -75,20 +97,37 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   }
   broadcast_state();
 
-  // Buckets in reverse parameter order, each up to bucket_mb of grad_comm values.
+  // Buckets in reverse parameter order, each up to bucket_mb of grad_comm values; ZeRO-3: the
+  // units in reverse, a bucket holding one unit's parameters of one dtype.
+  std::vector<std::vector<size_t>> runs(1);  // parameters that may share a bucket, in order
+  for (size_t k = params_.size(); k-- > 0;)
+    runs[0].push_back(k);
+  if (options_.zero_stage == 3) {
+    make_units(model);
+    runs.clear();
+    for (size_t u = units_.size(); u-- > 0;) {
+      std::vector<size_t> mine;
+      for (size_t k = params_.size(); k-- > 0;)
+        if (unit_of_[k] == u) mine.push_back(k);
+      for (std::vector<size_t>& group : by_dtype(params_, mine))
+        runs.push_back(std::move(group));
+    }
+  }
   const auto cap = int64_t(options_.bucket_mb * 1024 * 1024);
   const int64_t elem = int64_t(dtype_size(options_.grad_comm));
   bucket_of_.assign(params_.size(), 0);
-  int64_t bytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
-    const int64_t b = params_[k].numel() * elem;
-    if (buckets_.empty() || (bytes > 0 && bytes + b > cap)) {
-      buckets_.emplace_back();
-      bytes = 0;
+  for (const std::vector<size_t>& run : runs) {
+    int64_t bytes = 0;
+    for (size_t k : run) {
+      const int64_t b = params_[k].numel() * elem;
+      if (k == run.front() || (bytes > 0 && bytes + b > cap)) {
+        buckets_.emplace_back();
+        bytes = 0;
+      }
+      buckets_.back().push_back(k);
+      bucket_of_[k] = buckets_.size() - 1;
+      bytes += b;
     }
-    buckets_.back().push_back(k);
-    bucket_of_[k] = buckets_.size() - 1;
-    bytes += b;
   }
   const Device device = params_.empty() ? Device::cpu() : params_[0].device();
   const int world = comm_->world_size();
@@ -101,8 +140,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       offset_[k] = n;
       n += params_[k].numel();
     }
-    // ZeRO-2 makes each bucket's buffer when it goes out and frees it once reduce-scattered.
-    flat_.push_back(options_.zero_stage == 2 ? Tensor()
+    // ZeRO-2, 3 make each bucket's buffer when it goes out and free it once reduce-scattered.
+    flat_.push_back(options_.zero_stage >= 2 ? Tensor()
                                              : Tensor::zeros({n}, options_.grad_comm, device));
     bucket_numel_.push_back(n);
     // ZeRO-1: rank r owns elements [cuts[r], cuts[r + 1]) of the bucket, whichever parameters
@@ -129,6 +168,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   }
   inflight_.resize(buckets_.size());
   comm_seconds_.assign(buckets_.size(), 0.0);
+  if (options_.zero_stage == 3) {
+    shard_parameters();
+    hook_units();
+  }
   start_step();
   for (size_t k = 0; k < params_.size(); ++k) {
     hooks_.push_back(params_[k].register_post_accumulate_grad_hook(
@@ -140,12 +183,17 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (auto& f : inflight_) {
     if (f.valid()) f.wait();  // the buffers must outlive the collectives that use them
   }
+  for (Unit& u : units_) {
+    if (u.gather.valid()) u.gather.wait();
+    if (u.hook >= 0) u.module->remove_forward_hooks(u.hook);
+  }
   for (size_t k = 0; k < params_.size(); ++k)
     params_[k].remove_hook(hooks_[k]);
 }
 
 void DistributedDataParallel::broadcast_state() {
   NoGrad ng;
+  const FullParameters whole = full_parameters();  // (ZeRO-3: resharded from rank 0's values)
   for (std::vector<Tensor>* list : {&params_, &buffers_}) {
     for (Tensor& t : *list) {
       MT_CHECK(t.is_contiguous(), "DistributedDataParallel: ", t.describe(),
@@ -156,30 +204,6 @@ void DistributedDataParallel::broadcast_state() {
   }
 }
 
-namespace {
-
-// t as one flat row (a view: t is contiguous).
-Tensor flat_view(const Tensor& t) {
-  return t.reshape({t.numel()});
-}
-
-// The tensors grouped by dtype, in order: one flat buffer and collective per dtype.
-std::vector<std::vector<size_t>> by_dtype(const std::vector<Tensor>& ts,
-                                          const std::vector<size_t>& which) {
-  std::vector<std::vector<size_t>> groups;
-  std::vector<DType> dtypes;
-  for (size_t k : which) {
-    const auto at = size_t(std::find(dtypes.begin(), dtypes.end(), ts[k].dtype()) - dtypes.begin());
-    if (at == dtypes.size()) {
-      dtypes.push_back(ts[k].dtype());
-      groups.emplace_back();
-    }
-    groups[at].push_back(k);
-  }
-  return groups;
-}
-
-}  // namespace
 
 void DistributedDataParallel::broadcast_buffers() {
   if (comm_->world_size() == 1 || buffers_.empty()) return;
@@ -212,6 +236,7 @@ void DistributedDataParallel::broadcast_buffers() {
 }
 
 void DistributedDataParallel::on_gradient(size_t param) {
+  if (options_.zero_stage == 3) unit_gradient(param);
   if (!require_sync_) return;
   // Its bucket may already be on its way: a second gradient would not be in the sum.
   MT_CHECK(!marked_[param], "DistributedDataParallel: parameter ", param,
@@ -232,7 +257,7 @@ int64_t DistributedDataParallel::launch_ready() {
 
 void DistributedDataParallel::launch(size_t b) {
   NoGrad ng;
-  const bool stage2 = options_.zero_stage == 2;
+  const bool stage2 = options_.zero_stage >= 2;
   Tensor flat = stage2 ? Tensor::empty({bucket_numel_[b]}, options_.grad_comm,
                                        params_[buckets_[b][0]].device())
                        : flat_[b];
@@ -300,16 +325,31 @@ void DistributedDataParallel::launch(size_t b) {
 
 void DistributedDataParallel::set_optimizer(optim::Optimizer& opt) {
   if (options_.zero_stage == 0) return;
-  opt.set_owned_ranges(owned_ranges(opt.params()));
+  {
+    // (ZeRO-3: the masters are cut from the whole parameters.)
+    const FullParameters whole = full_parameters();
+    opt.set_owned_ranges(owned_ranges(opt.params()));
+  }
   optimizer_ = &opt;
   optimizer_index_.assign(params_.size(), kNotOptimized);
   for (size_t i = 0; i < opt.params().size(); ++i)
     optimizer_index_[index_of(opt.params()[i], i)] = i;
+  if (options_.zero_stage < 3) return;
+  // ZeRO-3: the optimizer steps this rank's segments, where they are kept.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const size_t i = optimizer_index_[k];
+    const optim::ElementRange mine = owned_range(comm_->rank(), k);
+    if (i == kNotOptimized || mine.size() == 0) continue;
+    const size_t b = bucket_of_[k];
+    Tensor part = param_shard_[b].narrow(0, offset_[k] + mine.begin - segment_start_[b], mine.size());
+    opt.set_parameter_shard(i, mine.size() == params_[k].numel() ? part.reshape(params_[k].shape())
+                                                                 : part);
+  }
 }
 
 void DistributedDataParallel::finish_gradients() {
-  MT_CHECK(options_.zero_stage != 2 || optimizer_ != nullptr,
-           "DistributedDataParallel: ZeRO-2 hands each rank's gradient shards to its optimizer; "
+  MT_CHECK(options_.zero_stage < 2 || optimizer_ != nullptr,
+           "DistributedDataParallel: ZeRO-2 and 3 hand each rank's gradient shards to its optimizer; "
            "call set_optimizer(opt) after making it");
   MT_CHECK(require_sync_,
            "DistributedDataParallel::finish_gradients() after a backward without sync: call "
@@ -344,7 +384,7 @@ void DistributedDataParallel::finish_gradients() {
         continue;
       }
       const Tensor mean = means.narrow(0, offset_[k] + mine.begin - first, mine.size());
-      if (options_.zero_stage == 2) {
+      if (options_.zero_stage >= 2) {
         // The shard itself (a copy only to widen it, as below): no whole gradient anywhere.
         p.set_grad(Tensor());
         const size_t i = optimizer_index_[k];
@@ -383,6 +423,10 @@ void DistributedDataParallel::finish_gradients() {
   totals_ += stats_;
   ++steps_;
   start_step();
+  // ZeRO-3: backward is over; what it left gathered (the root, a unit with a parameter that got
+  // no gradient) is released.
+  for (size_t u = 0; u < units_.size(); ++u)
+    release_unit(u);
 }
 
 optim::ElementRange DistributedDataParallel::owned_range(int rank, size_t k) const {
@@ -411,7 +455,8 @@ std::vector<optim::ElementRange> DistributedDataParallel::owned_ranges(
 }
 
 void DistributedDataParallel::all_gather_parameters() {
-  if (options_.zero_stage == 0 || comm_->world_size() == 1) return;
+  // ZeRO-3: each unit's next forward gathers its owners' values.
+  if (options_.zero_stage == 0 || options_.zero_stage == 3 || comm_->world_size() == 1) return;
   NoGrad ng;
   const int me = comm_->rank(), world = comm_->world_size();
   for (size_t b = 0; b < buckets_.size(); ++b) {

@@ -397,6 +397,33 @@ const ModulePtr& Sequential::operator[](size_t i) const {
   return named_children()[i].second;
 }
 
+TensorList Module::call_list(const TensorList& inputs) {
+  autograd::ModuleScope scope(this, type_name_);
+  if (!forward_hooks_.empty()) run_hooks_before();
+  TensorList out = forward_list(inputs);
+  if (!forward_hooks_.empty()) run_hooks_after(out);
+  return out;
+}
+
+int Module::add_forward_hooks(ForwardHooks hooks) {
+  forward_hooks_.emplace_back(next_hook_, std::move(hooks));
+  return next_hook_++;
+}
+
+void Module::remove_forward_hooks(int handle) {
+  std::erase_if(forward_hooks_, [handle](const auto& h) { return h.first == handle; });
+}
+
+void Module::run_hooks_before() {
+  for (auto& [handle, h] : forward_hooks_)
+    if (h.before) h.before(*this);
+}
+
+void Module::run_hooks_after(const TensorList& outputs) {
+  for (auto& [handle, h] : forward_hooks_)
+    if (h.after) h.after(*this, outputs);
+}
+
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (const auto& [n, m] : named_children())

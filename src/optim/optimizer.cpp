@@ -219,6 +219,28 @@ void Optimizer::set_gradient_shard(size_t i, Tensor g) {
   grad_shards_[i] = std::move(g);
 }
 
+void Optimizer::set_parameter_shard(size_t i, Tensor shard) {
+  MT_CHECK(i < params_.size(), "optimizer parameter ", i, " does not exist (", params_.size(),
+           " parameters)");
+  if (shard.defined()) {
+    const Tensor& p = params_[i];
+    const ElementRange r = owned_range(i);
+    const Shape want = r.size() == p.numel() ? p.shape() : Shape{r.size()};
+    MT_CHECK(shard.shape() == want && shard.dtype() == p.dtype() && shard.device() == p.device() &&
+                 shard.is_contiguous(),
+             "the parameter shard of optimizer parameter ", i, " must be a contiguous ",
+             dtype_name(p.dtype()), " tensor of shape ", want.str(), " (its owned range) on ",
+             p.device().str(), ", got ", shard.describe());
+  }
+  if (param_shards_.size() < params_.size()) param_shards_.resize(params_.size());
+  param_shards_[i] = std::move(shard);
+}
+
+Tensor Optimizer::owned_param(size_t i) const {
+  if (i < param_shards_.size() && param_shards_[i].defined()) return param_shards_[i];
+  return owned_part(i, params_[i]);
+}
+
 void Optimizer::set_gradient(size_t i, Tensor g) {
   const Tensor now = gradient(i);
   MT_CHECK(now.defined() && g.defined() && g.shape() == now.shape(), "Optimizer::set_gradient: ",
@@ -336,7 +358,7 @@ std::unique_ptr<Optimizer::GroupStep> Optimizer::begin_group(size_t group) {
     if (!g.is_contiguous()) g = g.contiguous();
     // ZeRO-1: a slice of the parameter and the same slice of its gradient (ZeRO-2: the slice's
     // own gradient, its shard).
-    const Tensor part = owned_part(i, p);
+    const Tensor part = owned_param(i);
     g = shard ? g.reshape(part.shape()) : owned_part(i, g);
 
     const ParamState& s = prepare_state(i, part, names.size());
@@ -411,7 +433,7 @@ void Optimizer::set_master_weights(bool on) {
   if (!on) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (params_[i].dtype() == DType::F64 || !owns(i)) continue;
-    const Tensor p = owned_part(i, params_[i]);
+    const Tensor p = owned_param(i);
     Master& m = masters_[i];
     m.value = own_copy(p.to(DType::F32), p.device());
     m.data = p.data_ptr();
@@ -471,7 +493,7 @@ void Optimizer::set_owned_ranges(std::vector<ElementRange> owned) {
     if (!master_weights_ || !owns(i) || params_[i].dtype() == DType::F64) continue;
     // The master follows the owned part: cut from the whole one (which may hold more than the
     // parameter's rounding: the fp32 weights amp::initialize captured), or made from the part.
-    const Tensor p = owned_part(i, params_[i]);
+    const Tensor p = owned_param(i);
     const bool whole_before = was.begin == 0 && was.end == params_[i].numel();
     const Tensor from = old.defined() && whole_before ? owned_part(i, old) : p.to(DType::F32);
     masters_[i] = Master{own_copy(from, p.device()), p.data_ptr(), p.version()};
@@ -790,7 +812,7 @@ void Optimizer::load_state_dict(const NamedTensors& dict) {
     groups_[g].lr = group_lr[g].value_or(lr0);
   for (size_t i = 0; i < masters.size(); ++i) {
     if (!masters[i].defined()) continue;
-    const Tensor p = owned_part(i, params_[i]);
+    const Tensor p = owned_param(i);
     masters_[i] = Master{masters[i], p.data_ptr(), p.version()};
   }
   for (size_t i = 0; i < compensations.size(); ++i) {

@@ -24,7 +24,17 @@ Storage::Storage(size_t bytes, Device dev, Allocator& alloc)
 }
 
 Storage::~Storage() {
+  if (data != nullptr) allocator->deallocate(data, nbytes);
+}
+
+void Storage::release() {
+  if (data == nullptr) return;
   allocator->deallocate(data, nbytes);
+  data = nullptr;
+}
+
+void Storage::restore() {
+  if (data == nullptr) data = allocator->allocate(nbytes);
 }
 
 namespace {
@@ -298,6 +308,9 @@ bool Tensor::shares_storage(const Tensor& other) const {
 
 void* Tensor::data_ptr() const {
   const TensorImpl& t = checked(impl_);
+  MT_CHECK(t.storage->resident(), "the data of ", describe(),
+           " was released by ZeRO-3 (it is gathered only while its module runs); read the model's "
+           "parameters inside DistributedDataParallel::full_parameters()");
   return static_cast<char*>(t.storage->data) + t.offset * int64_t(dtype_size(t.dtype));
 }
 

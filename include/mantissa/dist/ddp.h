@@ -64,9 +64,30 @@
 // goes over Optimizer::gradients() (optim::clip_gradients), the loss scaler reads them through
 // the optimizer. With gradient accumulation (set_require_sync(false)), the micro-batches'
 // gradients add up in .grad as before and are sharded at the last one.
+//
+// ZeRO-3 (zero_stage = 3; DeepSpeed's stage 3, PyTorch's FSDP with FULL_SHARD): the parameters
+// are sharded too. Units: every module the shard_unit option picks (each TransformerBlock by
+// default), and the model itself as the root unit for what no unit holds (embeddings, the tied
+// head, the last norm). The buckets follow the units (one per unit and parameter dtype, within
+// bucket_mb), and a bucket's parameters become views of one flat storage (FSDP's flat
+// parameter), which holds bytes only while its unit is gathered: a rank keeps its own segment
+// of every bucket (the same segment ZeRO-1 gives it), which the optimizer steps in place
+// (Optimizer::set_parameter_shard). A unit is all-gathered before its forward (the next one's
+// gather submitted to the communicator's thread, so that it overlaps the forward), released
+// after it, gathered again when the gradient of its output arrives (the previous unit's
+// prefetched) and released when the last of its parameters has its gradient. The root stays
+// gathered from the model's forward to finish_gradients(). The storage object stays the same,
+// so what backward saved still refers to it; a gather for backward keeps the version forward
+// saved, one for forward moves it on (the step changed the values). Activation checkpointing
+// composes: the recomputation runs in the unit's backward, while it is gathered. Gradients are
+// sharded as under ZeRO-2; all_gather_parameters() has nothing to do (each forward gathers).
+// Whatever reads the parameters outside forward and backward (a checkpoint, weight histograms,
+// generation with a cache, broadcast_state) does it inside a full_parameters() scope; reading a
+// released parameter throws, saying so.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <span>
@@ -87,7 +108,10 @@ struct DdpOptions {
   // all-reduce made of it and an all-gather), so the mean depends on the world size alone.
   // False: the library's half-precision sum, rounded after each addition in its own order.
   bool accumulate_in_f32 = true;
-  int zero_stage = 0;  // 0: every rank gets every mean gradient; 1: ZeRO-1; 2: ZeRO-2 (above)
+  int zero_stage = 0;  // 0: every rank gets every mean gradient; 1, 2, 3: ZeRO-1, 2, 3 (above)
+  // ZeRO-3: whether a module is a unit (gathered for its forward and backward alone). Unset:
+  // nn::TransformerBlock. A unit inside a unit is part of the outer one.
+  std::function<bool(const nn::Module&)> shard_unit = nullptr;
 };
 
 // The elements of a bucket of n that ZeRO-1 gives `rank`: [n * rank / N, n * (rank + 1) / N).
@@ -141,7 +165,7 @@ class DistributedDataParallel {
   // dropped and the optimizer holds the means of what it owns as gradient shards).
   void finish_gradients();
 
-  // ---- ZeRO-1 and ZeRO-2 ---------------------------------------------------------------------
+  // ---- ZeRO-1, 2 and 3 -----------------------------------------------------------------------
   int zero_stage() const { return options_.zero_stage; }
   // The optimizer over the model's parameters that steps this rank's share: its owned ranges
   // are set (owned_ranges()), and under ZeRO-2 finish_gradients() gives it the gradient shards.
@@ -168,6 +192,27 @@ class DistributedDataParallel {
   // gradient, so its norm is already the global one).
   optim::NormCombiner norm_combiner() const;
 
+  // ZeRO-3: every parameter whole on every rank while the returned object lives (scopes nest;
+  // the outermost gathers and releases), for whatever reads or writes the model outside its
+  // forward and backward: a write there (load_state_dict) becomes the owners' shards at its
+  // end. A forward inside runs on the gathered parameters without collectives. Every rank opens
+  // and closes it at the same point (a collective). Without ZeRO-3: nothing happens.
+  class FullParameters {
+   public:
+    explicit FullParameters(DistributedDataParallel* ddp);
+    ~FullParameters();
+    FullParameters(const FullParameters&) = delete;
+    FullParameters& operator=(const FullParameters&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+  };
+  [[nodiscard]] FullParameters full_parameters() { return FullParameters(this); }
+  // ZeRO-3: the parameters' bytes this rank holds now (gathered units and its own segments).
+  int64_t resident_parameter_bytes() const;
+  // ZeRO-3's units: the parameters' indices (into model.parameters()) of each, the root first.
+  std::vector<std::vector<size_t>> units() const;
+
   const DdpStepStats& last_step() const { return stats_; }
   // Summed over every finish_gradients() so far, and their number.
   const DdpStepStats& totals() const { return totals_; }
@@ -183,6 +228,28 @@ class DistributedDataParallel {
   size_t index_of(const Tensor& p, size_t position) const;
   void start_step();  // every bucket waits for all its gradients again
   void launch(size_t bucket);
+  // ZeRO-3 (zero3.cpp).
+  struct Unit {
+    nn::Module* module = nullptr;  // the root: the model
+    std::vector<size_t> buckets;
+    int64_t params = 0;   // the parameters it holds
+    int64_t pending = 0;  // of them, still without a gradient in this backward
+    bool resident = false;
+    bool kept = false;  // resident when the outermost full_parameters() scope opened
+    std::future<void> gather;  // in flight on the communicator's thread
+    int hook = -1;             // its module's forward hooks
+  };
+  void make_units(nn::Module& model);  // units_ and unit_of_ (before the buckets)
+  void shard_parameters();             // every bucket's flat storage and this rank's segment
+  void hook_units();
+  void fetch(size_t unit);                  // submits its gather (nothing when resident)
+  void gather_unit(size_t unit, bool forward);  // fetched and waited for
+  void release_unit(size_t unit);
+  void before_forward(size_t unit);
+  void after_forward(size_t unit, const nn::TensorList& outputs);
+  void unit_gradient(size_t param);  // its unit is released at the last
+  void begin_full();
+  void end_full();
 
   std::shared_ptr<Communicator> comm_;
   DdpOptions options_;
@@ -202,6 +269,14 @@ class DistributedDataParallel {
   std::vector<std::vector<int64_t>> segment_counts_;
   std::vector<int64_t> segment_start_;
   std::vector<Tensor> shard_;
+  // ZeRO-3: the units (the root first) and each parameter's; each bucket's flat parameter
+  // storage, this rank's segment of it (kept), the storage version forward saved and the
+  // version seen when a full_parameters() scope gathered it.
+  std::vector<Unit> units_;
+  std::vector<size_t> unit_of_;
+  std::vector<Tensor> param_flat_, param_shard_;
+  std::vector<uint32_t> flat_version_, full_version_;
+  int full_scopes_ = 0;
   std::vector<int64_t> pending_;  // parameters of each bucket still without a gradient
   std::vector<bool> marked_;      // parameters whose gradient this step has counted
   std::vector<std::future<void>> inflight_;

@@ -84,25 +84,34 @@ class Module {
   // reported as running in it.
   Tensor operator()(const Tensor& x) {
     autograd::ModuleScope scope(this, type_name_);
+    if (!forward_hooks_.empty()) run_hooks_before();
     Tensor y = forward(x);
     observe_output(*this, y);
+    if (!forward_hooks_.empty()) run_hooks_after({y});
     return y;
   }
-  TensorList operator()(const TensorList& inputs) {
-    autograd::ModuleScope scope(this, type_name_);
-    return forward_list(inputs);
-  }
+  TensorList operator()(const TensorList& inputs) { return call_list(inputs); }
   // model({x}) and model({a, b}): the list forward (a braced list prefers this overload).
   TensorList operator()(std::initializer_list<Tensor> inputs) {
-    autograd::ModuleScope scope(this, type_name_);
-    return forward_list(TensorList(inputs));
+    return call_list(TensorList(inputs));
   }
   // model(a, b, ...) with two or more tensors: forward_list({a, b, ...}).
   template <typename... Rest>
   TensorList operator()(const Tensor& a, const Tensor& b, const Rest&... rest) {
-    autograd::ModuleScope scope(this, type_name_);
-    return forward_list(TensorList{a, b, rest...});
+    return call_list(TensorList{a, b, rest...});
   }
+
+  // ---- forward hooks (PyTorch's register_forward_pre_hook and register_forward_hook) ---------
+  // Run around every call of this module through operator() (not a direct forward(), nor
+  // forward_cached's generation): `before` first, `after` with the outputs, e.g. ZeRO-3
+  // gathering a block's parameters before it runs, releasing them after and hooking its
+  // output's gradient. Either may be empty. Hooks run in the order they were added.
+  struct ForwardHooks {
+    std::function<void(Module&)> before;
+    std::function<void(Module&, const TensorList& outputs)> after;
+  };
+  int add_forward_hooks(ForwardHooks hooks);  // a handle for remove_forward_hooks
+  void remove_forward_hooks(int handle);
 
   // ---- registration (names: non-empty, no '.', unique among this module's tensors/children) --
   // `value` must be a leaf; a floating one is marked requires_grad. Returns the module's slot.
@@ -188,8 +197,13 @@ class Module {
   void convert(const std::function<Tensor(const Tensor&)>& fn,
                const std::function<bool(const Module&)>& include);
   void describe_into(std::string& out, const std::string& label, int depth) const;
+  TensorList call_list(const TensorList& inputs);
+  void run_hooks_before();
+  void run_hooks_after(const TensorList& outputs);
 
   std::string type_name_;
+  std::vector<std::pair<int, ForwardHooks>> forward_hooks_;
+  int next_hook_ = 0;
   bool training_ = true;
   std::vector<Slot> params_;
   std::vector<Slot> buffers_;

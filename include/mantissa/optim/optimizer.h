@@ -115,6 +115,13 @@ class Optimizer {
   // a rank keeps the gradient of what it updates alone). Undefined: none. Kept until the next
   // zero_grad().
   void set_gradient_shard(size_t i, Tensor g);
+  // ZeRO-3: where the part of parameter i this optimizer owns lives between steps, in place of
+  // the parameter's own storage (released outside its module's forward and backward): a
+  // contiguous tensor of the parameter's dtype and device with owned_range(i).size() elements,
+  // the owned part's shape (the parameter's when it is owned whole, else flat). A step reads and
+  // writes it (and its version) instead of the parameter; masters and compensations follow it.
+  // Set it after set_owned_ranges(), holding the owned values. Undefined: the parameter again.
+  void set_parameter_shard(size_t i, Tensor shard);
   // Replaces what gradient(i) returns (its shard, or the parameter's .grad), e.g. by an fp32
   // copy: of the same shape.
   void set_gradient(size_t i, Tensor g);
@@ -291,8 +298,11 @@ class Optimizer {
   std::vector<ParamState> state_;
   std::vector<ElementRange> owned_;  // set_owned_ranges(); empty: all
   std::vector<Tensor> grad_shards_;  // set_gradient_shard(); empty: none
+  std::vector<Tensor> param_shards_;  // set_parameter_shard(); empty: none
   // Parameter i, or the slice of it owned (a flat view of the same storage).
   Tensor owned_part(size_t i, const Tensor& whole) const;
+  // What a step updates of parameter i: its shard (set_parameter_shard), or owned_part of it.
+  Tensor owned_param(size_t i) const;
   // I64 (params + 1), on the parameters' device: the updates of each parameter so far, then
   // the optimizer's completed steps.
   Tensor step_counts_;

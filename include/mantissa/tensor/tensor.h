@@ -33,6 +33,14 @@ struct Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  // ZeRO-3 (dist/ddp.h) frees a parameter's bytes between its uses and keeps this object, so
+  // that every handle, view and saved copy of the parameter refers to the same storage when it
+  // is refilled: release() gives the bytes back to the allocator (reading them throws until
+  // restore()), restore() takes nbytes uninitialized bytes again. Neither changes the version.
+  void release();
+  void restore();
+  bool resident() const { return data != nullptr || nbytes == 0; }
+
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
