@@ -121,6 +121,9 @@ void TrainConfig::validate() const {
   MT_CHECK(distributed || zero == 0,
            "--zero shards the optimizer state across data-parallel ranks: add --distributed "
            "(under mpirun)");
+  MT_CHECK(zero < 3 || underflow_every == 0,
+           "--underflow-every reruns backward on fp32 copies of the whole weights, which --zero 3 "
+           "keeps only in shards; drop --underflow-every or use --zero 2");
   validate_optimizer_state(*this);
   MT_CHECK(embedding_update != EmbeddingUpdate::Lazy || optimizer == OptimizerKind::AdamW,
            "--embedding-update lazy is AdamW's (LazyAdam); with --optimizer ", name_of(optimizer),

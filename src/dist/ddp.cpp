@@ -204,7 +204,6 @@ void DistributedDataParallel::broadcast_state() {
   }
 }
 
-
 void DistributedDataParallel::broadcast_buffers() {
   if (comm_->world_size() == 1 || buffers_.empty()) return;
   NoGrad ng;
@@ -341,16 +340,18 @@ void DistributedDataParallel::set_optimizer(optim::Optimizer& opt) {
     const optim::ElementRange mine = owned_range(comm_->rank(), k);
     if (i == kNotOptimized || mine.size() == 0) continue;
     const size_t b = bucket_of_[k];
-    Tensor part = param_shard_[b].narrow(0, offset_[k] + mine.begin - segment_start_[b], mine.size());
-    opt.set_parameter_shard(i, mine.size() == params_[k].numel() ? part.reshape(params_[k].shape())
-                                                                 : part);
+    Tensor part =
+        param_shard_[b].narrow(0, offset_[k] + mine.begin - segment_start_[b], mine.size());
+    opt.set_parameter_shard(
+        i, mine.size() == params_[k].numel() ? part.reshape(params_[k].shape()) : part);
   }
 }
 
 void DistributedDataParallel::finish_gradients() {
-  MT_CHECK(options_.zero_stage < 2 || optimizer_ != nullptr,
-           "DistributedDataParallel: ZeRO-2 and 3 hand each rank's gradient shards to its optimizer; "
-           "call set_optimizer(opt) after making it");
+  MT_CHECK(
+      options_.zero_stage < 2 || optimizer_ != nullptr,
+      "DistributedDataParallel: ZeRO-2 and 3 hand each rank's gradient shards to its optimizer; "
+      "call set_optimizer(opt) after making it");
   MT_CHECK(require_sync_,
            "DistributedDataParallel::finish_gradients() after a backward without sync: call "
            "set_require_sync(true) before the last micro-batch's backward");
@@ -419,7 +420,11 @@ void DistributedDataParallel::finish_gradients() {
                         .bytes = bytes,
                         .comm_seconds = comm_total,
                         .exposed_seconds = waited,
-                        .launched_in_backward = early};
+                        .launched_in_backward = early,
+                        .gathers = gathers_,
+                        .gather_wait_seconds = gather_wait_};
+  gathers_ = 0;
+  gather_wait_ = 0;
   totals_ += stats_;
   ++steps_;
   start_step();

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "mantissa/autograd/grad_mode.h"
+#include "mantissa/core/clock.h"
 #include "mantissa/core/error.h"
 #include "mantissa/dist/ddp.h"
 #include "mantissa/nn/layers.h"
@@ -109,6 +110,7 @@ void DistributedDataParallel::fetch(size_t u) {
     counts.push_back(&segment_counts_[b]);
   }
   Communicator* comm = comm_.get();
+  ++gathers_;
   unit.gather = comm_->submit([comm, flats, shards, starts, counts]() mutable {
     for (size_t i = 0; i < flats.size(); ++i) {
       flats[i].narrow(0, starts[i], shards[i].numel()).copy_(shards[i]);
@@ -121,7 +123,9 @@ void DistributedDataParallel::gather_unit(size_t u, bool forward) {
   fetch(u);
   Unit& unit = units_[u];
   if (!unit.gather.valid()) return;  // gathered before, and not written since
-  unit.gather.get();                 // rethrows a failed collective
+  const auto t0 = Clock::now();
+  unit.gather.get();  // rethrows a failed collective
+  gather_wait_ += seconds_since(t0);
   for (size_t b : unit.buckets) {
     const Tensor& flat = param_flat_[b];
     // Forward: a version never seen with other bytes (what the step changed is new to every

@@ -337,7 +337,11 @@ Metrics Loop::read_last_scalars() const {
 
 void Loop::evaluate_mid_epoch() {
   const auto e0 = Clock::now();
-  const EvalResult r = task_.evaluate(run_);
+  EvalResult r;
+  {
+    const auto whole = whole_models(run_);
+    r = task_.evaluate(run_);
+  }
   eval_seconds_ += seconds_since(e0);
   // A stop during the evaluation cut it short: its figures are of part of the data, not shown
   // (the next step boundary stops the run).
@@ -368,7 +372,10 @@ void Loop::end_epoch(double epoch_seconds) {
     ++run_.state.epoch;
     run_.state.batch = 0;
   }
-  er.test = task_.evaluate(run_);
+  {
+    const auto whole = whole_models(run_);
+    er.test = task_.evaluate(run_);
+  }
   if ((result_.interrupted = run_.stop_requested()) != 0) {
     // Stopped during the evaluation: its figures are of part of the data and not reported; the
     // run stops with the epoch's state saved.

@@ -88,7 +88,9 @@ Json comm_summary(const Run& run, Json& j) {
           {"bytes_per_step", last.bytes},
           {"comm_seconds", total.comm_seconds},
           {"exposed_seconds", total.exposed_seconds},
-          {"launched_in_backward", total.launched_in_backward}};
+          {"launched_in_backward", total.launched_in_backward},
+          {"gathers", total.gathers},
+          {"gather_wait_seconds", total.gather_wait_seconds}};
 }
 
 }  // namespace

@@ -69,6 +69,12 @@ struct Run {
   void write_weight_histograms(int64_t step);
 };
 
+// ZeRO-3: every trainee's parameters whole while the result lives, for what reads them outside
+// a training step (an evaluation then runs without a collective a block); empty otherwise.
+// Every rank makes it at the same point.
+std::vector<std::unique_ptr<dist::DistributedDataParallel::FullParameters>> whole_models(
+    const Run& run);
+
 // What one optimizer step takes, in flags: "--batch-size 64 x --grad-accum 4 x 2 ranks".
 std::string step_text(const Run& run);
 // Training needs a step's examples (every rank's) to fit in the data: a larger batch is not one

@@ -106,6 +106,11 @@ void Trainee::add_optimizer(const std::string& name, std::unique_ptr<optim::Opti
   optimizers_.emplace_back(name, std::move(opt));
 }
 
+std::unique_ptr<dist::DistributedDataParallel::FullParameters> Trainee::whole_parameters() const {
+  if (!ddp_ || ddp_->zero_stage() < 3) return nullptr;
+  return std::make_unique<dist::DistributedDataParallel::FullParameters>(ddp_.get());
+}
+
 void Trainee::zero_grad() {
   for (auto& [n, o] : optimizers_)
     o->zero_grad(set_to_none_);
@@ -218,8 +223,10 @@ bool Trainee::step(Run& run, bool overflow) {
 void Trainee::save(NamedTensors& model, NamedTensors& optimizer, NamedTensors& scaler,
                    const Run& run) const {
   (void)run;
+  // ZeRO-3: copies of the gathered parameters (released again when the scope closes).
+  const auto whole = whole_parameters();
   for (auto& [n, t] : model_->state_dict())
-    model.emplace_back(prefix() + n, t);
+    model.emplace_back(prefix() + n, whole ? t.clone() : t);
   for (const auto& [oname, o] : optimizers_) {
     // ZeRO-1: the optimizer's state is spread over the ranks; every rank sends its share to
     // rank 0, which writes the whole of it, as an unsharded run would.
@@ -278,7 +285,10 @@ void Trainee::load(const Checkpoint& ckpt, bool everything,
                    const std::vector<std::string>& others) {
   const NamedTensors saved = with_prefix(ckpt.model, prefix(), others);
   check_fits_the_data(*model_, saved);
-  model_->load_state_dict(saved);
+  {
+    const auto whole = whole_parameters();  // ZeRO-3: written whole, then resharded
+    model_->load_state_dict(saved);
+  }
   NamedTensors scaler_state, fp8_state;
   for (auto& [n, t] : with_prefix(ckpt.scaler, prefix(), others))
     (n.starts_with("fp8.") ? fp8_state : scaler_state).emplace_back(n, t);

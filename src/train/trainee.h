@@ -42,6 +42,9 @@ class Trainee {
   const amp::GradScaler& scaler() const { return check_ ? *check_ : amp_->scaler(); }
   dist::DistributedDataParallel* ddp() { return ddp_.get(); }
   const dist::DistributedDataParallel* ddp() const { return ddp_.get(); }
+  // ZeRO-3: the model's parameters whole while the result lives (null otherwise): a collective,
+  // opened at the same point on every rank.
+  std::unique_ptr<dist::DistributedDataParallel::FullParameters> whole_parameters() const;
 
   // Another optimizer over parameters of this model that the main one does not hold (the
   // recommender's embedding tables): the same masters and rounding, stepped with the main one

@@ -234,8 +234,17 @@ int Run::stop_requested() const {
   return int(flag.to_vector<int64_t>()[0]);
 }
 
+std::vector<std::unique_ptr<dist::DistributedDataParallel::FullParameters>> whole_models(
+    const Run& run) {
+  std::vector<std::unique_ptr<dist::DistributedDataParallel::FullParameters>> out;
+  for (const auto& t : run.trainees)
+    if (auto w = t->whole_parameters()) out.push_back(std::move(w));
+  return out;
+}
+
 void Run::write_weight_histograms(int64_t step) {
   NoGrad ng;
+  const auto whole = whole_models(*this);
   for (const auto& t : trainees) {
     const std::string prefix = t->name().empty() ? "" : t->name() + ".";
     for (const auto& [name, p] : t->model().named_parameters())
@@ -335,7 +344,11 @@ std::optional<data::Batch> Trainer::next_batch() {
 }
 
 EvalResult Trainer::evaluate() {
-  EvalResult r = run_->task->evaluate(*run_);
+  EvalResult r;
+  {
+    const auto whole = whole_models(*run_);
+    r = run_->task->evaluate(*run_);
+  }
   r.text = run_->task->describe(r);
   r.unit = run_->task->eval_unit();
   return r;

@@ -4,7 +4,7 @@ one result line (rank 0's), one metrics file with the world size, a checkpoint t
 one process; ranks started with different configurations refuse to train, and so do ranks
 started without --distributed (two whole runs writing the same files); a rank killed with
 SIGKILL makes the job stop, non-zero, within 30 s, with a message naming the rank. With --zero 1
-(ZeRO-1) the checkpoint holds the same tensors as without, bit for bit, the optimizer state per
+(ZeRO-1, 2, 3) the checkpoint holds the same tensors as without, bit for bit, the optimizer state per
 rank is smaller, and a sharded run resumes to the same result as an unsharded one.
 
   distributed_cli_test.py MANTISSA MPIRUN [MPIRUN_FLAGS...]
@@ -71,7 +71,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # ZeRO-1 and 2: AdamW with fp32 masters (bf16 O2), the state (and the gradients) sharded;
     # everything else as without.
     results, ckpts = {}, {}
-    for zero in ("0", "1", "2"):
+    for zero in ("0", "1", "2", "3"):
         ckpts[zero] = os.path.join(tmp, f"zero{zero}.safetensors")
         zargs = small + ["--optimizer", "adamw", "--lr", "1e-3", "--precision", "bf16",
                          "--opt-level", "O2", "--epochs", "1", "--json", "--zero", zero,
@@ -81,7 +81,7 @@ with tempfile.TemporaryDirectory() as tmp:
         lines = [l for l in out.splitlines() if l.startswith("{")]
         results[zero] = json.loads(lines[0]) if lines else {}
     if all(results.values()):
-        for zero in ("1", "2"):
+        for zero in ("1", "2", "3"):
             check(results[zero]["test_loss"] == results["0"]["test_loss"],
                   f"ZeRO-{zero} trains as plain data parallel: {results[zero]['test_loss']} vs "
                   f"{results['0']['test_loss']}")
@@ -93,7 +93,7 @@ with tempfile.TemporaryDirectory() as tmp:
         print(f"mlp bf16 O2 AdamW, 2 ranks: optimizer state per rank {s0} B -> {s1} B (ZeRO-1); "
               f"peak {results['0']['peak_memory_bytes']} B, {p1} B (ZeRO-1), {p2} B (ZeRO-2)")
     if all(os.path.exists(c) for c in ckpts.values()):
-        for zero in ("1", "2"):
+        for zero in ("1", "2", "3"):
             differ = differing(ckpts["0"], ckpts[zero])
             check(not differ, f"a ZeRO-{zero} checkpoint holds the unsharded run's tensors, bit "
                   f"for bit: {differ[:5]}")
@@ -102,7 +102,8 @@ with tempfile.TemporaryDirectory() as tmp:
         # (A resume writes its own checkpoint over the one it read: the ZeRO-2 one twice, copied.)
         again = os.path.join(tmp, "zero2-again.safetensors")
         shutil.copyfile(ckpts["2"], again)
-        for zero, ck in (("0", ckpts["0"]), ("1", ckpts["1"]), ("2", ckpts["2"]), ("0", again)):
+        for zero, ck in (("0", ckpts["0"]), ("1", ckpts["1"]), ("2", ckpts["2"]), ("3", ckpts["3"]),
+                         ("0", again)):
             rargs = ["train", "--resume", ck, "--epochs", "2", "--json", "--no-progress",
                      "--distributed", "--zero", zero, "--threads", "1", "--workers", "0"]
             rc, out, err = mpirun(rargs, rargs)
@@ -110,7 +111,7 @@ with tempfile.TemporaryDirectory() as tmp:
             lines = [l for l in out.splitlines() if l.startswith("{")]
             finals.append(json.loads(lines[0]).get("test_loss") if lines else None)
         check(finals[0] is not None and all(f == finals[0] for f in finals),
-              f"resumed with and without ZeRO-1 and 2: the same result {finals}")
+              f"resumed with and without ZeRO-1, 2 and 3: the same result {finals}")
     p = subprocess.run([BIN, *small[:-1], "--steps", "2", "--zero", "1"], capture_output=True,
                        text=True, env=ENV, timeout=60)
     check(p.returncode != 0 and "--zero" in p.stderr and "--distributed" in p.stderr,

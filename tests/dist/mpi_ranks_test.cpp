@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "mantissa/amp/amp.h"
-#include "mantissa/autograd/grad_mode.h"
 #include "mantissa/autocast/fp8.h"
+#include "mantissa/autograd/grad_mode.h"
 #include "mantissa/dist/communicator.h"
 #include "mantissa/dist/ddp.h"
 #include "mantissa/nn/layers.h"
@@ -529,8 +529,8 @@ TEST(Ranks, ZeroThreeGathersEachBlockAroundItsForwardAndBackward) {
                                                .seed = 5,
                                                .activation_checkpointing = c.checkpointing});
       run.opt = make_opt(c.adamw ? "adamw" : "sgd", *run.model);
-      run.amp = std::make_unique<amp::Amp>(
-          amp::initialize(*run.model, *run.opt, c.level, DType::BF16));
+      run.amp =
+          std::make_unique<amp::Amp>(amp::initialize(*run.model, *run.opt, c.level, DType::BF16));
       run.ddp = std::make_unique<dist::DistributedDataParallel>(
           *run.model, dist::mpi_world(), dist::DdpOptions{.bucket_mb = 0.05, .zero_stage = stage});
       run.ddp->set_optimizer(*run.opt);
@@ -556,10 +556,9 @@ TEST(Ranks, ZeroThreeGathersEachBlockAroundItsForwardAndBackward) {
     auto blocks = std::dynamic_pointer_cast<nn::Sequential>(zero.model->child("blocks"));
     ASSERT_TRUE(blocks);
     for (size_t i = 0; i < blocks->size(); ++i) {
-      (*blocks)[i]->add_forward_hooks({[&](nn::Module&) {
-                                         most = std::max(most, zero.ddp->resident_parameter_bytes());
-                                       },
-                                       nullptr});
+      (*blocks)[i]->add_forward_hooks(
+          {[&](nn::Module&) { most = std::max(most, zero.ddp->resident_parameter_bytes()); },
+           nullptr});
     }
     auto loss_of = [](Run& r, const Tensor& tokens) {
       const Tensor logits = r.amp->forward(*r.model, tokens.narrow(1, 0, 15));
@@ -602,10 +601,11 @@ TEST(Ranks, ZeroThreeGathersEachBlockAroundItsForwardAndBackward) {
       EXPECT_TRUE(same_on_every_rank(z[i])) << "parameter " << i << " differs between ranks";
     }
     if (world().rank() == 0) {
-      std::printf("%s: 6 steps x 2 micro-batches, ZeRO-3 = plain data parallel bit for bit; "
-                  "parameter bytes on rank 0: %lld of %lld between steps, at most %lld in "
-                  "forward\n",
-                  c.name, (long long)shards, (long long)whole, (long long)most);
+      std::printf(
+          "%s: 6 steps x 2 micro-batches, ZeRO-3 = plain data parallel bit for bit; "
+          "parameter bytes on rank 0: %lld of %lld between steps, at most %lld in "
+          "forward\n",
+          c.name, (long long)shards, (long long)whole, (long long)most);
     }
   }
 }

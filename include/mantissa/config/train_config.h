@@ -266,9 +266,9 @@ inline constexpr Range kCountOrZero{0, kMaxCount};
     (Range{0, 1 << 20, true}), "Gradients go out in buckets of this many MiB during backward")     \
   _(GradComm, grad_comm, "grad-comm", GradComm::Fp32, Launch, Distributed, Parallel, kAnyValue,    \
     "The dtype gradients travel in between ranks (applied in fp32)")                               \
-  _(int, zero, "zero", 0, Launch, Distributed, Parallel, (Range{0, 2}),                            \
+  _(int, zero, "zero", 0, Launch, Distributed, Parallel, (Range{0, 3}),                            \
     "ZeRO stage: 1 shards the optimizer state (moments, fp32 masters) across the ranks, 2 the "    \
-    "gradients too; 0 keeps both whole on every rank")
+    "gradients too, 3 the parameters too (each block gathered while it runs); 0 keeps all whole")
 // clang-format on
 
 // The options, named.

@@ -131,7 +131,13 @@ struct DdpStepStats {
   double comm_seconds = 0;           // inside the all-reduces, on the communicator's thread
   double exposed_seconds = 0;        // what finish_gradients() waited for: not overlapped
   int64_t launched_in_backward = 0;  // buckets that went out before finish_gradients()
+  // ZeRO-3, since the previous finish_gradients(): the units' all-gathers and the seconds
+  // forward and backward waited for them (not overlapped with compute).
+  int64_t gathers = 0;
+  double gather_wait_seconds = 0;
   DdpStepStats& operator+=(const DdpStepStats& o) {
+    gathers += o.gathers;
+    gather_wait_seconds += o.gather_wait_seconds;
     buckets += o.buckets;
     bytes += o.bytes;
     comm_seconds += o.comm_seconds;
@@ -235,14 +241,14 @@ class DistributedDataParallel {
     int64_t params = 0;   // the parameters it holds
     int64_t pending = 0;  // of them, still without a gradient in this backward
     bool resident = false;
-    bool kept = false;  // resident when the outermost full_parameters() scope opened
+    bool kept = false;         // resident when the outermost full_parameters() scope opened
     std::future<void> gather;  // in flight on the communicator's thread
     int hook = -1;             // its module's forward hooks
   };
   void make_units(nn::Module& model);  // units_ and unit_of_ (before the buckets)
   void shard_parameters();             // every bucket's flat storage and this rank's segment
   void hook_units();
-  void fetch(size_t unit);                  // submits its gather (nothing when resident)
+  void fetch(size_t unit);                      // submits its gather (nothing when resident)
   void gather_unit(size_t unit, bool forward);  // fetched and waited for
   void release_unit(size_t unit);
   void before_forward(size_t unit);
@@ -277,6 +283,8 @@ class DistributedDataParallel {
   std::vector<Tensor> param_flat_, param_shard_;
   std::vector<uint32_t> flat_version_, full_version_;
   int full_scopes_ = 0;
+  int64_t gathers_ = 0;  // this step's, for stats_
+  double gather_wait_ = 0;
   std::vector<int64_t> pending_;  // parameters of each bucket still without a gradient
   std::vector<bool> marked_;      // parameters whose gradient this step has counted
   std::vector<std::future<void>> inflight_;

@@ -296,8 +296,8 @@ class Optimizer {
   std::vector<Group> groups_;
   std::vector<std::vector<Tensor>> group_params_;
   std::vector<ParamState> state_;
-  std::vector<ElementRange> owned_;  // set_owned_ranges(); empty: all
-  std::vector<Tensor> grad_shards_;  // set_gradient_shard(); empty: none
+  std::vector<ElementRange> owned_;   // set_owned_ranges(); empty: all
+  std::vector<Tensor> grad_shards_;   // set_gradient_shard(); empty: none
   std::vector<Tensor> param_shards_;  // set_parameter_shard(); empty: none
   // Parameter i, or the slice of it owned (a flat view of the same storage).
   Tensor owned_part(size_t i, const Tensor& whole) const;
