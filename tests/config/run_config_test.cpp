@@ -178,7 +178,7 @@ TEST(RunConfig, NumbersOutsideTheirRangeAreRefusedFromEverySource) {
            {"lr", "0", "--lr must be positive, got 0"},
            {"momentum", "1", "--momentum must be in [0, 1), got 1"},
            {"grad-accum", "0", "--grad-accum must be positive, got 0"},
-           {"zero", "3", "--zero must be in [0, 2], got 3"}}) {
+           {"zero", "4", "--zero must be in [0, 3], got 4"}}) {
     ConfigSources s;
     s.command_line = cli({{key, text}});
     EXPECT_HAS(error_of([&] { resolve(s, plain_defaults); }), says);

@@ -251,13 +251,19 @@ TEST(DistributedDataParallel, MistakesAreNamed) {
   EXPECT_NO_THROW(c.validate());
   EXPECT_THROW(c.set("grad-comm", "fp8"), Error);  // not a word of --grad-comm
   c.set("grad-comm", "fp32");
+  c.zero = 4;
+  EXPECT_THROW(c.validate(), Error);  // no ZeRO-4
   c.zero = 3;
-  EXPECT_THROW(c.validate(), Error);  // no ZeRO-3 here
+  c.underflow_every = 10;
+  c.precision = amp::Precision::FP16;
+  EXPECT_THROW(c.validate(), Error);  // --underflow-every needs the whole weights
+  c.underflow_every = 0;
+  c.precision = config::TrainConfig{}.precision;
   c.zero = 2;
   EXPECT_NO_THROW(c.validate());
   c.distributed = false;
   EXPECT_THROW(c.validate(), Error);  // --zero without --distributed
-  EXPECT_THROW(dist::DistributedDataParallel(*s.model, dist::single_process(), {.zero_stage = 3}),
+  EXPECT_THROW(dist::DistributedDataParallel(*s.model, dist::single_process(), {.zero_stage = 4}),
                Error);
   if (!dist::mpi_built()) {
     try {

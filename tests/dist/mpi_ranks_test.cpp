@@ -356,6 +356,14 @@ TEST(Ranks, SegmentCollectivesMoveEachRanksPart) {
   }
 }
 
+// A model trained data parallel: what the ZeRO tests run side by side.
+struct DdpRun {
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<amp::Amp> amp;
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+};
+
 // Plain data parallel and ZeRO-1 side by side on the same batches: cnn (convolutions, batch
 // norm, a large linear layer), buckets of 0.1 MiB so that several mix owners.
 struct ZeroCase {
@@ -380,14 +388,8 @@ TEST(Ranks, ZeroOneTwoAndThreeTakeTheStepsOfPlainDataParallel) {
         ZeroCase{"sgd fp32, fp8 momentum", amp::OptLevel::O0, DType::F32, false, 0,
                  optim::StateFormat::FP8}}) {
     SCOPED_TRACE(c.name);
-    struct Run {
-      std::shared_ptr<nn::Module> model;
-      std::unique_ptr<optim::Optimizer> opt;
-      std::unique_ptr<amp::Amp> amp;
-      std::unique_ptr<dist::DistributedDataParallel> ddp;
-    };
     auto make = [&](int stage) {
-      Run run;
+      DdpRun run;
       run.model = nn::make_model("cnn", {.seed = 21});
       if (c.adamw) {
         run.opt = std::make_unique<optim::AdamW>(
@@ -411,10 +413,10 @@ TEST(Ranks, ZeroOneTwoAndThreeTakeTheStepsOfPlainDataParallel) {
     };
     for (const int stage : {1, 2, 3}) {
       SCOPED_TRACE("ZeRO-" + std::to_string(stage));
-      Run plain = make(0), zero = make(stage);
+      DdpRun plain = make(0), zero = make(stage);
       for (int64_t step = 0; step < 8; ++step) {
         const Batch b = my_shard(full_batch(step));
-        for (Run* run : {&plain, &zero}) {
+        for (DdpRun* run : {&plain, &zero}) {
           amp::GradScaler& sc = run->amp->scaler();
           run->opt->zero_grad();
           run->ddp->broadcast_buffers();
@@ -430,7 +432,7 @@ TEST(Ranks, ZeroOneTwoAndThreeTakeTheStepsOfPlainDataParallel) {
         }
       }
       // ZeRO-2 keeps the gradients of its half alone, and no .grad at all.
-      auto grad_bytes = [](const Run& r) {
+      auto grad_bytes = [](const DdpRun& r) {
         int64_t n = 0;
         for (const Tensor& g : r.opt->gradients())
           n += int64_t(g.nbytes());
@@ -516,14 +518,8 @@ TEST(Ranks, ZeroThreeGathersEachBlockAroundItsForwardAndBackward) {
         Zero3Case{"adamw bf16 O2, checkpointed blocks", amp::OptLevel::O2, true,
                   nn::ActivationCheckpointing::PerBlock}}) {
     SCOPED_TRACE(c.name);
-    struct Run {
-      std::shared_ptr<nn::Module> model;
-      std::unique_ptr<optim::Optimizer> opt;
-      std::unique_ptr<amp::Amp> amp;
-      std::unique_ptr<dist::DistributedDataParallel> ddp;
-    };
     auto make = [&](int stage) {
-      Run run;
+      DdpRun run;
       run.model = nn::make_model("gpt2_tiny", {.vocab_size = 64,
                                                .max_seq_len = 16,
                                                .seed = 5,
@@ -536,7 +532,7 @@ TEST(Ranks, ZeroThreeGathersEachBlockAroundItsForwardAndBackward) {
       run.ddp->set_optimizer(*run.opt);
       return run;
     };
-    Run plain = make(0), zero = make(3);
+    DdpRun plain = make(0), zero = make(3);
     const std::vector<std::vector<size_t>> units = zero.ddp->units();
     ASSERT_EQ(units.size(), 5u);  // the root and 4 blocks
     int64_t whole = 0, largest_block = 0;
@@ -560,14 +556,14 @@ TEST(Ranks, ZeroThreeGathersEachBlockAroundItsForwardAndBackward) {
           {[&](nn::Module&) { most = std::max(most, zero.ddp->resident_parameter_bytes()); },
            nullptr});
     }
-    auto loss_of = [](Run& r, const Tensor& tokens) {
+    auto loss_of = [](DdpRun& r, const Tensor& tokens) {
       const Tensor logits = r.amp->forward(*r.model, tokens.narrow(1, 0, 15));
       return cross_entropy(logits.reshape({-1, 64}),
                            tokens.narrow(1, 1, 15).contiguous().reshape({-1}));
     };
     double eval_gap = 0;
     for (int64_t step = 0; step < 6; ++step) {
-      for (Run* run : {&plain, &zero}) {
+      for (DdpRun* run : {&plain, &zero}) {
         run->opt->zero_grad();
         for (int64_t micro = 0; micro < 2; ++micro) {
           // 8 sequences a micro-batch, rank r's the rows r, r + 2, ...

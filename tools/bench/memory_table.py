@@ -15,10 +15,12 @@ The formula counts each parameter's elements (read from a checkpoint of the mode
 gradients in the weights' dtype, fp32 masters under O2, a compensation in the weights' dtype
 under Kahan, each moment in its --optim-state format (fp8 and 8bit: 1 byte and an fp32 absmax per
 block of 256; parameters under 4096 elements keep fp32 state), masters and moments divided
-between the ranks under --zero 1 and 2, gradients too under --zero 2, and the gradient buckets'
-buffers of data parallel (formula()). docs/memory.md records a run.
+between the ranks under --zero 1, 2 and 3, gradients too under --zero 2 and 3, weights too under
+--zero 3 (plus what it holds gathered at its peak), and the gradient buckets' buffers of data
+parallel (formula()). docs/memory.md records a run.
 """
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -54,7 +56,7 @@ def state_bytes(numel, fmt):
 
 def parameter_sizes(binary, base):
     """The element count of every parameter the optimizer steps (a tied weight once), from the
-    moments of a one-step fp32 checkpoint."""
+    moments of a one-step fp32 checkpoint, and of each transformer block (ZeRO-3's units)."""
     from safetensors import safe_open
 
     with tempfile.TemporaryDirectory() as d:
@@ -64,9 +66,12 @@ def parameter_sizes(binary, base):
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-2000:])
-        sizes = []
+        sizes, blocks = [], {}
         with safe_open(path, "np") as f:
             for k in f.keys():
+                if k.startswith("model.blocks."):
+                    b = int(k.split(".")[2])
+                    blocks[b] = blocks.get(b, 0) + math.prod(f.get_slice(k).get_shape())
                 if not (k.startswith("optimizer.state.") and k.endswith(".exp_avg")):
                     continue
                 shape = f.get_slice(k).get_shape()
@@ -74,23 +79,30 @@ def parameter_sizes(binary, base):
                 for s in shape:
                     n *= s
                 sizes.append(n)
-        return sizes
+        return sizes, list(blocks.values())
 
 
-def formula(sizes, weight, master, compensation, fmt, ranks, zero):
+def formula(sizes, blocks, weight, master, compensation, fmt, ranks, zero):
     """Bytes of one rank by component. With several ranks the gradients travel in the weights'
     dtype (c = weight bytes): plain data parallel and ZeRO-1 keep every bucket's flat buffer
     (c per parameter), ZeRO-1 also the received segment (c / N); ZeRO-2 keeps the segment alone,
-    which is then its gradients (its buckets' buffers live only while they are sent)."""
+    which is then its gradients (its buckets' buffers live only while they are sent). ZeRO-3
+    keeps 1/N of the weights, and at its peak (backward) also the root unit whole (all but the
+    blocks: the tied embedding, gathered from forward to the step) and two blocks (one running,
+    one prefetched)."""
     n = sum(sizes)
     share = ranks if zero >= 1 else 1
     moments = sum(2 * state_bytes(s, fmt) for s in sizes)
     comm = 0.0
     if ranks > 1 and zero <= 1:
         comm = weight * n + (weight * n / ranks if zero == 1 else 0)
+    weights = weight * n
+    if zero == 3:
+        gathered = (n - sum(blocks)) + 2 * max(blocks, default=0)
+        weights = weight * (n / ranks + gathered)
     return {
-        "weights": weight * n,
-        "gradients": weight * n / (ranks if zero == 2 else 1),
+        "weights": weights,
+        "gradients": weight * n / (ranks if zero >= 2 else 1),
         "masters": (4 * n if master else 0) / share,
         "compensation": (weight * n if compensation else 0) / share,
         "moments": moments / share,
@@ -117,7 +129,7 @@ def main():
             str(args.seq_len), "--synthetic-size", "200000", "--batch-size", str(args.batch_size),
             "--optimizer", "adamw", "--lr", "1e-4", "--json", "--no-progress", "--workers", "0",
             "--eval-batches", "1", "--log-every", "1000", "--threads", "1"]
-    sizes = parameter_sizes(binary, base)
+    sizes, blocks = parameter_sizes(binary, base)
     n = sum(sizes)
     run = f"measured in {args.from_json}" if args.from_json else (
         f"batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps")
@@ -150,7 +162,7 @@ def main():
                                "--distributed", "--zero", str(zero), "--grad-comm", comm]
                     r = run_json(cmd)
                     peak, state = r["peak_memory_bytes"], r["optimizer_state_bytes"]
-                f = formula(sizes, weight, master, comp, fmt, ranks, zero)
+                f = formula(sizes, blocks, weight, master, comp, fmt, ranks, zero)
                 total = sum(f.values())
                 state_f = f["masters"] + f["compensation"] + f["moments"]
                 rows.append({"config": name, "ranks": ranks, "zero": zero, "formula": f,
