@@ -69,8 +69,8 @@ def parameter_sizes(binary, base):
         sizes, blocks = [], {}
         with safe_open(path, "np") as f:
             for k in f.keys():
-                if k.startswith("model.blocks."):
-                    b = int(k.split(".")[2])
+                if k.startswith("blocks."):
+                    b = int(k.split(".")[1])
                     blocks[b] = blocks.get(b, 0) + math.prod(f.get_slice(k).get_shape())
                 if not (k.startswith("optimizer.state.") and k.endswith(".exp_avg")):
                     continue
