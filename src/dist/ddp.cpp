@@ -99,12 +99,13 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
 
   // Buckets in reverse parameter order, each up to bucket_mb of grad_comm values; ZeRO-3: the
   // units in reverse, a bucket holding one unit's parameters of one dtype.
-  std::vector<std::vector<size_t>> runs(1);  // parameters that may share a bucket, in order
-  for (size_t k = params_.size(); k-- > 0;)
-    runs[0].push_back(k);
-  if (options_.zero_stage == 3) {
+  std::vector<std::vector<size_t>> runs;  // parameters that may share a bucket, in order
+  if (options_.zero_stage < 3) {
+    runs.emplace_back();
+    for (size_t k = params_.size(); k-- > 0;)
+      runs[0].push_back(k);
+  } else {
     make_units(model);
-    runs.clear();
     for (size_t u = units_.size(); u-- > 0;) {
       std::vector<size_t> mine;
       for (size_t k = params_.size(); k-- > 0;)
@@ -339,9 +340,7 @@ void DistributedDataParallel::set_optimizer(optim::Optimizer& opt) {
     const size_t i = optimizer_index_[k];
     const optim::ElementRange mine = owned_range(comm_->rank(), k);
     if (i == kNotOptimized || mine.size() == 0) continue;
-    const size_t b = bucket_of_[k];
-    Tensor part =
-        param_shard_[b].narrow(0, offset_[k] + mine.begin - segment_start_[b], mine.size());
+    const Tensor part = owned_slice(param_shard_[bucket_of_[k]], k);
     opt.set_parameter_shard(
         i, mine.size() == params_[k].numel() ? part.reshape(params_[k].shape()) : part);
   }
@@ -375,7 +374,6 @@ void DistributedDataParallel::finish_gradients() {
     // The means: the whole bucket, or (ZeRO-1, 2) this rank's segment of it.
     const bool zero = options_.zero_stage >= 1;
     const Tensor& means = zero ? shard_[b] : flat_[b];
-    const int64_t first = zero ? segment_start_[b] : 0;
     for (size_t k : buckets_[b]) {
       Tensor& p = params_[k];
       const int64_t n = p.numel();
@@ -384,7 +382,7 @@ void DistributedDataParallel::finish_gradients() {
         p.set_grad(Tensor());  // other ranks update it: its sums went there
         continue;
       }
-      const Tensor mean = means.narrow(0, offset_[k] + mine.begin - first, mine.size());
+      const Tensor mean = zero ? owned_slice(means, k) : means.narrow(0, offset_[k], n);
       if (options_.zero_stage >= 2) {
         // The shard itself (a copy only to widen it, as below): no whole gradient anywhere.
         p.set_grad(Tensor());
@@ -432,6 +430,11 @@ void DistributedDataParallel::finish_gradients() {
   // no gradient) is released.
   for (size_t u = 0; u < units_.size(); ++u)
     release_unit(u);
+}
+
+Tensor DistributedDataParallel::owned_slice(const Tensor& segment, size_t k) const {
+  const optim::ElementRange mine = owned_range(comm_->rank(), k);
+  return segment.narrow(0, offset_[k] + mine.begin - segment_start_[bucket_of_[k]], mine.size());
 }
 
 optim::ElementRange DistributedDataParallel::owned_range(int rank, size_t k) const {

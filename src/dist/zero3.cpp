@@ -44,13 +44,10 @@ void DistributedDataParallel::make_units(nn::Module& model) {
     const size_t u = units_.size();
     bool any = false;
     for (const Tensor& p : m->parameters()) {
-      for (size_t k = 0; k < params_.size(); ++k) {
-        // A parameter already in the root's reach elsewhere (tied) stays where it was first.
-        if (params_[k].is_same(p) && unit_of_[k] == 0) {
-          unit_of_[k] = u;
-          any = true;
-        }
-      }
+      const size_t k = index_of(p, 0);
+      if (unit_of_[k] != 0) continue;  // (tied with a unit before: stays where it was first)
+      unit_of_[k] = u;
+      any = true;
     }
     if (!any) continue;
     units_.emplace_back();

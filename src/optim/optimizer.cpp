@@ -482,6 +482,7 @@ void Optimizer::set_owned_ranges(std::vector<ElementRange> owned) {
   }
   const std::vector<ElementRange> before(owned_);
   owned_ = std::move(owned);
+  param_shards_.clear();  // (made for the ranges before)
   for (size_t i = 0; i < params_.size(); ++i) {
     const ElementRange was = before.empty() ? ElementRange{0, params_[i].numel()} : before[i];
     if (owned_range(i) == was) continue;

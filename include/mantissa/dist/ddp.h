@@ -233,6 +233,9 @@ class DistributedDataParallel {
   // The index in params_ of an optimizer's parameter (its `position` there, for the message).
   size_t index_of(const Tensor& p, size_t position) const;
   void start_step();  // every bucket waits for all its gradients again
+  // This rank's elements of parameter k in `segment`, a tensor laid out as this rank's segment
+  // of the parameter's bucket (the reduced gradients, ZeRO-3's parameter shard).
+  Tensor owned_slice(const Tensor& segment, size_t k) const;
   void launch(size_t bucket);
   // ZeRO-3 (zero3.cpp).
   struct Unit {
